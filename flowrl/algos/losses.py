@@ -1,0 +1,298 @@
+"""Policy, value, KL and entropy losses, with micro-batch-exact aggregation.
+
+Every per-token tensor is ``[B, T]`` aligned with ``input_ids`` (see
+``flowrl/engines/types.py``); losses are taken only where ``response_mask`` is 1.
+
+Aggregation modes (``agg``), for a per-token loss ``l[b, t]`` and mask ``m``:
+
+* ``"token-mean"``:          ``sum_bt l*m / sum_bt m`` (every token weighs the same; DAPO);
+* ``"seq-mean-token-sum"``:  ``sum_b (sum_t l*m) / B`` (Dr.GRPO-style, no length normalisation);
+* ``"seq-mean-token-mean"``: ``sum_b (sum_t l*m / sum_t m) / B`` (original GRPO).
+
+Micro-batching: a train engine that splits a batch into micro-batches passes the
+whole batch's counts as ``denominator={"tokens": ..., "sequences": ...}`` (see
+:func:`global_denominator`); each micro-batch then divides by the *global* count, so
+the sum of micro-batch losses equals the full-batch loss exactly (and so do the
+accumulated gradients).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from flowrl.algos.advantages import AlgoError, broadcast_to_tokens, check_2d, check_same_shape, masked_mean
+from flowrl.algos.kl import kl_estimate, kl_k3
+
+Denominator = Mapping[str, float]
+"""``{"tokens": response tokens in the whole batch, "sequences": rows in the whole batch}``."""
+
+# exp() of a log-ratio above this overflows float32 quickly; 20 nats is a ratio of 5e8,
+# far beyond any clip range, so clamping changes no clipped loss value.
+_MAX_LOG_RATIO = 20.0
+
+
+def global_denominator(response_mask: torch.Tensor) -> dict[str, float]:
+    """Counts of the *whole* batch for micro-batched aggregation.
+
+    Args:
+        response_mask: ``[B, T]`` of the full batch (before splitting).
+
+    Returns:
+        ``{"tokens": number of response tokens, "sequences": B}``.
+    """
+    check_2d("global_denominator", "response_mask", response_mask)
+    return {"tokens": float(response_mask.float().sum()), "sequences": float(response_mask.shape[0])}
+
+
+def _count(denominator: Denominator | None, key: str, local: torch.Tensor | float) -> torch.Tensor | float:
+    """The global count ``denominator[key]`` if given, else the micro-batch's own ``local`` count."""
+    if denominator is None:
+        return local
+    if key not in denominator:
+        raise AlgoError(
+            f"aggregate: denominator {dict(denominator)} lacks {key!r}; hint: use global_denominator(response_mask)"
+        )
+    return float(denominator[key])
+
+
+def _token_mean(x: torch.Tensor, m: torch.Tensor, denominator: Denominator | None) -> torch.Tensor:
+    total = torch.as_tensor(_count(denominator, "tokens", m.sum()), dtype=x.dtype, device=x.device)
+    return (x * m).sum() / total.clamp(min=1.0)
+
+
+def _seq_mean_token_sum(x: torch.Tensor, m: torch.Tensor, denominator: Denominator | None) -> torch.Tensor:
+    rows = _count(denominator, "sequences", float(x.shape[0]))
+    return (x * m).sum(dim=1).sum() / max(rows, 1.0)
+
+
+def _seq_mean_token_mean(x: torch.Tensor, m: torch.Tensor, denominator: Denominator | None) -> torch.Tensor:
+    rows = _count(denominator, "sequences", float(x.shape[0]))
+    # A row without response tokens has token-mean 0 (clamp avoids 0/0) and still
+    # counts as a row, matching the global "sequences" count.
+    per_row = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+    return per_row.sum() / max(rows, 1.0)
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Denominator | None], torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+}
+"""Aggregation name -> ``fn(per_token [B, T], mask [B, T], denominator) -> scalar``."""
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    response_mask: torch.Tensor,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token quantity ``[B, T]`` to a scalar over response tokens.
+
+    Args:
+        per_token: ``[B, T]`` loss (or entropy, KL ...) per token.
+        response_mask: ``[B, T]``.
+        agg: one of :data:`AGGREGATIONS` (see the module docstring).
+        denominator: global counts for micro-batching; ``None`` uses this batch's own.
+
+    Returns:
+        0-dim tensor, differentiable in ``per_token``.
+    """
+    fn = AGGREGATIONS.get(agg)
+    if fn is None:
+        raise AlgoError(f"aggregate: unknown aggregation {agg!r}; hint: use one of {sorted(AGGREGATIONS)}")
+    check_2d("aggregate", "per_token", per_token)
+    check_same_shape("aggregate", per_token=per_token, response_mask=response_mask)
+    return fn(per_token, response_mask.to(per_token.dtype), denominator)
+
+
+def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    if not 0.0 < clip_low < 1.0:
+        raise AlgoError(
+            f"ppo_clip_loss: clip_low={clip_low}; hint: the ratio is clipped to [1 - clip_low, ...], "
+            "use 0 < clip_low < 1"
+        )
+    if clip_high <= 0.0:
+        raise AlgoError(f"ppo_clip_loss: clip_high={clip_high}; hint: use clip_high > 0 (e.g. 0.28 for clip-higher)")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise AlgoError(f"ppo_clip_loss: dual_clip={dual_clip}; hint: the dual-clip constant c must be > 1 (e.g. 3.0)")
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate policy loss (GRPO, RLOO, REINFORCE++, PPO actor).
+
+    Per token, with ``ratio = exp(logprobs - old_logprobs)``:
+    ``l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``; with
+    ``dual_clip = c`` tokens with ``A < 0`` are further bounded by ``-A * c`` (Dual-clip
+    PPO: a huge ratio on a bad token cannot blow up the loss). ``is_weights`` (e.g.
+    truncated importance weights for the rollout/train mismatch) multiply ``l``.
+
+    Args:
+        logprobs: ``[B, T]`` current policy log-probs of the sampled tokens (with grad).
+        old_logprobs: ``[B, T]`` log-probs of the policy that produced the batch.
+        advantages: ``[B, T]`` per-token, or ``[B]`` per-sequence (broadcast to tokens).
+        response_mask: ``[B, T]``.
+        clip_low: lower clip epsilon, ``0 < clip_low < 1``.
+        clip_high: upper clip epsilon; ``None`` = ``clip_low`` (symmetric). A larger
+            value ("clip-higher", DAPO) lets low-probability tokens grow faster.
+        dual_clip: constant ``c > 1`` or ``None`` (off).
+        agg: aggregation mode, see :func:`aggregate`.
+        denominator: global counts for micro-batching, see :func:`global_denominator`.
+        is_weights: ``[B, T]`` importance weights, detached here (weights, not targets).
+
+    Returns:
+        ``(loss, metrics)``: 0-dim loss tensor with grad; metrics are floats over this
+        batch's response tokens: ``pg_loss``, ``clipfrac`` (share of tokens where the
+        clipped term is active), ``dual_clipfrac``, ``approx_kl`` (k3 estimate of
+        KL[old || new]), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    check_2d("ppo_clip_loss", "logprobs", logprobs)
+    if advantages.dim() == 1:
+        advantages = broadcast_to_tokens(advantages, response_mask)
+    check_same_shape(
+        "ppo_clip_loss",
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    mask = response_mask.to(logprobs.dtype)
+    advantages = advantages.detach().to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        dual_active = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
+    if is_weights is not None:
+        check_same_shape("ppo_clip_loss", is_weights=is_weights, response_mask=response_mask)
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+
+    loss = aggregate(per_token, mask, agg, denominator)
+    with torch.no_grad():
+        on = mask.bool()
+        ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
+        metrics = {
+            "pg_loss": float(loss),
+            "clipfrac": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),
+            "dual_clipfrac": float(masked_mean(dual_active.to(mask.dtype), mask)),
+            "approx_kl": float(masked_mean(kl_k3(old_logprobs.detach(), logprobs.detach()), mask)),
+            "ratio_mean": float(masked_mean(ratio, mask)),
+            "ratio_max": float(ratio_on.max()),
+            "ratio_min": float(ratio_on.min()),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip: float | None = 0.2,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value (critic) loss: ``0.5 * max((V - R)^2, (V_clip - R)^2)`` per token.
+
+    ``V_clip = old_V + clip(V - old_V, -clip, clip)`` keeps the critic from moving far
+    from the values used to compute the advantages; ``clip=None`` gives plain
+    ``0.5 * (V - R)^2``.
+
+    Args:
+        values: ``[B, T]`` current critic values (with grad).
+        old_values: ``[B, T]`` values at rollout time.
+        returns: ``[B, T]`` targets (e.g. from :func:`flowrl.algos.advantages.gae`).
+        response_mask: ``[B, T]``.
+        clip: absolute clip range in reward units, > 0, or ``None``.
+        agg, denominator: see :func:`aggregate`.
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``vf_loss``, ``vf_clipfrac`` (share of tokens
+        where the clipped error is the larger), ``value_mean``.
+    """
+    check_2d("value_loss", "values", values)
+    check_same_shape("value_loss", values=values, old_values=old_values, returns=returns, response_mask=response_mask)
+    if clip is not None and clip <= 0:
+        raise AlgoError(f"value_loss: clip={clip}; hint: use clip > 0, or None for an unclipped value loss")
+    mask = response_mask.to(values.dtype)
+    returns, old_values = returns.detach().to(values.dtype), old_values.detach().to(values.dtype)
+    err = (values - returns) ** 2
+    if clip is None:
+        per_token, clipped_active = 0.5 * err, torch.zeros_like(err)
+    else:
+        v_clip = old_values + (values - old_values).clamp(-clip, clip)
+        err_clip = (v_clip - returns) ** 2
+        per_token = 0.5 * torch.maximum(err, err_clip)
+        clipped_active = (err_clip > err).to(values.dtype)
+    loss = aggregate(per_token, mask, agg, denominator)
+    with torch.no_grad():
+        metrics = {
+            "vf_loss": float(loss),
+            "vf_clipfrac": float(masked_mean(clipped_active, mask)),
+            "value_mean": float(masked_mean(values.detach(), mask)),
+        }
+    return loss, metrics
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kind: str = "k3",
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+) -> torch.Tensor:
+    """KL-to-reference as a loss term (GRPO): ``aggregate(k(logprobs, ref_logprobs))``.
+
+    Args:
+        logprobs: ``[B, T]`` policy log-probs (with grad).
+        ref_logprobs: ``[B, T]`` reference log-probs (detached here).
+        response_mask: ``[B, T]``.
+        kind: ``"k1"``, ``"k2"`` or ``"k3"`` (see :mod:`flowrl.algos.kl`).
+        agg, denominator: see :func:`aggregate`.
+
+    Returns:
+        0-dim tensor in nats; the caller adds ``beta * kl_loss(...)`` to the loss.
+    """
+    return aggregate(kl_estimate(logprobs, ref_logprobs.detach(), kind), response_mask, agg, denominator)
+
+
+def entropy_bonus(
+    entropy: torch.Tensor,
+    response_mask: torch.Tensor,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+) -> torch.Tensor:
+    """Aggregated policy entropy over response tokens.
+
+    Args:
+        entropy: ``[B, T]`` entropy of the policy's next-token distribution, nats.
+        response_mask: ``[B, T]``.
+        agg, denominator: see :func:`aggregate`.
+
+    Returns:
+        0-dim tensor, the (positive) entropy; a bonus is *subtracted* from the loss:
+        ``loss = pg_loss - coef * entropy_bonus(...)``.
+    """
+    return aggregate(entropy, response_mask, agg, denominator)

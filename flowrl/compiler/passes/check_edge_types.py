@@ -1,0 +1,235 @@
+"""Check every op's arguments and options against the op catalogue; compute fields.
+
+Requires: resolve_names (edges drawn, no CALL nodes).
+
+Guarantees: every op has the right number and kinds of arguments; every data argument
+carries the fields the op needs (``Node.fields`` of each node and ``Edge.fields`` of each
+data edge are filled in); keyword options are known, well-typed and in range, with
+defaults filled in; ``group`` of a group advantage matches the ``n`` of the generate it
+comes from; a ``repeat ... until F`` loop produces ``F``.
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> g = compile_text('''
+... flow f(m: model, d: dataset) { b = sample(d, size = 2)  r = generate(m, b, n = 2) }
+... ''', "doc.flow", until="check_edge_types")
+>>> sorted(g.node("r").fields)[:4]
+['answers', 'group_ids', 'prompt_ids', 'response_ids']
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flowrl.compiler.context import CompileContext
+from flowrl.diagnostics import Collector
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, Value
+from flowrl.compiler.kwargs import check_kwargs, show
+from flowrl.ir.ops import LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind
+
+ANY = "*"
+"""A field set containing ANY satisfies every need (abstract ``data`` parameters)."""
+
+_KIND_WORDS = {OpKind.MODEL: "a model", OpKind.DATASET: "a dataset", OpKind.REWARD_FN: "a reward",
+               OpKind.ENV: "an environment"}
+
+
+def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    out = graph.copy()
+    errors = Collector(ctx.sources)
+    for node in out.topo_order():
+        spec = OPS.get(node.op)
+        if node.op == "param" or spec is None:
+            continue
+        attrs = check_kwargs(node.attrs, spec.kwargs, errors, f"`{node.op}`", node.span)
+        node = replace(node, attrs=attrs)
+        loss = _loss_spec(node)
+        fields = set(spec.produces)
+        _check_arity(node, spec, errors)
+        producers = out.producers(node.id)
+        for i, aspec in enumerate(spec.args):
+            if i >= len(node.args):
+                continue
+            value = node.args[i]
+            needs = set(aspec.needs)
+            if node.kind == OpKind.UPDATE and loss is not None:
+                if aspec.name == "targets":
+                    needs = {loss.needs_targets}
+                elif aspec.name == "old":
+                    needs = {loss.needs_old} if loss.needs_old else set()
+            _check_arg(out, node, i, aspec, value, needs, producers, errors)
+            if spec.passthrough == i and isinstance(value, Ref) and value.target in out:
+                fields |= out.node(value.target).fields - {ANY}
+        if node.kind == OpKind.UPDATE and loss is not None and loss.needs_old and len(node.args) < 4:
+            errors.error("E215", f"`{loss.name}` needs the old {loss.needs_old} as the 4th argument of update",
+                         node.span, "e.g. `update(policy, rollouts, adv, old_lp, loss = ppo_clip(0.2))` with "
+                                    "`old_lp = logprobs(policy, rollouts)`")
+        if node.kind == OpKind.LOGPROBS and node.attr("entropy") and node.attr("entropy").value:
+            fields.add("entropy")
+        if node.kind == OpKind.USER_CALL:
+            fields |= {str(v.value) for v in (node.attr("produces") or ()) if isinstance(v, Const)}
+        if spec.variadic:
+            for i in range(len(spec.args), len(node.args)):
+                _check_variadic(out, node, i, errors)
+        out.replace(replace(node, fields=frozenset(fields)))
+    _check_groups(out, errors)
+    _check_regions(out, errors)
+    errors.raise_if_any()
+    return out
+
+
+def _loss_spec(node: Node):
+    if node.kind != OpKind.UPDATE:
+        return None
+    loss = node.attr("loss")
+    if isinstance(loss, Config):
+        return LOSSES.get(loss.name)
+    if isinstance(loss, Const) and loss.value in LOSSES:
+        return LOSSES[loss.value]
+    return None
+
+
+def _check_arity(node: Node, spec, errors: Collector) -> None:
+    if len(node.args) > len(spec.args) and not spec.variadic:
+        extra = node.args[len(spec.args)]
+        errors.error("E201", f"`{node.op}` takes {len(spec.args)} positional argument"
+                             f"{'s' if len(spec.args) != 1 else ''}, got {len(node.args)}",
+                     getattr(extra, "span", node.span), f"signature: {_signature(spec)}")
+    for aspec in spec.args[len(node.args):]:
+        if not aspec.optional:
+            errors.error("E202", f"`{node.op}` needs argument `{aspec.name}` ({aspec.type})", node.span,
+                         f"signature: {_signature(spec)}")
+
+
+def _check_arg(graph: FlowGraph, node: Node, i: int, aspec, value: Value, needs: set[str],
+               producers: dict[str, str], errors: Collector) -> None:
+    span = getattr(value, "span", node.span)
+    if aspec.type == "str":
+        if not (isinstance(value, Const) and value.kind == "str") and not isinstance(value, Symbol):
+            errors.error("E204", f"argument `{aspec.name}` of `{node.op}` must be a string", span,
+                         f"e.g. `{node.op}(\"...\")`")
+        return
+    if not isinstance(value, Ref) or value.target not in graph:
+        if isinstance(value, Ref):
+            return  # an unresolved name: resolve_names reported it
+        errors.error("E203", f"argument `{aspec.name}` of `{node.op}` must be "
+                             f"{_want_word(aspec.type)}, got a constant", span, f"signature: {_signature(OPS[node.op])}")
+        return
+    src = graph.node(value.target)
+    want = RESOURCE_TYPES.get(aspec.type)
+    if want is not None:
+        if src.kind != want:
+            errors.error("E203", f"argument `{aspec.name}` of `{node.op}` must be {_want_word(aspec.type)}, "
+                                 f"but `{src.id}` is {_what(src)}", span,
+                         f"signature: {_signature(OPS[node.op])}")
+        return
+    if src.kind in RESOURCE_KINDS:
+        errors.error("E203", f"argument `{aspec.name}` of `{node.op}` must be data, but `{src.id}` is "
+                             f"{_what(src)}", span, f"signature: {_signature(OPS[node.op])}")
+        return
+    have = set(src.fields)
+    missing = sorted(needs - have) if ANY not in have else []
+    if missing:
+        errors.error("E205", f"`{node.op}` needs field{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(missing)} in argument `{aspec.name}`, but `{src.id}` "
+                             f"({src.op} at {src.span.line}:{src.span.column}) carries "
+                             f"{', '.join(sorted(have)) or 'nothing'}", span, _field_hint(missing))
+    key = f"{EdgeKind.DATA.value}:{aspec.name}"
+    if graph.g.has_edge(src.id, node.id, key):
+        edge = graph.g.edges[src.id, node.id, key]["edge"]
+        graph.set_edge(src.id, node.id, replace(edge, fields=frozenset(needs & have if ANY not in have else needs)))
+
+
+def _check_variadic(graph: FlowGraph, node: Node, i: int, errors: Collector) -> None:
+    value = node.args[i]
+    if isinstance(value, Ref) and value.target in graph:
+        src = graph.node(value.target)
+        key = f"{EdgeKind.DATA.value}:arg{i}"
+        if graph.g.has_edge(src.id, node.id, key):
+            edge = graph.g.edges[src.id, node.id, key]["edge"]
+            graph.set_edge(src.id, node.id, replace(edge, fields=frozenset(src.fields - {ANY})))
+
+
+_FIELD_HINTS = {
+    "advantages": "compute advantages first, e.g. `adv = group_advantage(scores, group = 8)`",
+    "returns": "returns come from `gae(scores, values, rollouts)`",
+    "rewards": "score the rollouts first, e.g. `scores = reward(rollouts)`",
+    "logprobs": "compute them with `logprobs(model, rollouts)`",
+    "values": "compute them with `values(critic, rollouts)`",
+    "response_ids": "completions come from `generate(model, prompts)`",
+    "response_mask": "completions come from `generate(model, prompts)`",
+    "prompt_ids": "prompts come from `sample(dataset, size = N)`",
+}
+
+
+def _field_hint(missing: list[str]) -> str:
+    return _FIELD_HINTS.get(missing[0], "see the field table in docs/language.md")
+
+
+def _check_groups(graph: FlowGraph, errors: Collector) -> None:
+    """``group_advantage(scores, group = g)`` must match ``generate(..., n = g)`` upstream."""
+    for node in graph.nodes():
+        if node.op not in ("group_advantage", "rloo"):
+            continue
+        group = node.attr("group")
+        gen = _upstream_generate(graph, node)
+        if gen is None or not isinstance(group, Const):
+            continue
+        n = gen.attr("n")
+        if isinstance(n, Const) and n.value != group.value:
+            errors.error("E213", f"`group = {group.value}` but the rollouts come from `generate(..., n = {n.value})`",
+                         group.span, f"groups are the n completions of one prompt: use `group = {n.value}`",
+                         notes=(("generate is", gen.span),))
+
+
+def _upstream_generate(graph: FlowGraph, node: Node) -> Node | None:
+    seen = set()
+    frontier = [node.id]
+    while frontier:
+        nid = frontier.pop()
+        for src, e in graph.in_edges(nid):
+            if e.kind != EdgeKind.DATA or e.distance != 0 or src in seen:
+                continue
+            seen.add(src)
+            s = graph.node(src)
+            if s.kind == OpKind.GENERATE:
+                return s
+            frontier.append(src)
+    return None
+
+
+def _check_regions(graph: FlowGraph, errors: Collector) -> None:
+    for rid, region in graph.regions.items():
+        count = region.count
+        if isinstance(count, Const) and (count.kind != "int" or count.value < 1):
+            errors.error("E214", f"`repeat` needs a positive integer turn count, got "
+                                 f"{count.text or show(count.value)}", count.span, "e.g. `repeat 4 until done { ... }`")
+        elif not isinstance(count, (Const, Symbol)) and not isinstance(count, Ref):
+            errors.error("E214", "`repeat` needs a positive integer turn count", region.span)
+        if region.until:
+            produced = set()
+            for n in graph.nodes():
+                if n.region == rid:
+                    produced |= n.fields
+            if region.until not in produced and ANY not in produced:
+                errors.error("E216", f"`until {region.until}`: no op in this loop produces field `{region.until}`",
+                             region.span, "`env_step(env, x)` produces `done`")
+
+
+def _signature(spec) -> str:
+    parts = [f"{a.name}{'?' if a.optional else ''}: {a.type}" for a in spec.args]
+    if spec.variadic:
+        parts.append("...")
+    return f"{spec.name}({', '.join(parts)})"
+
+
+def _want_word(t: str) -> str:
+    return {"model": "a model", "dataset": "a dataset", "reward": "a reward", "env": "an environment",
+            "data": "data"}.get(t, t)
+
+
+def _what(node: Node) -> str:
+    return _KIND_WORDS.get(node.kind, f"data (from {node.op})")
+
+
+def _short(nid: str) -> str:
+    return nid

@@ -1,0 +1,161 @@
+"""The pass manager: parse -> build -> PASSES, one ordered tuple.
+
+``compile_text`` / ``compile_file`` compile one flow; ``check_file`` compiles every
+flow of a file (what ``flowrl check`` does). With ``lint=True`` the IR is linted after
+every pass, and a broken invariant names the pass that broke it and the passes before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from flowrl.compiler.context import CompileContext
+from flowrl.compiler.passes.check_edge_types import check_edge_types
+from flowrl.compiler.passes.check_roles import check_roles
+from flowrl.compiler.passes.check_schedule import check_schedule
+from flowrl.compiler.passes.insert_resyncs import insert_resyncs
+from flowrl.compiler.passes.resolve_names import resolve_names
+from flowrl.compiler.unit import Unit
+from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span, did_you_mean
+from flowrl.ir.build import build_flow
+from flowrl.ir.graph import FlowGraph
+from flowrl.ir.lint import LintError, lint
+from flowrl.syntax import ast
+
+Pass = Callable[[FlowGraph, CompileContext], FlowGraph]
+
+PASSES: tuple[Pass, ...] = (
+    resolve_names,
+    check_edge_types,
+    check_roles,
+    insert_resyncs,
+    check_schedule,
+)
+PASS_NAMES = tuple(p.__name__ for p in PASSES)
+
+
+@dataclass
+class Compiled:
+    graph: FlowGraph
+    dumps: dict[str, FlowGraph]
+    """Graphs after the passes asked for with ``dump_after`` (``"build"`` is the raw graph)."""
+
+
+def run_passes(raw: FlowGraph, ctx: CompileContext, until: str | None = None,
+               dump_after: tuple[str, ...] = (), lint_each: bool = False) -> Compiled:
+    if until is not None and until not in PASS_NAMES and until != "build":
+        raise ValueError(f"unknown pass {until!r}; passes: {', '.join(PASS_NAMES)}")
+    dumps = {"build": raw} if "build" in dump_after else {}
+    graph = raw
+    if until == "build":
+        return Compiled(graph, dumps)
+    done: list[str] = []
+    for p in PASSES:
+        graph = p(graph, ctx)
+        done.append(p.__name__)
+        if lint_each:
+            problems = lint(graph)
+            if problems:
+                raise LintError(f"IR invariant broken after pass `{p.__name__}` "
+                                f"(passes run: {', '.join(done)}):\n  " + "\n  ".join(problems))
+        if p.__name__ in dump_after:
+            dumps[p.__name__] = graph
+        if p.__name__ == until:
+            break
+    return Compiled(graph, dumps)
+
+
+def entry_flow(module: ast.Module, requested: str | None = None) -> ast.FlowDef:
+    """The flow a file runs: ``requested``, else the flow of its schedule, else ``main``, else the last flow."""
+    flows = {i.name: i for i in module.items if isinstance(i, ast.FlowDef)}
+    if requested is not None:
+        if requested not in flows:
+            raise FlowError([Diagnostic("E121", f"no flow `{requested}` in {module.path}", module.span,
+                                        did_you_mean(requested, flows) or
+                                        f"flows: {', '.join(flows) or 'none'}")])
+        return flows[requested]
+    for item in module.items:
+        if isinstance(item, ast.ScheduleDef) and item.flow in flows:
+            return flows[item.flow]
+    if "main" in flows:
+        return flows["main"]
+    if not flows:
+        raise FlowError([Diagnostic("E123", f"{module.path} defines no flow", module.span,
+                                    "define one: `flow main() { ... }`")])
+    return list(flows.values())[-1]
+
+
+def _check_schedule_targets(module: ast.Module, sources: SourceMap) -> None:
+    flows = [i.name for i in module.items if isinstance(i, ast.FlowDef)]
+    errors = Collector(sources)
+    seen: dict[str, ast.ScheduleDef] = {}
+    for item in module.items:
+        if isinstance(item, ast.ScheduleDef):
+            if item.flow not in flows:
+                errors.error("E401", f"schedule for unknown flow `{item.flow}`", item.flow_span,
+                             did_you_mean(item.flow, flows) or f"flows in this file: {', '.join(flows) or 'none'}")
+            elif item.flow in seen:
+                errors.error("E421", f"flow `{item.flow}` has two schedules", item.flow_span,
+                             "keep one; pick between schedules with separate files",
+                             notes=(("first schedule", seen[item.flow].flow_span),))
+            seen[item.flow] = item
+    errors.raise_if_any()
+
+
+def compile_module(module: ast.Module, unit: Unit, flow: str | None = None, **kw) -> Compiled:
+    _check_schedule_targets(module, unit.sources)
+    unit.visible(module)  # import errors first, with their positions
+    fdef = entry_flow(module, flow)
+    raw = build_flow(fdef, module, unit.sources)
+    ctx = CompileContext(unit, module, kw.pop("options", {}))
+    return run_passes(raw, ctx, **kw)
+
+
+def compile_text(text: str | bytes, path: str = "<input>", flow: str | None = None,
+                 until: str | None = None, allow_missing: bool = False, **kw) -> FlowGraph:
+    """Compile the entry flow of a source text. ``allow_missing`` is accepted for doctests."""
+    unit = Unit()
+    module = unit.add_text(text, path)
+    return compile_module(module, unit, flow, until=until, **kw).graph
+
+
+def read_source(path: str | Path) -> bytes:
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise FlowError([Diagnostic("E124", f"no such file: {path}", Span.point(str(path), 1, 1),
+                                    "check the path")]) from None
+    except IsADirectoryError:
+        raise FlowError([Diagnostic("E124", f"{path} is a directory, not a .flow file",
+                                    Span.point(str(path), 1, 1), "pass a .flow file")]) from None
+    except OSError as e:
+        raise FlowError([Diagnostic("E124", f"cannot read {path}: {e.strerror}", Span.point(str(path), 1, 1),
+                                    "check the file's permissions")]) from None
+
+
+def compile_file(path: str | Path, flow: str | None = None, **kw) -> Compiled:
+    unit = Unit()
+    module = unit.add_text(read_source(path), str(path))
+    return compile_module(module, unit, flow, **kw)
+
+
+def check_file(path: str | Path, unit: Unit | None = None) -> dict[str, FlowGraph]:
+    """Compile every flow in a file; raise one FlowError with all their diagnostics."""
+    unit = unit or Unit()
+    module = unit.add_text(read_source(path), str(path))
+    _check_schedule_targets(module, unit.sources)
+    unit.visible(module)
+    graphs: dict[str, FlowGraph] = {}
+    diagnostics: list[Diagnostic] = []
+    for item in module.items:
+        if isinstance(item, ast.FlowDef):
+            try:
+                graphs[item.name] = compile_module(module, unit, item.name).graph
+            except FlowError as e:
+                diagnostics.extend(d for d in e.diagnostics if d not in diagnostics)
+    if diagnostics:
+        raise FlowError(diagnostics, unit.sources)
+    return graphs

@@ -1,0 +1,119 @@
+"""A compilation unit: the entry file, every file it imports, and the standard library.
+
+Files are parsed once and cached by resolved path. Import resolution:
+
+* ``import "x.flow"``: relative to the importing file's directory;
+* ``import stdlib.grpo``: ``<stdlib>/grpo.flow`` (the repo's ``stdlib/`` directory, or
+  ``$FLOWRL_STDLIB``).
+
+An imported file's flows are visible by name, or as ``alias.name`` with ``as alias``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowrl.diagnostics import Collector, FlowError, SourceMap, Span
+from flowrl.syntax import ast
+from flowrl.syntax.parser import parse
+
+
+def stdlib_dir() -> Path:
+    env = os.environ.get("FLOWRL_STDLIB")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "stdlib"
+
+
+@dataclass
+class Visible:
+    """What a module can name: its own flows and declarations plus imported flows."""
+
+    flows: dict[str, tuple[ast.Module, ast.FlowDef]] = field(default_factory=dict)
+    decls: dict[str, ast.Decl] = field(default_factory=dict)
+
+
+class Unit:
+    """Loads and caches modules; answers what each module can see."""
+
+    def __init__(self, sources: SourceMap | None = None, stdlib: Path | None = None):
+        self.sources = sources if sources is not None else SourceMap()
+        self.stdlib = stdlib or stdlib_dir()
+        self.modules: dict[str, ast.Module] = {}
+        self._visible: dict[str, Visible] = {}
+        self._loading: list[str] = []
+
+    def add_text(self, text: str | bytes, path: str) -> ast.Module:
+        module = parse(text, path, self.sources)
+        self.modules[path] = module
+        return module
+
+    def load(self, path: Path, display: str) -> ast.Module:
+        key = display
+        if key not in self.modules:
+            self.modules[key] = parse(path.read_bytes(), display, self.sources)
+        return self.modules[key]
+
+    def visible(self, module: ast.Module) -> Visible:
+        """Flows and declarations visible in ``module``; raises FlowError on bad imports."""
+        if module.path in self._visible:
+            return self._visible[module.path]
+        errors = Collector(self.sources)
+        vis = Visible()
+        self._loading.append(module.path)
+        try:
+            for item in module.items:
+                if isinstance(item, ast.Import):
+                    self._import(module, item, vis, errors)
+            for item in module.items:
+                if isinstance(item, ast.FlowDef):
+                    if item.name in vis.flows and vis.flows[item.name][0] is module:
+                        first = vis.flows[item.name][1]
+                        errors.error("E112", f"flow `{item.name}` is defined twice", item.name_span,
+                                     "rename one of them", notes=(("first defined", first.name_span),))
+                    vis.flows[item.name] = (module, item)
+                elif isinstance(item, ast.Decl):
+                    if item.name in vis.decls:
+                        errors.error("E113", f"`{item.name}` is declared twice", item.name_span,
+                                     "rename one of them", notes=(("first declared", vis.decls[item.name].name_span),))
+                    vis.decls[item.name] = item
+        finally:
+            self._loading.pop()
+        errors.raise_if_any()
+        self._visible[module.path] = vis
+        return vis
+
+    def _import(self, module: ast.Module, imp: ast.Import, vis: Visible, errors: Collector) -> None:
+        if imp.is_path:
+            base = Path(module.path).parent if not module.path.startswith("<") else Path.cwd()
+            path = (base / imp.target)
+            display = os.path.normpath(str(path))
+        else:
+            parts = imp.target.split(".")
+            if parts[0] != "stdlib" or len(parts) != 2:
+                errors.error("E102", f"cannot import `{imp.target}`", imp.span,
+                             "import a standard-library flow file as `import stdlib.NAME` "
+                             "or a file as `import \"path/to/file.flow\"`")
+                return
+            path = self.stdlib / f"{parts[1]}.flow"
+            display = f"stdlib/{parts[1]}.flow"
+        if not path.is_file():
+            hint = (f"the standard library has: {', '.join(sorted(p.stem for p in self.stdlib.glob('*.flow')))}"
+                    if not imp.is_path else "the path is relative to the importing file")
+            errors.error("E102", f"cannot import `{imp.target}`: no file {display}", imp.span, hint)
+            return
+        if display in self._loading:
+            errors.error("E103", f"import cycle: {' -> '.join(self._loading + [display])}", imp.span,
+                         "move the shared flows into a third file that both import")
+            return
+        try:
+            sub = self.load(path, display)
+            sub_vis = self.visible(sub)
+        except FlowError as e:
+            errors.items.extend(e.diagnostics)
+            return
+        for name, (mod, flow) in sub_vis.flows.items():
+            if mod is not sub:
+                continue  # imports are not re-exported
+            key = f"{imp.alias}.{name}" if imp.alias else name
+            vis.flows[key] = (mod, flow)

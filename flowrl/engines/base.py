@@ -1,0 +1,156 @@
+"""The two engine Protocols every backend implements, and the errors they raise.
+
+* :class:`RolloutEngine` samples completions (vLLM, SGLang, transformers ``generate``).
+* :class:`TrainEngine` computes per-token log-probabilities / values and takes
+  optimizer steps (transformers + torch, FSDP, Megatron).
+
+Tensors follow the conventions of :mod:`flowrl.engines.types`: right-padded
+``[B, T]`` rows, ``logprobs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``
+(0 at position 0 and on padding), ``response_mask`` 1 exactly on response tokens.
+
+The runtime talks to engines only through these Protocols; which adapter backs
+an engine name is decided by the table in :mod:`flowrl.engines.registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, Protocol, Union, runtime_checkable
+
+import torch
+
+from flowrl.engines.types import Completion, SamplingSpec, TokenBatch
+
+
+class EngineError(Exception):
+    """Base class of every error an engine raises on purpose (bad input, bad config)."""
+
+
+class EngineConfigError(EngineError):
+    """An engine option or call argument has a value the engine cannot use."""
+
+
+class EngineNotInstalledError(EngineError):
+    """The Python package behind an engine is missing; the message names the install command."""
+
+
+Denominator = dict[str, int]
+"""``{"tokens": response tokens in the whole batch, "sequences": rows in the whole batch}``."""
+
+LossResult = Union[torch.Tensor, tuple[torch.Tensor, dict[str, Any]]]
+"""A scalar loss, or ``(loss, metrics)``; metric values are floats or 0-d tensors."""
+
+LossFn = Callable[[dict[str, torch.Tensor], TokenBatch, Denominator], LossResult]
+"""``loss_fn(outputs, micro_batch, denominator)``.
+
+``outputs`` holds ``[b, t]`` tensors *with grad* for the micro-batch (``"logprobs"``
+and ``"entropy"`` from an actor, ``"values"`` from a critic). The loss must be
+normalised by ``denominator`` (global counts of the whole batch), never by the
+micro-batch's own counts, so that summing micro-batch losses gives the loss of the
+whole batch. Returned metrics are summed over micro-batches the same way.
+"""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples completions from a policy whose weights can be replaced in place."""
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        """Sample ``spec.n`` completions for each prompt.
+
+        ``prompts``: P lists of token ids. Returns P lists (in prompt order) of
+        ``spec.n`` :class:`Completion` each, with per-token log-probabilities under
+        the sampling distribution (``log_softmax(logits / T)``, after top-k/top-p).
+        """
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(hf_name, tensor)`` pairs (transformers naming, full tensors) in place.
+
+        Caches derived from the old weights (prefix KV cache) are dropped, so the next
+        :meth:`generate` uses only the new weights.
+        """
+        ...
+
+    def shutdown(self) -> None:
+        """Release the engine's processes and memory; the engine is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class TrainEngine(Protocol):
+    """Computes per-token quantities of a model and trains it."""
+
+    def forward(
+        self, batch: TokenBatch, *, entropy: bool = False, values: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Per-token outputs without grad, each ``[B, T]`` float32, 0 at position 0 and on padding.
+
+        ``"logprobs"`` (actor), ``"entropy"`` (actor, nats, when ``entropy``),
+        ``"values"`` (critic; ``values[b, t]`` estimates the return of the state
+        ``input_ids[b, :t]``, i.e. before token ``t`` is emitted).
+        """
+        ...
+
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int
+    ) -> dict[str, float]:
+        """One optimizer step over the whole ``batch``.
+
+        Splits it into micro-batches of ``micro_batch_size`` rows, calls
+        ``loss_fn(outputs, micro, denominator)`` on each, accumulates gradients,
+        clips the global grad norm and steps the optimizer once. Returns at least
+        ``loss`` (sum of micro losses), ``grad_norm`` (before clipping) and ``lr``
+        (the rate this step used).
+        """
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` pairs in transformers naming, for rollout-engine resync."""
+        ...
+
+    def save(self, path: str) -> None:
+        """Write model, optimizer, lr-scheduler and RNG state into directory ``path``."""
+        ...
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote; the next step is bit-identical to an uninterrupted run."""
+        ...
+
+
+def check_sampling_spec(spec: SamplingSpec) -> None:
+    """Raise :class:`EngineConfigError` naming the first out-of-range field of ``spec``."""
+    checks = (
+        (spec.n >= 1, "n", spec.n, "use n >= 1 completions per prompt"),
+        (spec.temperature >= 0.0, "temperature", spec.temperature, "use 0 (greedy) or a positive value"),
+        (0.0 < spec.top_p <= 1.0, "top_p", spec.top_p, "use a value in (0, 1]"),
+        (spec.top_k == -1 or spec.top_k >= 1, "top_k", spec.top_k, "use -1 (off) or k >= 1"),
+        (spec.max_tokens >= 1, "max_tokens", spec.max_tokens, "use max_tokens >= 1"),
+    )
+    for ok, name, value, hint in checks:
+        if not ok:
+            raise EngineConfigError(f"SamplingSpec.{name}={value!r} is out of range; {hint}")
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int | None = None) -> None:
+    """Raise :class:`EngineConfigError` for an empty prompt or a token id outside ``[0, vocab_size)``."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise EngineConfigError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+        if vocab_size is not None:
+            bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
+            if bad:
+                raise EngineConfigError(
+                    f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size}); "
+                    "tokenize with the model's own tokenizer"
+                )
+
+
+def derive_seed(spec: SamplingSpec, prompt_index: int) -> int | None:
+    """Seed of prompt ``prompt_index``'s request; its ``n`` samples use ``seed + j`` (vLLM's rule).
+
+    Prompts are spaced ``n`` apart so no two samples of one call share a seed.
+    """
+    if spec.seed is None:
+        return None
+    return spec.seed + prompt_index * spec.n

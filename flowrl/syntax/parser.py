@@ -1,0 +1,472 @@
+"""Text -> AST. The grammar lives in ``grammar.lark`` and is loaded once (LALR, positions on).
+
+Every failure becomes a :class:`~flowrl.diagnostics.FlowError` with a position:
+malformed, binary, huge or deeply nested input never escapes as another exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span
+from flowrl.syntax import ast
+
+MAX_BYTES = 4 * 1024 * 1024
+"""Largest source file accepted (a flow is a few hundred lines; this is 100x that)."""
+MAX_NESTING = 64
+"""Deepest bracket nesting accepted; deeper input is rejected before parsing."""
+
+_GRAMMAR = Path(__file__).with_name("grammar.lark")
+
+# Human names for the grammar's terminals, used in "expected ..." messages.
+_TOKEN_NAMES = {
+    "NAME": "a name", "STRING": "a string", "INT": "an integer", "FLOAT": "a number",
+    "SIZE": "a size", "LPAR": "`(`", "RPAR": "`)`", "LBRACE": "`{`", "RBRACE": "`}`",
+    "LSQB": "`[`", "RSQB": "`]`", "COMMA": "`,`", "EQUAL": "`=`", "COLON": "`:`",
+    "DOT": "`.`", "MINUS": "`-`", "LE": "`<=`", "$END": "end of file",
+}
+
+
+def parse(text: str | bytes, path: str = "<input>", sources: SourceMap | None = None) -> ast.Module:
+    """Parse one ``.flow`` file. Raises FlowError (never anything else) on bad input."""
+    sources = sources if sources is not None else SourceMap()
+    text = _decode(text, path, sources)
+    sources.add(path, text)
+    _check_limits(text, path, sources)
+    comments: list[Token] = []
+    try:
+        tree = _parse_with_comments(text, comments)
+        module = _ToAst(path, text, sources).transform(tree)
+    except UnexpectedInput as e:
+        raise FlowError([_syntax_diagnostic(e, text, path)], sources) from None
+    except VisitError as e:
+        if isinstance(e.orig_exc, FlowError):
+            raise e.orig_exc from None
+        raise
+    cmts = tuple(ast.Comment(str(t), _tok_span(path, t)) for t in comments)
+    return ast.Module(path, module.items, cmts, module.span)
+
+
+def _parse_with_comments(text: str, comments: list[Token]):
+    # The cached parser appends comments to a module-level sink (lark binds lexer
+    # callbacks at construction); the lock keeps concurrent parses apart.
+    with _SINK_LOCK:
+        _COMMENT_SINK.clear()
+        try:
+            return _comment_lark().parse(text)
+        finally:
+            comments.extend(_COMMENT_SINK)
+            _COMMENT_SINK.clear()
+
+
+_COMMENT_SINK: list[Token] = []
+_SINK_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _comment_lark() -> Lark:
+    return Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
+                maybe_placeholders=True, lexer_callbacks={"COMMENT": _COMMENT_SINK.append})
+
+
+def _decode(text: str | bytes, path: str, sources: SourceMap) -> str:
+    if isinstance(text, str):
+        return text
+    try:
+        return text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = text[: e.start].decode("utf-8", errors="replace")
+        line = before.count("\n") + 1
+        col = len(before) - (before.rfind("\n") + 1) + 1
+        sources.add(path, text.decode("utf-8", errors="replace"))
+        raise FlowError([Diagnostic(
+            "E002", f"file is not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})",
+            Span.point(path, line, col), "a .flow file is UTF-8 text; is this the right file?")],
+            sources) from None
+
+
+def _check_limits(text: str, path: str, sources: SourceMap) -> None:
+    if len(text) > MAX_BYTES:
+        raise FlowError([Diagnostic(
+            "E003", f"file is too large ({len(text):,} characters; the limit is {MAX_BYTES:,})",
+            Span.point(path, 1, 1), "split the program into files and use `import`")], sources)
+    if "\x00" in text:
+        pos = text.index("\x00")
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        raise FlowError([Diagnostic("E002", "file contains a NUL byte; it looks binary",
+                                    Span.point(path, line, col),
+                                    "a .flow file is UTF-8 text; is this the right file?")], sources)
+    depth, line, col, in_str, in_comment = 0, 1, 0, False, False
+    prev = ""
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col, in_comment, in_str = line + 1, 0, False, False
+        elif in_comment:
+            pass
+        elif in_str:
+            if ch == '"' and prev != "\\":
+                in_str = False
+        elif ch == "#":
+            in_comment = True
+        elif ch == '"':
+            in_str = True
+        elif ch in "([{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise FlowError([Diagnostic(
+                    "E004", f"brackets nested deeper than {MAX_NESTING} levels",
+                    Span.point(path, line, col), "flatten the expression into named bindings")], sources)
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        prev = ch if not (prev == "\\" and ch == "\\") else ""
+
+
+def _tok_span(path: str, tok: Token) -> Span:
+    line = tok.line or 1
+    col = tok.column or 1
+    end_line = tok.end_line or line
+    end_col = tok.end_column or (col + len(str(tok)))
+    return Span(path, line, col, end_line, end_col)
+
+
+# ---- parse errors -> diagnostics ----------------------------------------------------
+
+# Programs that fail in a characteristic parser state, mapped to messages for people
+# (lark's ``match_examples``). Keys are (code, message, hint).
+_EXAMPLES: dict[tuple[str, str, str], list[str]] = {
+    ("E011", "expected an expression after `=`",
+     "write a value or a call, e.g. `x = generate(policy, batch)`"): [
+        "flow f() { x = }", "flow f() { x = ) }", "model m =", "flow f() { x = , }",
+        "model m = }",
+    ],
+    ("E012", "a flow statement must be `name = expr`, a call, `return` or `repeat`",
+     "bind the result to a name (`x = op(...)`) or call an op (`update(...)`)"): [
+        "flow f() { 3 }", "flow f() { \"s\" }", "flow f() { x }", "flow f() { x y }",
+        "flow f() { x.y }", "flow f() { [1] }", "flow f() { x.y z }",
+    ],
+    ("E013", "expected a flow, a schedule, an import or a declaration at top level",
+     "top-level items are `flow`, `schedule`, `import` and declarations like `model m = hf(\"...\")`"): [
+        "x", "3", "x(", "x.y", "\"s\"", "}", "x x x", "{", "x = 1", "x(1)",
+    ],
+    ("E014", "expected `:` and a type after a parameter name",
+     "parameters are written `name: type` or `name: type = default`, e.g. `group: int = 8`"): [
+        "flow f(a) {}", "flow f(a, b: int) {}", "flow f(a = 1) {}", "flow f(a b) {}",
+    ],
+    ("E015", "missing `{` to open the body",
+     "a body is a block in braces: `flow f() { ... }`"): [
+        "flow f() x", "flow f()", "flow f() }", "flow f() x = 1",
+    ],
+    ("E016", "a call's arguments are expressions separated by commas",
+     "close the call with `)`; separate arguments with `,`"): [
+        "flow f() { x = g(1 2) }", "flow f() { x = g(a b) }", "flow f() { x = g(a, }",
+        "flow f() { x = g(a = ) }", "flow f() { x = g(, a) }",
+    ],
+    ("E017", "unknown schedule statement",
+     "schedule statements: colocate, place, pool, `ENGINE = layout(...)`, staleness, resync, partial_rollout(...)"): [
+        "schedule g on cluster() { 3 }", "schedule g on cluster() { x }",
+        "schedule g on cluster() { x y }", "schedule g on cluster() { \"s\" }",
+    ],
+    ("E018", "a schedule needs `on cluster(...)` or `auto`",
+     "write `schedule NAME on cluster(nodes = 1, gpus_per_node = 8) { ... }` or `schedule NAME auto`"): [
+        "schedule g { }", "schedule g cluster() { }", "schedule g", "schedule g on x { }",
+    ],
+}
+
+
+def _syntax_diagnostic(e: UnexpectedInput, text: str, path: str) -> Diagnostic:
+    if isinstance(e, UnexpectedCharacters):
+        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
+        span = Span.point(path, e.line, e.column)
+        if ch == '"':
+            return Diagnostic("E005", "unterminated string", span,
+                              "close the string with `\"` on the same line")
+        if ch == "'":
+            return Diagnostic("E006", "strings use double quotes", span, "write \"...\" instead of '...'")
+        shown = ch if ch.isprintable() else repr(ch)
+        return Diagnostic("E001", f"unexpected character `{shown}`", span,
+                          "names are letters, digits and `_`; strings are in double quotes")
+    label = None
+    try:
+        label = e.match_examples(_comment_lark().parse, _EXAMPLES, use_accepts=True)  # same tables as the failed parse
+    except Exception:  # match_examples re-parses examples; a failure there only loses the nicer text
+        label = None
+    if isinstance(e, UnexpectedEOF) or (isinstance(e, UnexpectedToken) and e.token.type == "$END"):
+        span = _eof_span(text, path)
+        unclosed = _unclosed_bracket(text, path)
+        if unclosed is not None:
+            kind, where = unclosed
+            return Diagnostic("E007", f"unexpected end of file: `{kind}` opened at {where} is never closed",
+                              span, f"add the matching `{_CLOSERS[kind]}`")
+        if label:
+            return Diagnostic(label[0], label[1], span, label[2])
+        return Diagnostic("E008", "unexpected end of file", span, _expected_hint(e))
+    tok = e.token if isinstance(e, UnexpectedToken) else None
+    span = _tok_span(path, tok) if tok is not None else Span.point(path, e.line, e.column)
+    if label:
+        return Diagnostic(label[0], f"{label[1]} (found `{tok}`)" if tok is not None else label[1],
+                          span, label[2])
+    return Diagnostic("E009", f"unexpected `{tok}`", span, _expected_hint(e))
+
+
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _expected_hint(e: UnexpectedInput) -> str:
+    expected = sorted({_TOKEN_NAMES.get(t, f"`{t.lower()}`" if t.isalpha() else t)
+                       for t in getattr(e, "expected", ()) or ()})
+    expected = [x for x in expected if not x.startswith("`__")]
+    return "expected " + ", ".join(expected[:8]) if expected else "check the syntax near here"
+
+
+def _eof_span(text: str, path: str) -> Span:
+    lines = text.split("\n")
+    return Span.point(path, len(lines), len(lines[-1]) + 1)
+
+
+def _unclosed_bracket(text: str, path: str) -> tuple[str, Span] | None:
+    stack: list[tuple[str, int, int]] = []
+    line, col, in_str, in_comment, esc = 1, 0, False, False, False
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col, in_str, in_comment = line + 1, 0, False, False
+            continue
+        if in_comment:
+            continue
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == "#":
+            in_comment = True
+        elif ch == '"':
+            in_str = True
+        elif ch in _CLOSERS:
+            stack.append((ch, line, col))
+        elif ch in ")]}" and stack:
+            stack.pop()
+    if not stack:
+        return None
+    kind, l, c = stack[-1]
+    return kind, Span.point(path, l, c)
+
+
+# ---- parse tree -> AST ------------------------------------------------------------
+
+
+def _meta_span(path: str, meta, fallback: Span | None = None) -> Span:
+    if getattr(meta, "empty", True):
+        return fallback or Span.point(path, 1, 1)
+    return Span(path, meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds AST nodes; the only checks here are the ones the grammar cannot express."""
+
+    def __init__(self, path: str, text: str, sources: SourceMap):
+        super().__init__()
+        self.path = path
+        self.text = text
+        self.errors = Collector(sources)
+
+    def _span(self, meta) -> Span:
+        return _meta_span(self.path, meta)
+
+    def _tok(self, tok: Token) -> Span:
+        return _tok_span(self.path, tok)
+
+    # top level
+    def start(self, meta, items):
+        self.errors.raise_if_any()
+        return ast.Module(self.path, tuple(items), (), self._span(meta))
+
+    def import_stmt(self, meta, children):
+        target, alias = children
+        if isinstance(target, Token):  # STRING
+            return ast.Import(_unquote(target), True, str(alias) if alias else None, self._span(meta))
+        return ast.Import(target.id, False, str(alias) if alias else None, self._span(meta))
+
+    def dotted(self, meta, names):
+        return ast.Name(".".join(str(n) for n in names), self._span(meta))
+
+    def decl(self, meta, children):
+        kind, name, value = children
+        return ast.Decl(str(kind), str(name), value, self._span(meta), self._tok(kind), self._tok(name))
+
+    def flow_def(self, meta, children):
+        name, *rest = children
+        body = rest[-1]
+        params = tuple(p for p in rest[:-1] if p is not None)
+        return ast.FlowDef(str(name), params, body, self._span(meta), self._tok(name))
+
+    def param(self, meta, children):
+        name, typ, default = children
+        return ast.Param(str(name), str(typ), default, self._span(meta))
+
+    def block(self, meta, stmts):
+        return tuple(stmts)
+
+    def binding(self, meta, children):
+        name, value = children
+        return ast.Binding(str(name), value, self._span(meta), self._tok(name))
+
+    def call_stmt(self, meta, children):
+        return ast.CallStmt(children[0], self._span(meta))
+
+    def return_stmt(self, meta, children):
+        return ast.Return(children[0], self._span(meta))
+
+    def repeat_stmt(self, meta, children):
+        count, until, body = children
+        return ast.Repeat(count, str(until) if until else None, body, self._span(meta))
+
+    # schedules
+    def schedule_manual(self, meta, children):
+        name, cluster, body = children
+        return ast.ScheduleDef(str(name), False, cluster, body, self._span(meta), self._tok(name))
+
+    def schedule_auto(self, meta, children):
+        name, cluster, body = children
+        return ast.ScheduleDef(str(name), True, cluster, body or (), self._span(meta), self._tok(name))
+
+    def sched_block(self, meta, stmts):
+        return tuple(stmts)
+
+    def target(self, meta, children):
+        model, role = children
+        return ast.Target(str(model), str(role) if role else None, self._span(meta))
+
+    def colocate(self, meta, children):
+        *targets, pool = children
+        return ast.Colocate(tuple(targets), str(pool) if pool else None, self._span(meta))
+
+    def place(self, meta, children):
+        *targets, pool = children
+        return ast.Place(tuple(targets), str(pool), self._span(meta))
+
+    def pool(self, meta, children):
+        name, value = children
+        return ast.Pool(str(name), value, self._span(meta))
+
+    def layout(self, meta, children):
+        target, engine = children
+        return ast.Layout(target, engine, self._span(meta))
+
+    def staleness(self, meta, children):
+        le, value = children
+        return ast.Staleness(int(value), le is not None, self._span(meta))
+
+    def resync(self, meta, children):
+        model, protocol, every = children
+        return ast.Resync(str(model), protocol, int(every) if every is not None else None, self._span(meta))
+
+    def sched_call(self, meta, children):
+        return ast.SchedCall(children[0], self._span(meta))
+
+    # expressions
+    def call(self, meta, children):
+        func, *args = children
+        args = [a for a in args if a is not None]
+        positional, keywords, seen = [], [], {}
+        for a in args:
+            if isinstance(a, ast.KwArg):
+                if a.name in seen:
+                    self.errors.error("E019", f"keyword argument `{a.name}` given twice", a.span,
+                                      "remove one of them", notes=((f"first given", seen[a.name]),))
+                seen[a.name] = a.span
+                keywords.append(a)
+            elif keywords:
+                self.errors.error("E010", "positional argument after a keyword argument", _expr_span(a),
+                                  "put positional arguments first, or name this one")
+            else:
+                positional.append(a)
+        return ast.Call(func.id, tuple(positional), tuple(keywords), self._span(meta), func.span)
+
+    def kwarg(self, meta, children):
+        name, value = children
+        return ast.KwArg(str(name), value, self._span(meta))
+
+    def ref(self, meta, children):
+        return children[0]
+
+    def size(self, meta, children):
+        tok = children[0]
+        return ast.Literal(_parse_size(str(tok)), "size", str(tok), self._tok(tok))
+
+    def int(self, meta, children):
+        tok = children[0]
+        return ast.Literal(int(tok), "int", str(tok), self._tok(tok))
+
+    def neg_int(self, meta, children):
+        tok = children[0]
+        return ast.Literal(-int(tok), "int", f"-{tok}", self._span(meta))
+
+    def float(self, meta, children):
+        tok = children[0]
+        return ast.Literal(float(tok), "float", str(tok), self._tok(tok))
+
+    def neg_float(self, meta, children):
+        tok = children[0]
+        return ast.Literal(-float(tok), "float", f"-{tok}", self._span(meta))
+
+    def string(self, meta, children):
+        tok = children[0]
+        return ast.Literal(_unquote(tok), "str", str(tok), self._tok(tok))
+
+    def true(self, meta, children):
+        return ast.Literal(True, "bool", "true", self._span(meta))
+
+    def false(self, meta, children):
+        return ast.Literal(False, "bool", "false", self._span(meta))
+
+    def list(self, meta, children):
+        return ast.ListExpr(tuple(c for c in children if c is not None), self._span(meta))
+
+
+def _expr_span(e) -> Span:
+    return e.span
+
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def _parse_size(text: str) -> int:
+    num = text.rstrip("BKMGTi")
+    unit = text[len(num):]
+    return int(round(float(num) * _UNITS[unit]))
+
+
+def _unquote(tok) -> str:
+    body = str(tok)[1:-1]
+    out, i = [], 0
+    escapes = {"n": "\n", "t": "\t", '"': '"', "\\": "\\"}
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body):
+            out.append(escapes.get(body[i + 1], "\\" + body[i + 1]))
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def format_size(n: int) -> str:
+    """Canonical text of a size in bytes: the largest binary or decimal unit that divides it."""
+    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
+        if n and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return f"{n}B"

@@ -1,0 +1,112 @@
+"""A verifiable arithmetic task: ``"a+b="`` / ``"a-b="`` prompts, integer answers.
+
+The prompt ends with ``=``; the model's completion is the decimal answer (``-`` for a
+negative result) followed by EOS, so verifying a completion is an exact string match
+after stripping, e.g. prompt ``"12+35="`` → completion ``"47"``.
+
+Splits are deterministic functions of their arguments: ``make_split`` samples distinct
+problems with a seeded ``random.Random``, and ``make_splits`` carves disjoint train and
+test sets out of one such sample so that held-out accuracy measures generalisation, not
+memorisation. The files shipped under ``data/arith/`` are ``write_splits`` of the
+defaults below; ``tests/models`` checks that they are still equal to it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CHARS = "0123456789+-="
+"""Every character a prompt or an answer can contain (the tiny tokenizer's charset)."""
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
+
+
+class ArithTaskError(ValueError):
+    """An arithmetic split that cannot be made (bad operator, too few distinct problems...)."""
+
+
+@dataclass(frozen=True)
+class ArithSpec:
+    """Difficulty of the task (the defaults are the ones ``bench/rl_feasibility.py`` chose)."""
+
+    max_operand: int = 99
+    """Operands are drawn uniformly from ``[0, max_operand]``."""
+    ops: str = "+-"
+    """Operators to mix, each drawn with equal probability."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.ops) - set(_OPS))
+        if unknown or not self.ops:
+            raise ArithTaskError(f"ops={self.ops!r}: unknown operators {unknown}; use a non-empty subset of '+-'")
+        if self.max_operand < 1:
+            raise ArithTaskError(f"max_operand={self.max_operand}: must be >= 1")
+
+    @property
+    def n_problems(self) -> int:
+        """How many distinct problems this spec can produce."""
+        return len(set(self.ops)) * (self.max_operand + 1) ** 2
+
+
+DEFAULT_SPEC = ArithSpec()
+DEFAULT_SEED = 1234
+DEFAULT_TRAIN = 4000
+DEFAULT_TEST = 400
+
+
+def format_problem(a: int, op: str, b: int) -> dict[str, str]:
+    """The row of one problem: ``{"prompt": "a<op>b=", "answer": str(result)}``."""
+    return {"prompt": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b))}
+
+
+def make_split(
+    n: int, seed: int, *, spec: ArithSpec = DEFAULT_SPEC, exclude: frozenset[str] | set[str] = frozenset()
+) -> list[dict[str, str]]:
+    """``n`` distinct problems (no prompt repeats, none in ``exclude``), a function of ``seed``.
+
+    Returns rows ``{"prompt": str, "answer": str}`` in sampling order.
+    """
+    available = spec.n_problems - len(exclude)
+    if n > available:
+        raise ArithTaskError(
+            f"make_split(n={n}): only {available} distinct problems exist for {spec} after excluding "
+            f"{len(exclude)}; raise max_operand or ask for fewer rows"
+        )
+    rng = random.Random(seed)
+    ops = sorted(set(spec.ops))  # sorted: the same spec gives the same stream whatever the ops' order
+    rows: list[dict[str, str]] = []
+    seen = set(exclude)
+    while len(rows) < n:
+        row = format_problem(rng.randint(0, spec.max_operand), rng.choice(ops), rng.randint(0, spec.max_operand))
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+def make_splits(
+    n_train: int = DEFAULT_TRAIN, n_test: int = DEFAULT_TEST, seed: int = DEFAULT_SEED, *, spec: ArithSpec = DEFAULT_SPEC
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Disjoint ``(train, test)`` rows: the test split is drawn first, train excludes it."""
+    test = make_split(n_test, seed, spec=spec)
+    train = make_split(n_train, seed + 1, spec=spec, exclude={r["prompt"] for r in test})
+    return train, test
+
+
+def write_splits(out_dir: str | Path, **kwargs) -> tuple[Path, Path]:
+    """Write ``make_splits(**kwargs)`` as ``train.jsonl`` and ``test.jsonl`` (one JSON object a line)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, rows in zip(("train", "test"), make_splits(**kwargs)):
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def spec_dict(spec: ArithSpec = DEFAULT_SPEC) -> dict:
+    """The spec as a plain dict (for cache keys and reports)."""
+    return asdict(spec)
