@@ -7,15 +7,21 @@ from flowrl.ir.graph import Config, Const, Ref, Symbol, Value
 from flowrl.ir.ops import LOSSES, KwSpec
 
 
-def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, span: Span) -> tuple:
-    """Check keyword options against their specs; return them sorted with defaults filled in."""
+def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, span: Span,
+                 key_spans: tuple[tuple[str, Span], ...] = ()) -> tuple:
+    """Check keyword options against their specs; return them sorted with defaults filled in.
+
+    ``key_spans`` gives where each option's name was written: an unknown option is
+    reported there (its value is not what is wrong).
+    """
     given = dict(attrs)
+    names = dict(key_spans)
     out = {}
     for key, value in given.items():
         kspec = specs.get(key)
         vspan = getattr(value, "span", None) or span
         if kspec is None:
-            errors.error("E206", f"{what} has no option `{key}`", vspan,
+            errors.error("E206", f"{what} has no option `{key}`", names.get(key, vspan),
                          did_you_mean(key, specs) or (f"options: {', '.join(sorted(specs))}" if specs
                                                       else f"{what} takes no options"))
             continue
@@ -56,7 +62,11 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
     if t == "any":
         return value
     if t == "config":
-        if isinstance(value, Const) and value.kind == "str" and value.value in LOSSES:
+        if isinstance(value, Const) and value.kind == "str":
+            if value.value not in LOSSES:
+                errors.error("E211", f"unknown loss {show(value.value)}", span,
+                             did_you_mean(value.value, LOSSES) or f"losses: {', '.join(sorted(LOSSES))}")
+                return value
             value = Config(value.value, (), value.span)
         if not isinstance(value, Config):
             errors.error("E207", f"option `{key}` of {what} must be a loss such as ppo_clip(0.2)", span,
@@ -74,7 +84,8 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
                          getattr(value.args[len(names)], "span", value.span), f"options: {', '.join(names)}")
         for k, v in zip(names, value.args):
             if k in opts:
-                errors.error("E212", f"option `{k}` of `{value.name}` given twice", getattr(v, "span", value.span))
+                errors.error("E212", f"option `{k}` of `{value.name}` given twice", getattr(v, "span", value.span),
+                             f"`{value.name}`'s positional arguments are, in order: {', '.join(names)}")
             opts[k] = v
         checked = check_kwargs(tuple(sorted(opts.items())), dict(cspec.params), errors, f"`{value.name}`", value.span)
         return Config(value.name, checked, value.span)
@@ -102,7 +113,7 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
         errors.error("E208", f"option `{key}` of {what} must be <= {_num(kspec.max)}, got {show(v)}", span,
                      kspec.doc or None)
     if kspec.choices and v not in kspec.choices:
-        errors.error("E209", f"option `{key}` of {what} must be one of {', '.join(map(repr, kspec.choices))}, "
+        errors.error("E209", f"option `{key}` of {what} must be one of {', '.join(map(show, kspec.choices))}, "
                              f"got {show(v)}", span,
                      did_you_mean(str(v), kspec.choices) or None)
     return value

@@ -17,7 +17,7 @@ from flowrl.compiler.passes.check_roles import check_roles
 from flowrl.compiler.passes.check_schedule import check_schedule
 from flowrl.compiler.passes.insert_resyncs import insert_resyncs
 from flowrl.compiler.passes.resolve_names import resolve_names
-from flowrl.compiler.unit import Unit
+from flowrl.compiler.unit import Unit, read_source as _read_source
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span, did_you_mean
 from flowrl.ir.build import build_flow
 from flowrl.ir.graph import FlowGraph
@@ -72,9 +72,12 @@ def entry_flow(module: ast.Module, requested: str | None = None) -> ast.FlowDef:
     flows = {i.name: i for i in module.items if isinstance(i, ast.FlowDef)}
     if requested is not None:
         if requested not in flows:
-            raise FlowError([Diagnostic("E121", f"no flow `{requested}` in {module.path}", module.span,
-                                        did_you_mean(requested, flows) or
-                                        f"flows: {', '.join(flows) or 'none'}")])
+            hint = did_you_mean(requested, flows)
+            # The request came from the command line; point at the flow it most likely meant.
+            close = hint.split("`")[1] if hint else None
+            span = flows[close].name_span if close else module.span
+            raise FlowError([Diagnostic("E121", f"no flow `{requested}` in {module.path}", span,
+                                        hint or f"flows: {', '.join(flows) or 'none'}")])
         return flows[requested]
     for item in module.items:
         if isinstance(item, ast.ScheduleDef) and item.flow in flows:
@@ -85,6 +88,13 @@ def entry_flow(module: ast.Module, requested: str | None = None) -> ast.FlowDef:
         raise FlowError([Diagnostic("E123", f"{module.path} defines no flow", module.span,
                                     "define one: `flow main() { ... }`")])
     return list(flows.values())[-1]
+
+
+def replace_flow(module: ast.Module, fdef: ast.FlowDef) -> ast.Module:
+    from dataclasses import replace
+
+    items = tuple(fdef if isinstance(i, ast.FlowDef) and i.name == fdef.name else i for i in module.items)
+    return replace(module, items=items)
 
 
 def _check_schedule_targets(module: ast.Module, sources: SourceMap) -> None:
@@ -104,10 +114,61 @@ def _check_schedule_targets(module: ast.Module, sources: SourceMap) -> None:
     errors.raise_if_any()
 
 
+def apply_overrides(flow: ast.FlowDef, overrides: dict[str, str], sources: SourceMap) -> ast.FlowDef:
+    """``--set name=value``: replace the defaults of the entry flow's scalar parameters."""
+    if not overrides:
+        return flow
+    from dataclasses import replace
+
+    errors = Collector(sources)
+    params = {p.name: p for p in flow.params}
+    new = dict(params)
+    for key, text in overrides.items():
+        p = params.get(key)
+        if p is None:
+            errors.error("E125", f"--set {key}={text}: flow `{flow.name}` has no parameter `{key}`", flow.name_span,
+                         did_you_mean(key, params) or f"parameters: {', '.join(params) or 'none'}")
+            continue
+        try:
+            value, kind = _convert(p.type, text)
+        except ValueError:
+            errors.error("E126", f"--set {key}={text}: `{key}` is {p.type}, and `{text}` is not", p.span,
+                         f"give a value of type {p.type}")
+            continue
+        new[key] = replace(p, default=ast.Literal(value, kind, text, p.span))
+    errors.raise_if_any()
+    return replace(flow, params=tuple(new[p.name] for p in flow.params))
+
+
+def _convert(typ: str, text: str) -> tuple[object, str]:
+    from flowrl.syntax.parser import _parse_size
+
+    if typ == "int":
+        return int(text), "int"
+    if typ == "float":
+        return float(text), "float"
+    if typ == "bool":
+        if text not in ("true", "false"):
+            raise ValueError(text)
+        return text == "true", "bool"
+    if typ == "str":
+        return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text, "str"
+    if typ == "size":
+        return _parse_size(text), "size"
+    raise ValueError(text)  # models, datasets, lists: change the flow instead
+
+
 def compile_module(module: ast.Module, unit: Unit, flow: str | None = None, **kw) -> Compiled:
     _check_schedule_targets(module, unit.sources)
     unit.visible(module)  # import errors first, with their positions
-    fdef = entry_flow(module, flow)
+    try:
+        fdef = entry_flow(module, flow)
+    except FlowError as e:  # entry_flow has no source map; quote the file's lines
+        raise FlowError(e.diagnostics, unit.sources) from None
+    overrides = kw.get("options", {}).get("overrides")
+    if overrides:
+        fdef = apply_overrides(fdef, overrides, unit.sources)
+        module = replace_flow(module, fdef)
     raw = build_flow(fdef, module, unit.sources)
     ctx = CompileContext(unit, module, kw.pop("options", {}))
     return run_passes(raw, ctx, **kw)
@@ -122,18 +183,8 @@ def compile_text(text: str | bytes, path: str = "<input>", flow: str | None = No
 
 
 def read_source(path: str | Path) -> bytes:
-    p = Path(path)
-    try:
-        return p.read_bytes()
-    except FileNotFoundError:
-        raise FlowError([Diagnostic("E124", f"no such file: {path}", Span.point(str(path), 1, 1),
-                                    "check the path")]) from None
-    except IsADirectoryError:
-        raise FlowError([Diagnostic("E124", f"{path} is a directory, not a .flow file",
-                                    Span.point(str(path), 1, 1), "pass a .flow file")]) from None
-    except OSError as e:
-        raise FlowError([Diagnostic("E124", f"cannot read {path}: {e.strerror}", Span.point(str(path), 1, 1),
-                                    "check the file's permissions")]) from None
+    """The bytes of a source file; FlowError E124 if it cannot be read (see unit.read_source)."""
+    return _read_source(path)
 
 
 def compile_file(path: str | Path, flow: str | None = None, **kw) -> Compiled:

@@ -15,9 +15,39 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.diagnostics import Collector, FlowError, SourceMap, Span
+from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span
 from flowrl.syntax import ast
-from flowrl.syntax.parser import parse
+from flowrl.syntax.parser import MAX_BYTES, parse
+
+
+def read_source(path: str | Path, shown: str | None = None) -> bytes:
+    """The bytes of a source file, read with a bound; FlowError E124 if it cannot be read.
+
+    Only regular files are read (a FIFO or ``/dev/zero`` would block or never end), and
+    at most 4 bytes per allowed character: anything longer is too large whatever its
+    encoding, so it is rejected (E003) without being read whole.
+    """
+    shown = shown or str(path)
+    p = Path(path)
+    span = Span.point(shown, 1, 1)
+    try:
+        if p.is_dir():
+            raise FlowError([Diagnostic("E124", f"{shown} is a directory, not a .flow file", span,
+                                        "pass a .flow file")])
+        if p.exists() and not p.is_file():
+            raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span, "pass a .flow file")])
+        with p.open("rb") as f:
+            data = f.read(4 * MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise FlowError([Diagnostic("E124", f"no such file: {shown}", span, "check the path")]) from None
+    except OSError as e:
+        raise FlowError([Diagnostic("E124", f"cannot read {shown}: {e.strerror}", span,
+                                    "check the file's permissions")]) from None
+    if len(data) > 4 * MAX_BYTES:
+        raise FlowError([Diagnostic("E003", f"file is too large (over {4 * MAX_BYTES:,} bytes; the limit is "
+                                            f"{MAX_BYTES:,} characters)", span,
+                                    "split the program into files and use `import`")])
+    return data
 
 
 def stdlib_dir() -> Path:
@@ -51,7 +81,7 @@ class Unit:
     def load(self, path: Path, display: str) -> ast.Module:
         key = display
         if key not in self.modules:
-            self.modules[key] = parse(path.read_bytes(), display, self.sources)
+            self.modules[key] = parse(read_source(path, display), display, self.sources)
         return self.modules[key]
 
     def visible(self, module: ast.Module) -> Visible:

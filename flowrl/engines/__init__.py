@@ -1,7 +1,7 @@
 """Engines behind small Protocols: rollout (vLLM, transformers) and training (transformers).
 
-Importing this package is cheap: backends (torch models, vLLM) load only when an
-engine is built, through :mod:`flowrl.engines.registry`.
+Importing this package loads torch but no backend: transformers models and vLLM load
+only when an engine is built, through :mod:`flowrl.engines.registry`.
 """
 
 from flowrl.engines.base import (
@@ -21,7 +21,9 @@ from flowrl.engines.registry import (
     missing_engine_error,
     register_engine,
 )
+from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import Completion, SamplingSpec, TokenBatch
+from flowrl.engines.vllm_engine import VLLMOptions
 
 __all__ = [
     "Completion",
@@ -29,6 +31,7 @@ __all__ = [
     "EngineError",
     "EngineNotInstalledError",
     "LossFn",
+    "OptimConfig",
     "ROLLOUT_ENGINES",
     "RolloutEngine",
     "SamplingSpec",
@@ -36,6 +39,7 @@ __all__ = [
     "TokenBatch",
     "TrainEngine",
     "UnknownEngineError",
+    "VLLMOptions",
     "make_rollout_engine",
     "make_train_engine",
     "missing_engine_error",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -130,6 +130,7 @@ class VLLMRolloutEngine:
         self.options = options
         self.in_process = options.in_process if options.in_process is not None else cpu
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        _forget_cached_environment()
         backend = options.distributed_executor_backend
         if backend is None and options.tensor_parallel_size == 1:
             backend = "uni"
@@ -186,11 +187,18 @@ class VLLMRolloutEngine:
         check_sampling_spec(spec)
         check_prompts(prompts, self.vocab_size)
         self._check_lengths(prompts, spec.max_tokens)
-        params = [self._sampling_params(spec, derive_seed(spec, i)) for i in range(len(prompts))]
+        # vLLM rejects n > 1 with greedy decoding; the n greedy samples are identical,
+        # so decode once and repeat.
+        copies = spec.n if spec.temperature == 0.0 else 1
+        request_spec = replace(spec, n=spec.n // copies)
+        params = [self._sampling_params(request_spec, derive_seed(spec, i)) for i in range(len(prompts))]
         outputs = self.llm.generate(
             [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
         )
-        return [[_completion(prompt, out) for out in request.outputs] for prompt, request in zip(prompts, outputs)]
+        return [
+            [_completion(prompt, out) for out in request.outputs] * copies
+            for prompt, request in zip(prompts, outputs)
+        ]
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Log-probability of every token given its prefix, from vLLM's prompt logprobs.
@@ -247,6 +255,19 @@ def _prepare_environment(options: VLLMOptions) -> None:
     if "VLLM_CACHE_ROOT" not in os.environ:
         # The default ~/.cache/vllm is shared between runs; a temp dir keeps runs independent.
         os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="flowrl-vllm-")
+
+
+def _forget_cached_environment() -> None:
+    """Make vLLM re-read its environment variables.
+
+    An in-process engine core freezes ``vllm.envs`` at start-up; without this, a
+    second engine in the same process would ignore e.g. VLLM_ENABLE_V1_MULTIPROCESSING.
+    """
+    import vllm.envs
+
+    disable = getattr(vllm.envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
 
 
 def _completion(prompt: list[int], out: Any) -> Completion:

@@ -8,6 +8,7 @@ builder (:mod:`flowrl.builder`) produces the same raw graphs, so both share ever
 
 from __future__ import annotations
 
+from flowrl.diagnostics import Span
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Value
 from flowrl.ir.ops import LOSSES, OPS, OpKind
 from flowrl.syntax import ast
@@ -22,6 +23,12 @@ def build_flow(flow: ast.FlowDef, module: ast.Module, sources=None) -> FlowGraph
     schedules = [i for i in module.items if isinstance(i, ast.ScheduleDef) and i.flow == flow.name]
     graph.schedule = schedules[0] if schedules else None
     return graph
+
+
+def key_spans(call: ast.Call) -> tuple[tuple[str, Span], ...]:
+    """(name, span of the name) of each keyword argument of a call, as written."""
+    return tuple((k.name, Span(k.span.path, k.span.line, k.span.column, k.span.line, k.span.column + len(k.name)))
+                 for k in call.kwargs)
 
 
 class _Builder:
@@ -59,7 +66,7 @@ class _Builder:
         args = tuple(self.expr(a, region) for a in call.args)
         attrs = tuple(sorted((k.name, self.expr(k.value, region)) for k in call.kwargs))
         node = Node(self.graph.fresh_id(binding or call.func.rsplit(".", 1)[-1]), kind, call.func,
-                    args, attrs, call.span, region=region)
+                    args, attrs, call.span, region=region, key_spans=key_spans(call))
         self.graph.add(node)
         if binding is not None:
             self.graph.bindings[node.id] = binding

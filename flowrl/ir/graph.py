@@ -109,12 +109,21 @@ class Node:
     """The ``repeat`` loop this op belongs to, if any."""
     scope: tuple[str, ...] = ()
     """The flow-call chain this node was inlined through, outermost first."""
+    key_spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False, repr=False)
+    """Where each keyword option's name was written, for diagnostics about the name itself."""
 
     def attr(self, key: str, default=None):
         for k, v in self.attrs:
             if k == key:
                 return v
         return default
+
+    def key_span(self, key: str) -> Span | None:
+        """The span of the name of keyword option ``key`` as written (None if not written)."""
+        for k, s in self.key_spans:
+            if k == key:
+                return s
+        return None
 
     def with_attrs(self, **updates) -> "Node":
         merged = dict(self.attrs)

@@ -10,7 +10,7 @@ import functools
 import threading
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span
@@ -36,7 +36,7 @@ def parse(text: str | bytes, path: str = "<input>", sources: SourceMap | None = 
     """Parse one ``.flow`` file. Raises FlowError (never anything else) on bad input."""
     sources = sources if sources is not None else SourceMap()
     text = _decode(text, path, sources)
-    sources.add(path, text)
+    sources.add(path, _printable(text))
     _check_limits(text, path, sources)
     comments: list[Token] = []
     try:
@@ -58,10 +58,27 @@ def _parse_with_comments(text: str, comments: list[Token]):
     with _SINK_LOCK:
         _COMMENT_SINK.clear()
         try:
-            return _comment_lark().parse(text)
+            return _comment_lark().parse(text, on_error=_keyword_as_name)
         finally:
             comments.extend(_COMMENT_SINK)
             _COMMENT_SINK.clear()
+
+
+def _keyword_as_name(e: UnexpectedInput) -> bool:
+    """Read a keyword as a name where only a name fits (lark's ``on_error`` hook).
+
+    Keywords are contextual: the lexer reads ``pool`` as a name inside a flow, except
+    right after a `)`, where the LALR state shared with schedules (``... via nccl()``
+    may be followed by ``pool``) lexes it as the keyword. Feeding it back as a NAME
+    makes every keyword usable as a name wherever a name is valid, not only in some
+    positions. Returns False (the error stands) for anything else.
+    """
+    if not isinstance(e, UnexpectedToken) or e.token.type not in _KEYWORDS:
+        return False
+    if "NAME" not in (e.accepts or ()):
+        return False
+    e.interactive_parser.feed_token(Token.new_borrow_pos("NAME", str(e.token), e.token))
+    return True
 
 
 _COMMENT_SINK: list[Token] = []
@@ -69,8 +86,25 @@ _SINK_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
+def _keywords() -> frozenset[str]:
+    return frozenset(t.name for t in _comment_lark().terminals
+                     if t.pattern.type == "str" and t.pattern.value.isidentifier())
+
+
+class _KeywordSet:
+    """``in`` test against the grammar's keyword terminals (built with the parser)."""
+
+    def __contains__(self, name: str) -> bool:
+        return name in _keywords()
+
+
+_KEYWORDS = _KeywordSet()
+
+
+@functools.lru_cache(maxsize=1)
 def _comment_lark() -> Lark:
-    return Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
+    # cache=True keeps the LALR tables in a temp file: `flowrl check` starts in ~15 ms instead of ~400 ms.
+    return Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True, cache=True,
                 maybe_placeholders=True, lexer_callbacks={"COMMENT": _COMMENT_SINK.append})
 
 
@@ -83,11 +117,28 @@ def _decode(text: str | bytes, path: str, sources: SourceMap) -> str:
         before = text[: e.start].decode("utf-8", errors="replace")
         line = before.count("\n") + 1
         col = len(before) - (before.rfind("\n") + 1) + 1
-        sources.add(path, text.decode("utf-8", errors="replace"))
+        sources.add(path, _printable(text.decode("utf-8", errors="replace")))
         raise FlowError([Diagnostic(
             "E002", f"file is not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})",
             Span.point(path, line, col), "a .flow file is UTF-8 text; is this the right file?")],
             sources) from None
+
+
+# Characters Python's ``str.splitlines`` treats as line breaks but the lexer does not
+# (it counts only ``\n``), and control characters that would garble a terminal.
+_QUOTE_UNSAFE = {c: " " if c in "\r\f\v" else "\ufffd"
+                 for c in [chr(i) for i in range(32) if chr(i) not in "\n\t"]
+                 + ["\x7f", "\x85", "\u2028", "\u2029"]}
+_QUOTE_TABLE = str.maketrans(_QUOTE_UNSAFE)
+
+
+def _printable(text: str) -> str:
+    """The text diagnostics quote: same lines and columns as the lexer's, nothing unprintable.
+
+    ``\r\n`` becomes ``\n`` (the ``\r`` ends a line, so no column moves); any other
+    control or line-separator character becomes one space or one U+FFFD.
+    """
+    return text.replace("\r\n", "\n").translate(_QUOTE_TABLE)
 
 
 def _check_limits(text: str, path: str, sources: SourceMap) -> None:
@@ -172,6 +223,7 @@ _EXAMPLES: dict[tuple[str, str, str], list[str]] = {
      "schedule statements: colocate, place, pool, `ENGINE = layout(...)`, staleness, resync, partial_rollout(...)"): [
         "schedule g on cluster() { 3 }", "schedule g on cluster() { x }",
         "schedule g on cluster() { x y }", "schedule g on cluster() { \"s\" }",
+        "schedule g on cluster() { x.y }", "schedule g on cluster() { x.y z }",
     ],
     ("E018", "a schedule needs `on cluster(...)` or `auto`",
      "write `schedule NAME on cluster(nodes = 1, gpus_per_node = 8) { ... }` or `schedule NAME auto`"): [
@@ -192,30 +244,101 @@ def _syntax_diagnostic(e: UnexpectedInput, text: str, path: str) -> Diagnostic:
         shown = ch if ch.isprintable() else repr(ch)
         return Diagnostic("E001", f"unexpected character `{shown}`", span,
                           "names are letters, digits and `_`; strings are in double quotes")
-    label = None
-    try:
-        label = e.match_examples(_comment_lark().parse, _EXAMPLES, use_accepts=True)  # same tables as the failed parse
-    except Exception:  # match_examples re-parses examples; a failure there only loses the nicer text
-        label = None
-    if isinstance(e, UnexpectedEOF) or (isinstance(e, UnexpectedToken) and e.token.type == "$END"):
-        span = _eof_span(text, path)
+    label = _match_example(e)
+    tok = getattr(e, "token", None)
+    if isinstance(e, UnexpectedEOF) or (tok is not None and tok.type == "$END"):
         unclosed = _unclosed_bracket(text, path)
         if unclosed is not None:
+            # The useful position is the bracket left open, not the end of the file.
             kind, where = unclosed
-            return Diagnostic("E007", f"unexpected end of file: `{kind}` opened at {where} is never closed",
-                              span, f"add the matching `{_CLOSERS[kind]}`")
+            return Diagnostic("E007", f"`{kind}` is never closed: the file ends first", where,
+                              f"add the matching `{_CLOSERS[kind]}`")
+        span = _eof_span(text, path, tok)
         if label:
-            return Diagnostic(label[0], label[1], span, label[2])
+            return Diagnostic(label[0], f"{label[1]} (found end of file)", span, label[2])
         return Diagnostic("E008", "unexpected end of file", span, _expected_hint(e))
-    tok = e.token if isinstance(e, UnexpectedToken) else None
     span = _tok_span(path, tok) if tok is not None else Span.point(path, e.line, e.column)
+    notes = _open_bracket_note(e, text, path)
+    dangling = _dangling_name(e, path) if label and label[0] in _DANGLING else None
+    if dangling is not None:  # `b }`: the bare name is the mistake, not the `}` after it
+        name, name_span = dangling
+        unclosed = _unclosed_bracket(text[: e.pos_in_stream], path)
+        if name in ("flow", "schedule", "import") and unclosed is not None and unclosed[0] == "{":
+            return Diagnostic("E007", f"`{name}` inside a block: the `{{` before it is never closed", name_span,
+                              "add `}` before this line", notes=(("`{` opened", unclosed[1]),))
+        return Diagnostic(label[0], _DANGLING[label[0]].format(name=name, msg=label[1]), name_span, label[2])
     if label:
         return Diagnostic(label[0], f"{label[1]} (found `{tok}`)" if tok is not None else label[1],
-                          span, label[2])
-    return Diagnostic("E009", f"unexpected `{tok}`", span, _expected_hint(e))
+                          span, label[2], notes=notes)
+    return Diagnostic("E009", f"unexpected `{tok}`", span, _expected_hint(e), notes=notes)
+
+
+# Labels whose error is a bare name the parser only rejects at the *next* token.
+_DANGLING = {"E012": "{msg}; `{name}` alone is none of these",
+             "E017": "unknown schedule statement `{name}`"}
+
+
+def _dangling_name(e: UnexpectedInput, path: str) -> tuple[str, Span] | None:
+    """The bare (dotted) name just before the error, from the parser's value stack."""
+    stack = getattr(e.state, "value_stack", None) or ()
+    top = stack[-1] if stack else None
+    if isinstance(top, Token) and top.type == "NAME":
+        i = len(stack) - 1  # a schedule target `a.b` stays as tokens NAME DOT NAME
+        while i >= 2 and isinstance(stack[i - 1], Token) and stack[i - 1].type == "DOT" \
+                and isinstance(stack[i - 2], Token) and stack[i - 2].type == "NAME":
+            i -= 2
+        first = _tok_span(path, stack[i])
+        return "".join(str(t) for t in stack[i:]), Span(path, first.line, first.column, top.end_line or first.line,
+                                                        top.end_column or first.column + 1)
+    if isinstance(top, Tree) and top.data == "dotted" and not top.meta.empty:
+        return ".".join(str(c) for c in top.children), _meta_span(path, top.meta)
+    return None
 
 
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
+_CLOSER_TERMINALS = {"(": "RPAR", "[": "RSQB", "{": "RBRACE"}
+
+
+def _open_bracket_note(e: UnexpectedInput, text: str, path: str) -> tuple[tuple[str, Span], ...]:
+    """Where the bracket the parser wanted closed was opened, when that is on an earlier line."""
+    unclosed = _unclosed_bracket(text[: e.pos_in_stream], path)
+    if unclosed is None:
+        return ()
+    kind, where = unclosed
+    # `{` spans lines by design; only a `(` or `[` left open across lines is suspicious.
+    if kind == "{" or _CLOSER_TERMINALS[kind] not in (getattr(e, "expected", None) or ()) \
+            or where.line == e.line:
+        return ()
+    return ((f"unclosed `{kind}` opened", where),)
+
+
+@functools.lru_cache(maxsize=1)
+def _example_states() -> tuple[tuple[int, str, tuple[str, str, str]], ...]:
+    """(parser state, token type, label) of every example in ``_EXAMPLES``, computed once."""
+    out = []
+    for label, examples in _EXAMPLES.items():
+        for example in examples:
+            try:
+                _parse_with_comments(example, [])
+            except UnexpectedToken as ut:
+                out.append((ut.state.position, ut.token.type, label))
+    return tuple(out)
+
+
+def _match_example(e: UnexpectedInput) -> tuple[str, str, str] | None:
+    """The label of the example that failed in the same parser state (same token type first).
+
+    lark's ``match_examples`` also compares the depth of the parser stack, so an example
+    written as the first item of a file never matched an error after earlier items or
+    statements; the LALR state alone decides what may come next, so it is compared alone.
+    """
+    if not isinstance(e, UnexpectedToken) or e.state is None:
+        return None
+    same_state = [(tt, label) for pos, tt, label in _example_states() if pos == e.state.position]
+    for tt, label in same_state:
+        if tt == e.token.type:
+            return label
+    return same_state[0][1] if same_state else None
 
 
 def _expected_hint(e: UnexpectedInput) -> str:
@@ -225,8 +348,11 @@ def _expected_hint(e: UnexpectedInput) -> str:
     return "expected " + ", ".join(expected[:8]) if expected else "check the syntax near here"
 
 
-def _eof_span(text: str, path: str) -> Span:
-    lines = text.split("\n")
+def _eof_span(text: str, path: str, tok: Token | None) -> Span:
+    """Just after the last token (lark's end token borrows its position), else after the text."""
+    if tok is not None and tok.end_line is not None and tok.end_column is not None:
+        return Span.point(path, tok.end_line, tok.end_column)
+    lines = text.rstrip().split("\n")
     return Span.point(path, len(lines), len(lines[-1]) + 1)
 
 

@@ -34,8 +34,12 @@ class ArithSpec:
 
     max_operand: int = 99
     """Operands are drawn uniformly from ``[0, max_operand]``."""
-    ops: str = "+-"
+    ops: str = "+"
     """Operators to mix, each drawn with equal probability."""
+    zero_pad: bool = True
+    """Write operands with a fixed number of digits (``"07+35="``): every prompt then has
+    the same length and each digit a fixed position, which a 2-layer model learns far
+    faster than variable-width operands (measured in ``bench/rl_feasibility.py``)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.ops) - set(_OPS))
@@ -56,9 +60,12 @@ DEFAULT_TRAIN = 4000
 DEFAULT_TEST = 400
 
 
-def format_problem(a: int, op: str, b: int) -> dict[str, str]:
-    """The row of one problem: ``{"prompt": "a<op>b=", "answer": str(result)}``."""
-    return {"prompt": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b))}
+def format_problem(a: int, op: str, b: int, *, width: int = 0) -> dict[str, str]:
+    """The row of one problem: ``{"prompt": "a<op>b=", "answer": str(result)}``.
+
+    Operands are zero-padded to ``width`` digits (0: no padding); the answer never is.
+    """
+    return {"prompt": f"{a:0{width}d}{op}{b:0{width}d}=" if width else f"{a}{op}{b}=", "answer": str(_OPS[op](a, b))}
 
 
 def make_split(
@@ -76,10 +83,12 @@ def make_split(
         )
     rng = random.Random(seed)
     ops = sorted(set(spec.ops))  # sorted: the same spec gives the same stream whatever the ops' order
+    width = len(str(spec.max_operand)) if spec.zero_pad else 0
     rows: list[dict[str, str]] = []
     seen = set(exclude)
     while len(rows) < n:
-        row = format_problem(rng.randint(0, spec.max_operand), rng.choice(ops), rng.randint(0, spec.max_operand))
+        a, op, b = rng.randint(0, spec.max_operand), rng.choice(ops), rng.randint(0, spec.max_operand)
+        row = format_problem(a, op, b, width=width)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)

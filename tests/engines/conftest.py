@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_testkit import build_tiny_llama, build_tokenizer
+from engine_testkit import build_tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -12,7 +12,3 @@ def tiny_model_dir(tmp_path_factory) -> str:
     """Directory of the tiny Llama checkpoint, shared by every engine test."""
     return build_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama")))
 
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return build_tokenizer()

@@ -98,6 +98,31 @@ def check_top_k(engine: RolloutEngine, model_dir: str) -> None:
                 assert abs(c.logprobs[k] - expected) < TOL
 
 
+def _nucleus(row: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits of the top-p nucleus: drop the least likely tokens whose total mass is <= 1 - top_p."""
+    ascending = row.sort().values
+    mass_below = torch.softmax(ascending, 0).cumsum(0)
+    return ascending[mass_below > 1 - top_p]
+
+
+def check_top_p(engine: RolloutEngine, model_dir: str) -> None:
+    """top_p=0.6 at T=0.8: tokens come from the nucleus, logprobs renormalise over it."""
+    spec = SamplingSpec(n=2, temperature=0.8, top_p=0.6, max_tokens=8, seed=4)
+    groups = engine.generate(prompts(), spec)
+    trainer = make_trainer(model_dir)
+    for group in groups:
+        for c in group:
+            ids = torch.tensor([list(c.prompt_ids) + list(c.response_ids)])
+            with torch.no_grad():
+                logits = trainer.model(input_ids=ids).logits[0].float() / spec.temperature
+            p = len(c.prompt_ids)
+            for k, tok in enumerate(c.response_ids):
+                row = logits[p - 1 + k]
+                kept = _nucleus(row, spec.top_p)
+                assert row[tok] >= kept.min()
+                assert abs(c.logprobs[k] - float(row[tok] - torch.logsumexp(kept, 0))) < TOL
+
+
 def check_seeding(engine: RolloutEngine) -> None:
     """The same seed reproduces samples exactly; another seed changes them."""
     spec = SamplingSpec(n=2, temperature=1.0, max_tokens=10, seed=11)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import rollout_contract as contract
+import torch
 
 from flowrl.engines.base import EngineConfigError
 from flowrl.engines.torch_rollout import TorchRolloutEngine
+from flowrl.engines.types import SamplingSpec
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,10 @@ def test_top_k(engine, tiny_model_dir):
     contract.check_top_k(engine, tiny_model_dir)
 
 
+def test_top_p(engine, tiny_model_dir):
+    contract.check_top_p(engine, tiny_model_dir)
+
+
 def test_seeding(engine):
     contract.check_seeding(engine)
 
@@ -44,19 +50,17 @@ def test_bad_requests(engine):
     contract.check_bad_requests(engine)
 
 
-def test_unseeded_calls_are_reproducible_per_engine_seed(tiny_model_dir, engine):
-    from flowrl.engines.types import SamplingSpec
-
+def test_unseeded_calls_are_reproducible_per_engine_seed(tiny_model_dir):
     spec = SamplingSpec(n=2, temperature=1.0, max_tokens=8)
     a = TorchRolloutEngine(tiny_model_dir, seed=5).generate(contract.prompts(), spec)
     b = TorchRolloutEngine(tiny_model_dir, seed=5).generate(contract.prompts(), spec)
-    assert [[c.response_ids for c in g] for g in a] == [[c.response_ids for c in g] for g in b]
+    c = TorchRolloutEngine(tiny_model_dir, seed=6).generate(contract.prompts(), spec)
+    ids = lambda groups: [[x.response_ids for x in g] for g in groups]  # noqa: E731
+    assert ids(a) == ids(b) and ids(a) != ids(c)
 
 
 def test_small_generation_batches_match_one_batch(tiny_model_dir):
     """Splitting rows into generate calls changes batching, not greedy results."""
-    from flowrl.engines.types import SamplingSpec
-
     spec = SamplingSpec(n=2, temperature=0.0, max_tokens=8)
     whole = TorchRolloutEngine(tiny_model_dir).generate(contract.prompts(), spec)
     split = TorchRolloutEngine(tiny_model_dir, max_batch_rows=1).generate(contract.prompts(), spec)
@@ -64,8 +68,6 @@ def test_small_generation_batches_match_one_batch(tiny_model_dir):
 
 
 def test_update_weights_rejects_unknown_names_and_shapes(engine):
-    import torch
-
     with pytest.raises(EngineConfigError, match="unknown weight 'model.nope'"):
         engine.update_weights([("model.nope", torch.zeros(1))])
     with pytest.raises(EngineConfigError, match="shape"):

@@ -52,7 +52,11 @@ def test_forward_in_micro_batches_equals_one_pass(tiny_model_dir):
 def test_micro_batching_is_exact(tiny_model_dir):
     """One step on the whole batch == the same step accumulated over micro-batches."""
     batch = random_batch(8, seed=3)
-    big, small = make_trainer(tiny_model_dir), make_trainer(tiny_model_dir)
+    # AdamW's first update is lr * g / (|g| + eps): with the default eps=1e-8, gradient
+    # entries near 1e-8 turn float-rounding differences into O(lr) parameter changes.
+    # A larger eps keeps the update a smooth function of the gradient.
+    optim = OptimConfig(lr=1e-2, eps=1e-3)
+    big, small = make_trainer(tiny_model_dir, optim=optim), make_trainer(tiny_model_dir, optim=optim)
     m_big = big.train_step(batch, sft_loss, micro_batch_size=8)
     m_small = small.train_step(batch, sft_loss, micro_batch_size=3)  # 3+3+2 rows, different paddings
     assert m_small["loss"] == pytest.approx(m_big["loss"], abs=1e-6)
@@ -60,11 +64,9 @@ def test_micro_batching_is_exact(tiny_model_dir):
     grads_big = {n: p.grad for n, p in big.model.named_parameters()}
     for name, p in small.model.named_parameters():
         torch.testing.assert_close(p.grad, grads_big[name], atol=1e-6, rtol=0)
-    # AdamW's first update is lr * g / (|g| + eps): for gradient entries near eps a 1e-9
-    # difference moves the update by a fraction of lr, so parameters agree to lr * 1e-3.
     after_big = _params(big)
     for name, tensor in small.named_weights():
-        torch.testing.assert_close(tensor, after_big[name], atol=1e-5, rtol=0)
+        torch.testing.assert_close(tensor, after_big[name], atol=1e-6, rtol=0)
 
 
 def test_loss_decreases_and_metrics_are_reported(tiny_model_dir):

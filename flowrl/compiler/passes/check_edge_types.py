@@ -40,7 +40,7 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         spec = OPS.get(node.op)
         if node.op == "param" or spec is None:
             continue
-        attrs = check_kwargs(node.attrs, spec.kwargs, errors, f"`{node.op}`", node.span)
+        attrs = check_kwargs(node.attrs, spec.kwargs, errors, f"`{node.op}`", node.span, node.key_spans)
         node = replace(node, attrs=attrs)
         loss = _loss_spec(node)
         fields = set(spec.produces)
@@ -93,7 +93,8 @@ def _check_arity(node: Node, spec, errors: Collector) -> None:
         extra = node.args[len(spec.args)]
         errors.error("E201", f"`{node.op}` takes {len(spec.args)} positional argument"
                              f"{'s' if len(spec.args) != 1 else ''}, got {len(node.args)}",
-                     getattr(extra, "span", node.span), f"signature: {_signature(spec)}")
+                     getattr(extra, "span", node.span), f"signature: {_signature(spec)}"
+                     + (f"; options are passed by name: {', '.join(sorted(spec.kwargs))}" if spec.kwargs else ""))
     for aspec in spec.args[len(node.args):]:
         if not aspec.optional:
             errors.error("E202", f"`{node.op}` needs argument `{aspec.name}` ({aspec.type})", node.span,
@@ -131,7 +132,7 @@ def _check_arg(graph: FlowGraph, node: Node, i: int, aspec, value: Value, needs:
     if missing:
         errors.error("E205", f"`{node.op}` needs field{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(missing)} in argument `{aspec.name}`, but `{src.id}` "
-                             f"({src.op} at {src.span.line}:{src.span.column}) carries "
+                             f"(`{src.op}` at {src.span.line}:{src.span.column}) carries "
                              f"{', '.join(sorted(have)) or 'nothing'}", span, _field_hint(missing))
     key = f"{EdgeKind.DATA.value}:{aspec.name}"
     if graph.g.has_edge(src.id, node.id, key):
@@ -182,6 +183,9 @@ def _check_groups(graph: FlowGraph, errors: Collector) -> None:
 
 
 def _upstream_generate(graph: FlowGraph, node: Node) -> Node | None:
+    """The generate that made the groups: the nearest upstream generate whose prompts are
+    not already grouped (a later turn of a multi-turn loop continues each conversation,
+    usually with n = 1, and keeps the first turn's ``group_ids``)."""
     seen = set()
     frontier = [node.id]
     while frontier:
@@ -191,10 +195,16 @@ def _upstream_generate(graph: FlowGraph, node: Node) -> Node | None:
                 continue
             seen.add(src)
             s = graph.node(src)
-            if s.kind == OpKind.GENERATE:
+            if s.kind == OpKind.GENERATE and not _continues_groups(graph, s):
                 return s
             frontier.append(src)
     return None
+
+
+def _continues_groups(graph: FlowGraph, gen: Node) -> bool:
+    """True if ``gen``'s prompts already carry ``group_ids`` (a continuation turn)."""
+    return any(e.kind == EdgeKind.DATA and e.distance == 0 and "group_ids" in graph.node(src).fields
+               for src, e in graph.in_edges(gen.id))
 
 
 def _check_regions(graph: FlowGraph, errors: Collector) -> None:
@@ -228,7 +238,7 @@ def _want_word(t: str) -> str:
 
 
 def _what(node: Node) -> str:
-    return _KIND_WORDS.get(node.kind, f"data (from {node.op})")
+    return _KIND_WORDS.get(node.kind, f"data (from `{node.op}`)")
 
 
 def _short(nid: str) -> str:

@@ -58,7 +58,7 @@ def check_roles(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             updated[mid] = node.span
         elif node.kind == OpKind.VALUES and role != "critic":
             errors.error("E303", f"`values` needs a critic, but `{mid}` is a {role} model", span,
-                         f"make one with `critic = critic({mid})`")
+                         f"make one with `vf = critic({mid})` and read its values with `values(vf, ...)`")
         elif node.kind == OpKind.GENERATE and role == "critic":
             errors.error("E304", f"cannot generate with critic `{mid}`", span, "generate with the policy")
         out.replace(replace(node, model=mid))

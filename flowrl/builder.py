@@ -1,0 +1,1068 @@
+"""The Python front end: build a flow with method calls instead of ``.flow`` text.
+
+::
+
+    from flowrl import Flow
+    f = Flow("grpo", params=[("policy", "model"), ("prompts", "dataset"), ("reward", "reward"),
+                             ("group", "int", 8)])
+    policy, prompts, reward, group = f.params
+    ref = f.frozen(policy, name="ref")
+    batch = f.sample(prompts, size=64, name="batch")
+    rollouts = f.generate(policy, batch, n=group, name="rollouts")
+    scores = reward(rollouts, name="scores")          # score(reward, rollouts), as in text
+    ...
+    f.update(policy, rollouts, adv, old_lp, ref_lp, loss=f.ppo_clip(0.2), kl=0.001)
+    graph = f.graph()          # the raw FlowGraph, as flowrl.ir.build.build_flow makes it
+    compiled = f.compile()     # the same PASSES as a .flow file
+    print(f.to_flow_text())    # the program as .flow text
+
+What it builds: exactly the raw graph that :func:`flowrl.ir.build.build_flow` makes from
+the same program written as text (one node per op call, ``Ref`` arguments holding source
+names, ``CALL`` nodes for flow calls), so every compiler pass runs unchanged and reports
+the same diagnostics, except that every span points at the Python call that made the
+node (file, line and the column of the argument).
+
+How Python maps onto the language:
+
+* ``name="x"`` is the binding ``x = op(...)``: the node's id is ``x`` (``x#2`` when
+  re-bound) and later uses of the handle are written ``x``; a handle whose name was
+  re-bound since is still usable (its node is referenced directly).
+* without ``name=`` a call is like a nested call or a call statement in text: the node's
+  id is the op name (``frozen``, ``frozen#2``...).
+* a value carried from one turn of a ``repeat`` loop to the next is re-bound under the
+  same name inside the loop (``name="convo"``), exactly as in text.
+* ``reward(rollouts)`` for a reward handle is ``score(reward, rollouts)``.
+
+Mistakes the compiler can see (unknown ops, options, names, wrong types of values) are
+left to the passes, so they raise the same :class:`~flowrl.diagnostics.FlowError` as the
+text would; mistakes only Python can make (a Python object that is not a flow value, a
+handle of another flow, a name the language cannot spell) raise :class:`BuilderError`
+(a ``TypeError``) at once, at the offending call.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import functools
+import itertools
+import linecache
+import math
+import numbers
+import re
+import sys
+from dataclasses import replace
+
+from flowrl.diagnostics import FlowError, SourceMap, Span, did_you_mean
+from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Symbol
+from flowrl.ir.ops import DECL_KINDS, LOSSES, OPS, RESOURCE_TYPES, OpKind, OpSpec
+from flowrl.syntax import ast
+
+__all__ = ["BuilderError", "Flow", "Loss", "Params", "Size", "Value", "ctor", "size"]
+
+
+class BuilderError(TypeError):
+    """A builder call Python cannot turn into a flow (not a compiler diagnostic)."""
+
+
+# ---- spans: the Python call that made each node ---------------------------------------------
+
+_THIS_FILE = __file__
+
+
+@functools.lru_cache(maxsize=512)
+def _positions(code) -> tuple:
+    """(lineno, end_lineno, col, end_col) of each code unit of ``code`` (bytes offsets)."""
+    return tuple(code.co_positions())
+
+
+@functools.lru_cache(maxsize=64)
+def _calls_in(path: str, text: str) -> dict:
+    """The calls of a Python source text by their extent -> (arg extents, keyword extents)."""
+    try:
+        tree = pyast.parse(text, path)
+    except (SyntaxError, ValueError):
+        return {}
+    out = {}
+    for node in pyast.walk(tree):
+        if isinstance(node, pyast.Call):
+            if any(isinstance(a, pyast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                continue  # *args / **kwargs: positions cannot be matched to values
+            out[_extent(node)] = (tuple(_extent(a) for a in node.args),
+                                  {k.arg: _extent(k) for k in node.keywords})  # `key=value`
+    return out
+
+
+def _extent(node) -> tuple:
+    return (node.lineno, node.end_lineno, node.col_offset, node.end_col_offset)
+
+
+class _Site:
+    """Where a builder call was written: the call's span and, when the source is readable,
+    the span of each positional and keyword argument."""
+
+    def __init__(self, span: Span, args: tuple = (), kwargs: dict | None = None):
+        self.span = span
+        self.args = args
+        self.kwargs = kwargs or {}
+
+    def arg(self, i: int) -> Span:
+        return self.args[i] if i < len(self.args) else self.span
+
+    def kw(self, key: str) -> Span:
+        return self.kwargs.get(key, self.span)
+
+
+def _site(texts: dict) -> _Site:
+    """The site of the innermost call from outside this module; records its file's text in
+    ``texts`` (path -> source) so diagnostics can quote the Python line."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == _THIS_FILE:
+        frame = frame.f_back
+    if frame is None:
+        return _Site(Span.point("<python>", 1, 1))
+    path = frame.f_code.co_filename
+    lines = linecache.getlines(path, frame.f_globals)
+    if lines and path not in texts:
+        texts[path] = "".join(lines)
+    pos = _positions(frame.f_code)
+    i = frame.f_lasti // 2
+    ext = pos[i] if 0 <= i < len(pos) else (None, None, None, None)
+    if ext[0] is None or ext[2] is None:
+        line = frame.f_lineno or 1
+        return _Site(Span.point(path, line, 1, len(lines[line - 1].rstrip("\n")) if line <= len(lines) else 1))
+    span = _span(path, lines, ext)
+    found = _calls_in(path, texts[path]).get(tuple(ext)) if path in texts else None
+    if not found:
+        return _Site(span)
+    args, kwargs = found
+    return _Site(span, tuple(_span(path, lines, e) for e in args),
+                 {k: _span(path, lines, e) for k, e in kwargs.items()})
+
+
+def _span(path: str, lines: list[str], ext: tuple) -> Span:
+    line, end_line, col, end_col = ext
+    return Span(path, line, _char_col(lines, line, col), end_line, _char_col(lines, end_line, end_col))
+
+
+def _char_col(lines: list[str], line: int, byte_col: int) -> int:
+    """1-based character column of a 0-based UTF-8 byte offset (Python reports bytes)."""
+    if not 1 <= line <= len(lines):
+        return byte_col + 1
+    return len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", errors="replace")) + 1
+
+
+# ---- names the language can spell -----------------------------------------------------------
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@functools.lru_cache(maxsize=4096)
+def _spellable(name: str) -> bool:
+    """Whether ``name`` reads back as a name in every place a flow writes one (binding,
+    reference, call, keyword, parameter). Decided by the parser, so keywords such as
+    ``true`` or ``repeat`` are rejected however the grammar evolves."""
+    if not _NAME_RE.match(name):
+        return False
+    from flowrl.syntax.parser import parse
+
+    try:
+        module = parse(f"flow {name}({name}: {name}) {{ {name} = g({name}, {name} = 1)  {name}(x) }}",
+                       "<name check>")
+    except FlowError:
+        return False
+    flow = module.items[0]
+    bind, stmt = flow.body
+    return (flow.name == name and flow.params[0].name == name and flow.params[0].type == name
+            and isinstance(bind, ast.Binding) and bind.name == name
+            and isinstance(bind.value.args[0], ast.Name) and bind.value.args[0].id == name
+            and bind.value.kwargs[0].name == name
+            and isinstance(stmt, ast.CallStmt) and stmt.call.func == name)
+
+
+def _check_name(name, what: str, dotted: bool = False) -> str:
+    if not isinstance(name, str):
+        raise BuilderError(f"{what} must be a str, got {type(name).__name__} {name!r}")
+    parts = name.split(".") if dotted else [name]
+    if not all(_spellable(p) for p in parts):
+        raise BuilderError(f"{what} {name!r} is not a flowrl name; hint: names are letters, digits and `_`, "
+                           f"start with a letter or `_`, and are not keywords such as `true` or `repeat`")
+    return name
+
+
+# ---- values the builder hands out -------------------------------------------------------------
+
+_TYPE_OF_KIND = {OpKind.MODEL: "model", OpKind.DATASET: "dataset", OpKind.REWARD_FN: "reward",
+                 OpKind.ENV: "env", OpKind.CALL: None}
+_VALUE_TYPES = ("model", "dataset", "reward", "env", "data")
+
+
+class Value:
+    """A handle on a value of one flow: a parameter, a declaration, an op's result or a
+    ``bind``-ing. Pass it as an argument of ops; call it if it is a reward."""
+
+    __slots__ = ("flow", "name", "node", "type", "span", "target")
+
+    def __init__(self, flow: "Flow", *, name: str | None, node: str | None, type: str | None,
+                 span: Span, target=None):
+        self.flow = flow
+        self.name = name
+        """The source name this value is bound to, if any."""
+        self.node = node
+        """The raw graph node that makes it (None for parameters, declarations, aliases)."""
+        self.type = type
+        """model | dataset | reward | env | data, a scalar type, or None when unknown (flow calls)."""
+        self.span = span
+        self.target = target
+        """Aliases (``bind``): the Value or the constant bound."""
+
+    def __call__(self, *args, name: str | None = None, options: dict | None = None, **kwargs) -> "Value":
+        """``reward(rollouts)``: sugar for ``score(reward, rollouts)``, as in text."""
+        return self.flow._call_value(self, args, kwargs, name, options)
+
+    def __repr__(self) -> str:
+        what = self.type or "value"
+        made = f" from {self.flow._graph.node(self.node).op}" if self.node else ""
+        return f"<Value {self.name or self.node or '?'}: {what}{made} at {self.span}>"
+
+
+class Loss:
+    """A loss configuration such as ``ppo_clip(0.2)``: a keyword value, not a node."""
+
+    __slots__ = ("flow", "config")
+
+    def __init__(self, flow: "Flow", config: Config):
+        self.flow = flow
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"<Loss {self.config.name} at {self.config.span}>"
+
+
+class Size:
+    """A size literal (bytes) as the language writes it, e.g. ``size("512MB")``."""
+
+    __slots__ = ("bytes", "text")
+
+    def __init__(self, text: str):
+        from flowrl.syntax.parser import _parse_size
+
+        if not isinstance(text, str) or not re.fullmatch(r"\d+(\.\d+)?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", text):
+            raise BuilderError(f"size {text!r} is not a size literal; hint: write e.g. size(\"512MB\") "
+                               f"(units B KB MB GB TB KiB MiB GiB TiB)")
+        self.bytes = _parse_size(text)
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"size({self.text!r})"
+
+
+def size(text: str) -> Size:
+    """A size literal in bytes, written with a unit: ``size("512MB")`` is 512 * 10**6 bytes."""
+    return Size(text)
+
+
+class Ctor:
+    """A constructor call written as a constant: a parameter default or a declaration's
+    value, e.g. ``ctor("tiny", task="arith")`` for ``tiny(task = "arith")``."""
+
+    __slots__ = ("op", "args", "kwargs", "site")
+
+    def __init__(self, op: str, args: tuple, kwargs: dict, site: _Site):
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.site = site
+
+
+_CTOR_TEXTS: dict = {}
+
+
+def ctor(op: str, *args, **kwargs) -> Ctor:
+    """A resource constructor for parameter defaults: ``("policy", "model", ctor("tiny"))``."""
+    _check_name(op, "constructor", dotted=True)
+    return Ctor(op, args, kwargs, _site(_CTOR_TEXTS))
+
+
+class Params(tuple):
+    """The parameter handles of a flow, in order; also by name: ``f.params.group``."""
+
+    def __getattr__(self, name: str) -> Value:
+        for v in self:
+            if v.name == name:
+                return v
+        hint = did_you_mean(name, [v.name for v in self])
+        raise AttributeError(f"the flow has no parameter `{name}`" + (f"; {hint}" if hint else ""))
+
+
+class _Imported:
+    """``lib = f.import_("stdlib.grpo", alias="g")``; ``lib.grpo(...)`` calls ``g.grpo``."""
+
+    def __init__(self, flow: "Flow", alias: str | None):
+        self._flow = flow
+        self._prefix = f"{alias}." if alias else ""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        flow, qualified = self._flow, self._prefix + name
+
+        def call(*args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
+            return flow._emit(qualified, args, kwargs, name, options, kind=OpKind.CALL)
+
+        call.__name__ = name
+        return call
+
+
+class _Repeat:
+    """The context manager of ``with f.repeat(count, until=...)``: its ops form one loop."""
+
+    def __init__(self, flow: "Flow", count, until: str | None, site: _Site):
+        self.flow, self.count, self.until, self.site = flow, count, until, site
+        self.saved = None
+
+    def __enter__(self) -> "_Repeat":
+        if self.saved is not None:
+            raise BuilderError("this repeat block was already entered; write `with f.repeat(...)` again")
+        f = self.flow
+        f._n_regions += 1
+        rid = f"repeat{f._n_regions}"
+        f._graph.regions[rid] = Region(rid, self.count, self.until, self.site.span)
+        body: list = []
+        f._block.append(("repeat", rid, body))
+        self.saved = (f._block, f._region)
+        f._block, f._region = body, rid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.flow._block, self.flow._region = self.saved
+        return None
+
+
+# ---- the builder -------------------------------------------------------------------------------
+
+
+class Flow:
+    """A flow built in Python. Every built-in op of :data:`flowrl.ir.ops.OPS` is a method
+    (``f.generate(...)``), every loss of :data:`~flowrl.ir.ops.LOSSES` too (``f.ppo_clip(0.2)``).
+
+    ``params``: ``(name, type)`` or ``(name, type, default)``; a default is a constant
+    (int, float, str, bool, list, :func:`size`) or a :func:`ctor` such as ``ctor("tiny")``.
+    ``imports``: targets as for :meth:`import_` (``"stdlib.grpo"``, ``"lib.flow"``), or
+    ``(target, alias)`` pairs.
+    """
+
+    def __init__(self, name: str, params=(), *, imports=()):
+        self._texts: dict[str, str] = {}
+        site = _site(self._texts)
+        self.name = _check_name(name, "flow name")
+        self.span = site.span
+        self._params = tuple(self._param(p, site) for p in params)
+        self._graph = FlowGraph(name, site.span, params=self._params)
+        self._scope: dict[str, Value] = {}
+        self._events: list = []
+        self._block = self._events
+        self._region: str | None = None
+        self._n_regions = 0
+        self._imports: list[ast.Import] = []
+        self._decls: list[ast.Decl] = []
+        self._callees: dict[str, Flow] = {}
+        values = []
+        for p in self._params:
+            if p.name in self._scope:
+                raise BuilderError(f"flow `{name}` has two parameters named `{p.name}`")
+            v = Value(self, name=p.name, node=None, type=p.type, span=p.span)
+            self._scope[p.name] = v
+            values.append(v)
+        self.params = Params(values)
+        """Parameter handles, in order (also by name: ``f.params.group``)."""
+        for imp in imports:
+            target, alias = (imp, None) if isinstance(imp, str) else tuple(imp)
+            self._import(target, alias, site)
+
+    def _param(self, p, site: _Site) -> ast.Param:
+        if isinstance(p, str) or not isinstance(p, (tuple, list)) or len(p) not in (2, 3):
+            raise BuilderError(f"a parameter is (name, type) or (name, type, default), got {p!r}; "
+                               f"hint: params=[(\"policy\", \"model\"), (\"group\", \"int\", 8)]")
+        name = _check_name(p[0], "parameter name")
+        typ = _check_name(p[1], f"type of parameter `{name}`")
+        default = _const_expr(p[2], site.span, f"default of parameter `{name}`") if len(p) == 3 else None
+        return ast.Param(name, typ, default, site.span)
+
+    def param(self, name: str) -> Value:
+        """The handle of parameter ``name``."""
+        return getattr(self.params, name)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        known = list(OPS) + list(LOSSES) + [a for a in dir(type(self)) if not a.startswith("_")]
+        hint = did_you_mean(attr, known)
+        raise AttributeError(f"Flow has no op or method `{attr}`" + (f"; {hint}" if hint else "")
+                             + "; hint: call a flow with f.call_flow(\"NAME\", ...), any op by name with "
+                               "f.op(\"NAME\", ...)")
+
+    def __repr__(self) -> str:
+        return f"<Flow {self.name} ({self._graph.g.number_of_nodes()} ops) at {self.span}>"
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def op(self, op: str, *args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
+        """Call an op or a flow by name: ``f.op("generate", policy, batch, n=4)``. Unknown names
+        become flow calls, which the compiler resolves (or reports, with a suggestion).
+        ``options`` passes keyword options whose names Python reserves (``name``, ``lambda``)."""
+        _check_name(op, "op name", dotted=True)
+        return self._emit(op, args, kwargs, name, options)
+
+    def call_flow(self, flow, *args, name: str | None = None, options: dict | None = None,
+                  **kwargs) -> Value:
+        """Call another flow, inlined by the compiler: ``flow`` is the name of a flow visible
+        here (imported: ``"grpo"``, ``"g.grpo"``) or another :class:`Flow`."""
+        if isinstance(flow, Flow):
+            if flow is not self:
+                seen = self._callees.get(flow.name)
+                if seen is not None and seen is not flow:
+                    raise BuilderError(f"two different flows named `{flow.name}` are called from `{self.name}`; "
+                                       f"rename one of them")
+                self._callees[flow.name] = flow
+            target = flow.name
+        else:
+            target = _check_name(flow, "flow name", dotted=True)
+            if target in OPS or target in LOSSES:
+                raise BuilderError(f"`{target}` is a built-in op, not a flow; hint: call f.{target}(...)")
+        return self._emit(target, args, kwargs, name, options, kind=OpKind.CALL)
+
+    def loss(self, loss: str, *args, **options) -> "Loss | Value":
+        """A loss configuration for ``update(..., loss=...)``: ``f.loss("ppo_clip", 0.2, agg="seq-mean-token-sum")``.
+
+        An unknown loss name is kept as the text would keep it (a call), so the compiler
+        reports it with a suggestion."""
+        _check_name(loss, "loss name")
+        if loss not in LOSSES:
+            return self._emit(loss, args, options, None, None)
+        site = _site(self._texts)
+        return Loss(self, self._config(loss, args, options, site))
+
+    def _config(self, loss: str, args: tuple, options: dict, site: _Site) -> Config:
+        opts = tuple(sorted(((_check_name(k, "loss option"), self._value(v, site.kw(k), f"option `{k}` of {loss}"))
+                             for k, v in options.items()), key=lambda kv: kv[0]))
+        return Config(loss, opts, site.span,
+                      tuple(self._value(a, site.arg(i), f"argument {i + 1} of {loss}") for i, a in enumerate(args)))
+
+    def bind(self, name: str, value) -> Value:
+        """``name = value`` for a value that is not an op call: another handle, a constant or a
+        loss. Re-binding a name inside a ``repeat`` loop carries it to the next turn."""
+        site = _site(self._texts)
+        _check_name(name, "binding name")
+        ir = self._value(value, site.arg(1), f"the value bound to `{name}`")
+        node = Node(self._graph.fresh_id(name), OpKind.CALL, "=", (ir,), (), site.span, region=self._region)
+        self._graph.add(node)
+        self._graph.bindings[node.id] = name
+        self._block.append(("node", node.id))
+        vtype = value.type if isinstance(value, Value) else ir.kind if isinstance(ir, Const) else None
+        target = value if isinstance(value, Value) else ir
+        v = Value(self, name=name, node=None, type=vtype, span=site.span, target=target)
+        self._scope[name] = v
+        return v
+
+    def import_(self, target: str, alias: str | None = None) -> _Imported:
+        """``import stdlib.grpo [as alias]`` or ``import "path/file.flow" [as alias]`` (a path
+        ends in ``.flow``; relative to the Python file). Returns a handle whose attributes call
+        the imported flows: ``g = f.import_("stdlib.grpo", "g"); g.grpo(policy, ...)``."""
+        return self._import(target, alias, _site(self._texts))
+
+    def _import(self, target: str, alias: str | None, site: _Site) -> _Imported:
+        if not isinstance(target, str):
+            raise BuilderError(f"an import target is a str such as \"stdlib.grpo\", got {target!r}")
+        is_path = target.endswith(".flow")
+        if not is_path:
+            _check_name(target, "import target", dotted=True)
+        if alias is not None:
+            _check_name(alias, "import alias")
+        self._imports.append(ast.Import(target, is_path, alias, site.span))
+        return _Imported(self, alias)
+
+    def declare(self, kind: str, name: str, op: str, *args, **kwargs) -> Value:
+        """A declaration ``KIND NAME = OP(...)`` of this flow's file, e.g.
+        ``policy = f.declare("model", "policy", "tiny", task="arith")``."""
+        site = _site(self._texts)
+        _check_name(kind, "declaration kind")
+        _check_name(name, "declaration name")
+        _check_name(op, "constructor", dotted=True)
+        call = _ctor_call(op, args, kwargs, site, self)
+        self._decls.append(ast.Decl(kind, name, call, site.span, site.span, site.span))
+        v = Value(self, name=name, node=None, type=kind if kind in DECL_KINDS else None, span=site.span)
+        self._scope.setdefault(name, v)  # a parameter of the same name shadows it, as in text
+        return v
+
+    def repeat(self, count, until: str | None = None) -> _Repeat:
+        """``with f.repeat(max_turns, until="done"): ...``: the ops inside run up to ``count``
+        turns per step, stopping early when the field ``until`` is true for every sample."""
+        site = _site(self._texts)
+        ir = self._value(count, site.arg(0), "the turn count of repeat")
+        if until is not None:
+            _check_name(until, "`until` field")
+        return _Repeat(self, ir, until, site)
+
+    def returns(self, value) -> None:
+        """``return value``: what a call of this flow evaluates to."""
+        site = _site(self._texts)
+        ir = self._value(value, site.arg(0), "the returned value")
+        self._graph.returns = ir
+        self._block.append(("return", ir, site.span))
+
+    # ---- results -----------------------------------------------------------------------------
+    def graph(self) -> FlowGraph:
+        """The raw FlowGraph, as :func:`flowrl.ir.build.build_flow` makes it from text."""
+        g = self._graph.copy()
+        g.sources = self._source_map()
+        return g
+
+    def compile(self, until: str | None = None, lint_each: bool = False, options: dict | None = None) -> FlowGraph:
+        """Run the compiler's PASSES (up to pass ``until``) on this flow; raises FlowError with
+        spans at the Python lines. The flow lives in a synthetic module with its imports,
+        declarations and the builder flows it calls."""
+        from flowrl.compiler.context import CompileContext
+        from flowrl.compiler.pipeline import run_passes
+        from flowrl.compiler.unit import Unit
+
+        sources = self._source_map()
+        unit = Unit(sources)
+        module = self._module(text=False)
+        unit.modules[module.path] = module
+        raw = self.graph()
+        raw.sources = sources
+        return run_passes(raw, CompileContext(unit, module, dict(options or {})),
+                          until=until, lint_each=lint_each).graph
+
+    def to_module(self) -> ast.Module:
+        """The program as an AST module (spans at the Python lines): imports, declarations, the
+        builder flows it calls, then this flow."""
+        return self._module(text=False)
+
+    def to_flow_text(self) -> str:
+        """The program as canonical ``.flow`` text; it parses and compiles to the same IR.
+
+        Unnamed values are written as nested calls where that keeps the order of the ops,
+        otherwise bound to their op name (so node ids stay the same); a handle whose name
+        was re-bound is reached through a generated alias (``x_1 = x``), which adds no node.
+        """
+        from flowrl.syntax.fmt import format_module
+
+        return format_module(_respan(self._module(text=True)))
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _site(self) -> _Site:
+        return _site(self._texts)
+
+    def _source_map(self) -> SourceMap:
+        sources = SourceMap()
+        texts = dict(_CTOR_TEXTS)
+        for f in [self, *self._all_callees()]:
+            texts.update(f._texts)
+        for path, text in texts.items():
+            sources.add(path, text)
+        return sources
+
+    def _emit(self, op: str, args: tuple, kwargs: dict, name: str | None, options: dict | None,
+              kind: OpKind | None = None) -> Value:
+        site = _site(self._texts)
+        if options:
+            clash = sorted(set(options) & set(kwargs))
+            if clash:
+                raise BuilderError(f"{op}(): option `{clash[0]}` given both as a keyword and in options=")
+            kwargs = {**kwargs, **options}
+        if name is not None:
+            _check_name(name, "name=")
+        spec = OPS.get(op)
+        if spec is not None and kind is None:
+            _check_positional(op, spec, args)
+        ir_args = tuple(self._value(a, site.arg(i), f"{op}(): argument {i + 1}") for i, a in enumerate(args))
+        attrs = tuple(sorted(((_check_name(k, f"{op}(): option name"),
+                               self._value(v, site.kw(k), f"{op}(): option `{k}`")) for k, v in kwargs.items()),
+                             key=lambda kv: kv[0]))
+        if kind is None:
+            kind = spec.kind if spec else OpKind.CALL
+        return self._add(op, kind, ir_args, attrs, name, site.span)
+
+    def _add(self, op: str, kind: OpKind, args: tuple, attrs: tuple, name: str | None, span: Span) -> Value:
+        node = Node(self._graph.fresh_id(name or op.rsplit(".", 1)[-1]), kind, op, args, attrs, span,
+                    region=self._region)
+        self._graph.add(node)
+        self._block.append(("node", node.id))
+        rtype = _TYPE_OF_KIND.get(kind, "data")
+        if kind == OpKind.CALL and op in self._scope and self._scope[op].type == "reward":
+            rtype = "data"  # reward sugar: the scores
+        v = Value(self, name=name, node=node.id, type=rtype, span=span)
+        if name is not None:
+            self._graph.bindings[node.id] = name
+            self._scope[name] = v
+        return v
+
+    def _call_value(self, v: Value, args: tuple, kwargs: dict, name, options) -> Value:
+        self._own(v, "the called value")
+        if v.name is not None and self._scope.get(v.name) is v and v.name not in OPS:
+            return self._emit(v.name, args, kwargs, name, options, kind=OpKind.CALL)  # `reward(x)`, as in text
+        if v.type == "reward":
+            return self._emit("score", (v, *args), kwargs, name, options)
+        raise BuilderError(f"{v!r} is {v.type or 'not known to be a reward'}; only a reward can be called "
+                           f"(`reward(rollouts)` means score(reward, rollouts))")
+
+    def _own(self, v, what: str) -> None:
+        if v.flow is not self:
+            raise BuilderError(f"{what}: {v!r} belongs to flow `{v.flow.name}`, not `{self.name}`; hint: pass "
+                               f"values between flows as arguments of call_flow")
+
+    def _value(self, x, span: Span, what: str):
+        """A Python argument as an IR value (Ref, Const, Config or a tuple of them)."""
+        if isinstance(x, Value):
+            self._own(x, what)
+            return self._ref(x, span, what)
+        if isinstance(x, Loss):
+            self._own(x, what)
+            return x.config
+        if isinstance(x, (list, tuple)):
+            return tuple(self._value(i, span, what) for i in x)
+        return _const(x, span, what)
+
+    def _ref(self, v: Value, span: Span, what: str):
+        if v.name is not None and self._scope.get(v.name) is v:
+            return Ref(v.name, span)
+        if isinstance(v.target, Value):
+            return self._ref(v.target, span, what)
+        if v.target is not None:
+            return v.target  # a re-bound constant alias: its value
+        if v.node is not None:
+            return Ref(f"#node:{v.node}", span)  # the name was re-bound: refer to the node itself
+        raise BuilderError(f"{what}: `{v.name}` was re-bound since, so the {v.type} it named can no longer "
+                           f"be referenced; hint: give the new value another name=")
+
+    def _all_callees(self) -> list["Flow"]:
+        """Builder flows this flow calls, directly or not, callees before callers."""
+        out: list[Flow] = []
+
+        def visit(f: Flow, path: tuple) -> None:
+            for c in f._callees.values():
+                if c in path or c in out:
+                    continue
+                visit(c, path + (c,))
+                out.append(c)
+
+        visit(self, (self,))
+        names: dict[str, Flow] = {}
+        for c in out:
+            if names.setdefault(c.name, c) is not c:
+                raise BuilderError(f"two different builder flows are named `{c.name}`; rename one of them")
+        return [c for c in out if c.name != self.name]
+
+    def _module(self, text: bool) -> ast.Module:
+        callees = self._all_callees()
+        for c in callees:
+            if c._decls:
+                raise BuilderError(f"flow `{c.name}` is called from `{self.name}` but declares "
+                                   f"`{c._decls[0].name}`; hint: declare resources in the calling flow and "
+                                   f"pass them as arguments")
+        imports, seen = [], set()
+        for f in [*callees, self]:
+            for imp in f._imports:
+                key = (imp.target, imp.is_path, imp.alias)
+                if key not in seen:
+                    seen.add(key)
+                    imports.append(imp)
+        flows = [_Writer(f).flow_def() for f in [*callees, self]]
+        return ast.Module(self.span.path, tuple(imports) + tuple(self._decls) + tuple(flows), (), self.span)
+
+
+def _check_positional(op: str, spec: OpSpec, args: tuple) -> None:
+    for i, a in enumerate(args[: len(spec.args)]):
+        aspec = spec.args[i]
+        if aspec.type in _VALUE_TYPES and not isinstance(a, Value):
+            raise BuilderError(f"{op}(): argument {i + 1} (`{aspec.name}`) needs a {aspec.type} value (a flow "
+                               f"parameter or the result of an op), got {type(a).__name__} {a!r}")
+
+
+def _const(x, span: Span, what: str):
+    if isinstance(x, Size):
+        return Const(x.bytes, "size", span, x.text)
+    if isinstance(x, bool):
+        return Const(x, "bool", span)
+    if isinstance(x, numbers.Integral):
+        return Const(int(x), "int", span)
+    if isinstance(x, numbers.Real):
+        if not math.isfinite(float(x)):
+            raise BuilderError(f"{what}: {x!r} cannot be written in a flow; hint: use a finite number")
+        return Const(float(x), "float", span)
+    if isinstance(x, str):
+        return Const(x, "str", span)
+    if isinstance(x, (list, tuple)):
+        return tuple(_const(i, span, what) for i in x)
+    raise BuilderError(f"{what}: cannot use {type(x).__name__} {x!r} in a flow; hint: pass a Value (a parameter "
+                       f"or an op's result), a number, a str, a bool, a list, size(\"512MB\") or a loss")
+
+
+# ---- AST for constants (parameter defaults, declarations) --------------------------------------
+
+
+def _const_expr(x, span: Span, what: str) -> ast.Expr:
+    if isinstance(x, Ctor):
+        return _ctor_call(x.op, x.args, x.kwargs, x.site, None)
+    return _expr_of_value(_const(x, span, what), span)
+
+
+def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow | None") -> ast.Call:
+    def one(x, span, what):
+        if isinstance(x, Ctor):
+            return _ctor_call(x.op, x.args, x.kwargs, x.site, flow)
+        if isinstance(x, Value):
+            if flow is None or x.flow is not flow or x.node is not None or x.target is not None:
+                raise BuilderError(f"{what}: a constructor takes constants, ctor(...) calls and declared names, "
+                                   f"got {x!r}")
+            return ast.Name(x.name, span)
+        return _expr_of_value(_const(x, span, what), span)
+
+    pos = tuple(one(a, site.arg(i), f"{op}(): argument {i + 1}") for i, a in enumerate(args))
+    kws = tuple(ast.KwArg(_check_name(k, f"{op}(): option name"), one(v, site.kw(k), f"{op}(): option `{k}`"),
+                          site.kw(k)) for k, v in kwargs.items())
+    return ast.Call(op, pos, kws, site.span, site.span)
+
+
+def _literal_text(c: Const) -> str:
+    from flowrl.syntax.fmt import quote_string
+    from flowrl.syntax.parser import format_size
+
+    if c.kind == "size":
+        return c.text or format_size(int(c.value))
+    if c.kind == "bool":
+        return "true" if c.value else "false"
+    if c.kind == "str":
+        return quote_string(c.value)
+    return repr(c.value)
+
+
+def _expr_of_value(v, span: Span) -> ast.Expr:
+    """A constant IR value (Const, tuple, Config) as an AST expression."""
+    if isinstance(v, Const):
+        return ast.Literal(v.value, v.kind, _literal_text(v), v.span or span)
+    if isinstance(v, tuple):
+        return ast.ListExpr(tuple(_expr_of_value(i, span) for i in v), span)
+    if isinstance(v, Config):
+        return ast.Call(v.name, tuple(_expr_of_value(a, v.span) for a in v.args),
+                        tuple(ast.KwArg(k, _expr_of_value(x, v.span), v.span) for k, x in v.options),
+                        v.span, v.span)
+    if isinstance(v, Ref):
+        return ast.Name(v.target, v.span)
+    raise BuilderError(f"internal error: cannot write {v!r} as flow text")  # Symbols never reach the builder
+
+
+# ---- writing a builder flow as an AST / text -----------------------------------------------------
+
+
+def _refs(v):
+    """The Refs inside an IR value, in the order the parser hoists nested calls
+    (list items in order; a loss's options before its positional arguments)."""
+    if isinstance(v, Ref):
+        yield v
+    elif isinstance(v, tuple):
+        for i in v:
+            yield from _refs(i)
+    elif isinstance(v, Config):
+        for _, x in v.options:
+            yield from _refs(x)
+        for a in v.args:
+            yield from _refs(a)
+
+
+def _node_refs(node: Node):
+    for a in node.args:
+        yield from _refs(a)
+    for _, v in node.attrs:
+        yield from _refs(v)
+
+
+def _node_target(ref: Ref) -> str | None:
+    return ref.target[6:] if ref.target.startswith("#node:") else None
+
+
+class _Writer:
+    """Writes one builder flow as an ``ast.FlowDef`` whose raw graph compiles like the builder's.
+
+    1. *Nesting*: an unnamed value used once, in the same loop, is written inside its
+       consumer (``generate(frozen(policy), b)``) when the parser's hoisting order then
+       reproduces the builder's node order; otherwise it is un-nested (checked by
+       re-deriving the order until it matches; each round un-nests one node).
+    2. *Naming*: an unnamed value that is used but not nested is bound to its op name
+       (``frozen = frozen(policy)``: the resolved node id is the same) unless that name
+       is used otherwise in the flow, then to a fresh ``op_N``.
+    3. *Aliases*: a reference to a node whose name is re-bound at that point (or whose
+       name would make a spurious loop-carried edge) goes through ``name_N = name``,
+       written right after the node; aliases add no node to the compiled graph.
+    """
+
+    def __init__(self, flow: Flow):
+        self.flow = flow
+        self.nodes = {n.id: n for n in flow._graph.nodes()}
+        self.bindings = dict(flow._graph.bindings)
+        self.uses: dict[str, list] = {}
+        self._collect_uses(flow._events, None)
+        self.order = [nid for nid in self._walk_nodes(flow._events)]
+        self.nested = self._plan_nesting()
+        self.names = self._names()
+        self.bound_in_region: dict[str | None, set] = {}
+        for nid, name in self.names.items():
+            self.bound_in_region.setdefault(self.nodes[nid].region, set()).add(name)
+        self.aliases: dict[str, str] = {}
+        self.need_alias: set[str] = set()
+
+    # -- analysis
+    def _collect_uses(self, events, region) -> None:
+        for ev in events:
+            if ev[0] == "node":
+                node = self.nodes[ev[1]]
+                for r in _node_refs(node):
+                    self._use(r, (node.id, node.region, node.op == "="))
+            elif ev[0] == "return":
+                for r in _refs(ev[1]):
+                    self._use(r, (None, region, False))
+            else:
+                for r in _refs(self.flow._graph.regions[ev[1]].count):
+                    self._use(r, (None, region, False))
+                self._collect_uses(ev[2], ev[1])
+
+    def _use(self, ref: Ref, consumer) -> None:
+        x = _node_target(ref)
+        if x is not None:
+            self.uses.setdefault(x, []).append(consumer)
+
+    def _walk_nodes(self, events):
+        for ev in events:
+            if ev[0] == "node":
+                yield ev[1]
+            elif ev[0] == "repeat":
+                yield from self._walk_nodes(ev[2])
+
+    def _plan_nesting(self) -> set[str]:
+        nested = set()
+        for x, uses in self.uses.items():
+            node = self.nodes[x]
+            if (len(uses) == 1 and x not in self.bindings and node.op != "="
+                    and not uses[0][2] and uses[0][1] == node.region):
+                nested.add(x)
+        for _ in range(len(nested) + 1):
+            implied = self._implied_order(nested)
+            if implied == self.order:
+                break
+            k = next((i for i, (a, b) in enumerate(zip(self.order, implied)) if a != b), None)
+            if k is None:
+                raise AssertionError("nesting changed the number of ops")  # each nested node has one consumer
+            a, b = self.order[k], implied[k]
+            nested.discard(a if a in nested else b)
+        return nested
+
+    def _implied_order(self, nested: set[str]) -> list[str]:
+        """The node order the parser would produce if ``nested`` were written nested."""
+        out: list[str] = []
+
+        def value(v) -> None:
+            for r in _refs(v):
+                x = _node_target(r)
+                if x in nested:
+                    node_(x)
+
+        def node_(nid: str) -> None:
+            n = self.nodes[nid]
+            for a in n.args:
+                value(a)
+            for _, v in n.attrs:
+                value(v)
+            out.append(nid)
+
+        def block(events) -> None:
+            for ev in events:
+                if ev[0] == "node":
+                    if ev[1] not in nested:
+                        node_(ev[1])
+                elif ev[0] == "return":
+                    value(ev[1])
+                else:
+                    value(self.flow._graph.regions[ev[1]].count)
+                    block(ev[2])
+
+        block(self.flow._events)
+        return out
+
+    def _names(self) -> dict[str, str]:
+        """node id -> the name its statement binds (the user's, or one generated here)."""
+        taken = set(self.bindings.values()) | {p.name for p in self.flow._params} \
+            | {d.name for d in self.flow._decls}
+        for n in self.nodes.values():
+            taken |= {r.target for r in _node_refs(n) if _node_target(r) is None}
+            if n.kind == OpKind.CALL and n.op != "=":
+                taken.add(n.op)
+        for ev_value in self._return_and_count_values(self.flow._events):
+            taken |= {r.target for r in _refs(ev_value) if _node_target(r) is None}
+        names = dict(self.bindings)
+        self.taken = set(taken)
+        for nid in self.order:
+            if nid in names or nid in self.nested or not self.uses.get(nid):
+                continue
+            base = nid.split("#")[0]
+            names[nid] = base if base not in taken and _spellable(base) else self._fresh(base)
+            self.taken.add(names[nid])
+        return names
+
+    def _return_and_count_values(self, events):
+        for ev in events:
+            if ev[0] == "return":
+                yield ev[1]
+            elif ev[0] == "repeat":
+                yield self.flow._graph.regions[ev[1]].count
+                yield from self._return_and_count_values(ev[2])
+
+    def _fresh(self, base: str) -> str:
+        for i in itertools.count(1):
+            name = f"{base}_{i}"
+            if name not in self.taken and _spellable(name):
+                self.taken.add(name)
+                return name
+        raise AssertionError("unreachable")
+
+    # -- writing
+    def flow_def(self) -> ast.FlowDef:
+        f = self.flow
+        self._block(f._events, {})  # first pass: find the references that need an alias
+        for x in sorted(self.need_alias, key=self.order.index):
+            self.aliases[x] = self._fresh(self.names[x])
+        body = self._block(f._events, {})
+        return ast.FlowDef(f.name, f._params, tuple(body), f.span, f.span)
+
+    def _block(self, events, env: dict) -> list:
+        stmts: list = []
+        for ev in events:
+            if ev[0] == "node":
+                nid = ev[1]
+                if nid in self.nested:
+                    continue
+                node = self.nodes[nid]
+                name = self.names.get(nid)
+                if node.op == "=":
+                    stmts.append(ast.Binding(name, self._expr(node.args[0], env, None, node.span),
+                                             node.span, node.span))
+                else:
+                    call = self._call(nid, env)
+                    stmts.append(ast.Binding(name, call, node.span, node.span) if name
+                                 else ast.CallStmt(call, node.span))
+                if name:
+                    env[name] = nid
+                if nid in self.aliases:
+                    alias = self.aliases[nid]
+                    stmts.append(ast.Binding(alias, ast.Name(name, node.span), node.span, node.span))
+                    env[alias] = nid
+            elif ev[0] == "return":
+                stmts.append(ast.Return(self._expr(ev[1], env, None, ev[2]), ev[2]))
+            else:
+                region = self.flow._graph.regions[ev[1]]
+                count = self._expr(region.count, env, None, region.span)
+                body = self._block(ev[2], env)
+                stmts.append(ast.Repeat(count, region.until, tuple(body), region.span))
+        return stmts
+
+    def _call(self, nid: str, env: dict) -> ast.Call:
+        n = self.nodes[nid]
+        args = tuple(self._expr(a, env, n.region, n.span) for a in n.args)
+        kwargs = tuple(ast.KwArg(k, self._expr(v, env, None, n.span), getattr(v, "span", n.span))
+                       for k, v in n.attrs)
+        return ast.Call(n.op, args, kwargs, n.span, n.span)
+
+    def _expr(self, v, env: dict, turn_region: str | None, span: Span) -> ast.Expr:
+        """An IR value as an expression; ``turn_region``: the loop of the op whose positional
+        argument this is (where a re-bound name makes a loop-carried edge)."""
+        if isinstance(v, Ref):
+            x = _node_target(v)
+            if x is None:
+                return ast.Name(v.target, v.span)
+            if x in self.nested:
+                return self._call(x, env)
+            name = self.names[x]
+            spurious_turn = (turn_region is not None and name in self.bound_in_region.get(turn_region, ())
+                             and self.nodes[x].region != turn_region)
+            if env.get(name) == x and not spurious_turn:
+                return ast.Name(name, v.span)
+            self.need_alias.add(x)
+            return ast.Name(self.aliases.get(x, name), v.span)
+        if isinstance(v, tuple):
+            return ast.ListExpr(tuple(self._expr(i, env, turn_region, span) for i in v), span)
+        if isinstance(v, Config):
+            return ast.Call(v.name, tuple(self._expr(a, env, None, v.span) for a in v.args),
+                            tuple(ast.KwArg(k, self._expr(x, env, None, v.span), v.span) for k, x in v.options),
+                            v.span, v.span)
+        if isinstance(v, Symbol):
+            raise BuilderError(f"internal error: a symbol {v.name} in a raw builder graph")
+        return _expr_of_value(v, span)
+
+
+def _respan(module: ast.Module) -> ast.Module:
+    """The module with synthetic spans, one line per statement, so the formatter lays it out
+    without blank lines inside bodies (its blank-line rule reads spans)."""
+    path = "<builder>"
+    line = itertools.count(1)
+
+    def at(node, ln: int):
+        if isinstance(node, Span):
+            return Span(path, ln, 1, ln, 2)
+        if isinstance(node, tuple):
+            return tuple(at(i, ln) for i in node)
+        if hasattr(node, "__dataclass_fields__"):
+            return replace(node, **{k: at(getattr(node, k), ln) for k in node.__dataclass_fields__})
+        return node
+
+    def stmt(s):
+        if isinstance(s, ast.Repeat):
+            start = next(line)
+            body = tuple(stmt(b) for b in s.body)
+            end = next(line)
+            return replace(s, count=at(s.count, start), body=body, span=Span(path, start, 1, end, 2))
+        return at(s, next(line))
+
+    items = []
+    for item in module.items:
+        if isinstance(item, ast.FlowDef):
+            start = next(line)
+            body = tuple(stmt(b) for b in item.body)
+            end = next(line)
+            items.append(replace(item, params=at(item.params, start), body=body,
+                                 span=Span(path, start, 1, end, 2), name_span=Span(path, start, 1, start, 2)))
+        else:
+            items.append(at(item, next(line)))
+    return ast.Module(path, tuple(items), (), Span(path, 1, 1, next(line), 1))
+
+
+def _op_method(op: str, spec: OpSpec):
+    def method(self: Flow, *args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
+        return self._emit(op, args, kwargs, name, options)
+
+    sig = ", ".join([f"{a.name}{'?' if a.optional else ''}: {a.type}" for a in spec.args]
+                    + (["..."] if spec.variadic else [])
+                    + [f"{k}: {s.type} = {s.default!r}" for k, s in spec.kwargs.items()])
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = (f"``{op}({sig})``: {spec.doc}\n\n``name=`` binds the result (``x = {op}(...)``); "
+                      f"returns a :class:`Value`." + (f" Produces fields {', '.join(sorted(spec.produces))}."
+                                                      if spec.produces else ""))
+    return method
+
+
+def _loss_method(loss: str):
+    def method(self: Flow, *args, **options) -> Loss:
+        return self.loss(loss, *args, **options)
+
+    cspec = LOSSES[loss]
+    method.__name__ = method.__qualname__ = loss
+    method.__doc__ = (f"``{loss}({', '.join(k for k, _ in cspec.params)})``: {cspec.doc} A value for "
+                      f"``update(..., loss=...)``.")
+    return method
+
+
+for _name, _spec in OPS.items():
+    if not hasattr(Flow, _name):  # a future op named like a method stays reachable as f.op(name)
+        setattr(Flow, _name, _op_method(_name, _spec))
+for _name in LOSSES:
+    if not hasattr(Flow, _name):
+        setattr(Flow, _name, _loss_method(_name))
+del _name, _spec

@@ -1,0 +1,427 @@
+"""The ``flowrl`` command line: check, fmt, ir and graph (docs/cli.md is the user guide).
+
+Exit codes: 0 success; 1 diagnostics, a failed ``fmt --check`` or a one-line error
+(missing Graphviz, an unwritable output file); 2 usage errors (bad options).
+
+Every subcommand is one :class:`Command` in :data:`COMMANDS` (name -> help, examples,
+``add_args(parser)``, ``handler(args) -> exit code``). A new subcommand is a new entry::
+
+    register(Command("plan", "lower a flow to an execution plan", "flowrl plan x.flow",
+                     add_plan_args, run_plan))
+
+Handlers import the compiler inside themselves, so ``flowrl --help`` and ``--version``
+load nothing but argparse, and no command ever imports torch, Ray or vLLM. Output goes
+to ``sys.stdout`` / ``sys.stderr`` as they are at call time (tests use capsys), in plain
+text without colour so that outputs can be compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from flowrl import __version__
+from flowrl.diagnostics import FlowError
+
+
+class CliError(Exception):
+    """A one-line error for the user (exit 1), printed as ``flowrl: error: MESSAGE``."""
+
+
+class UsageError(Exception):
+    """Options that do not fit together (exit 2), printed under the command's usage line."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``flowrl NAME ...``."""
+
+    name: str
+    help: str
+    """One line, shown in ``flowrl --help`` and at the top of ``flowrl NAME --help``."""
+    examples: str
+    """Example invocations, one per line, shown at the end of ``flowrl NAME --help``."""
+    add_args: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+    """Runs the command; returns the exit code. May raise FlowError, CliError, UsageError."""
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register(command: Command) -> Command:
+    """Add (or replace) a subcommand; the order of registration is the order in ``--help``."""
+    COMMANDS[command.name] = command
+    return command
+
+
+# ---- helpers shared by the commands -------------------------------------------------------
+
+
+def _out() -> TextIO:
+    """Standard output as it is now (looked up at each call, so capsys sees it)."""
+    return sys.stdout
+
+
+def _err() -> TextIO:
+    return sys.stderr
+
+
+def _print_error(err: FlowError) -> None:
+    _err().write(err.render())
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    """Each argument as given, except a directory, which stands for its ``*.flow`` files
+    (recursively, sorted). ``-`` (standard input) passes through."""
+    out: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if p != "-" and path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*.flow") if f.is_file())
+            if not found:
+                raise CliError(f"no .flow files under directory {p}")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def write_output(data: bytes, output: str | None) -> None:
+    """Write ``data`` to the file ``output``, or to standard output when it is None or ``-``."""
+    if output is None or output == "-":
+        stdout = _out()
+        stdout.flush()
+        buffer = getattr(stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (e.g. StringIO): only text can go there
+            stdout.write(data.decode("utf-8"))
+        else:
+            buffer.write(data)
+            buffer.flush()
+        return
+    try:
+        Path(output).write_bytes(data)
+    except OSError as e:
+        raise CliError(f"cannot write {output}: {e.strerror or e}") from None
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace a file's contents in one step (a temp file renamed over it), keeping its
+    permissions, so an interrupted write never leaves half a file."""
+    target = Path(path)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, target.stat().st_mode & 0o7777)
+        os.replace(tmp, target)
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# ---- flowrl check --------------------------------------------------------------------------
+
+
+def _check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="a .flow file, or a directory (all .flow files under it)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only diagnostics (no `ok:` lines, no summary)")
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Compile every flow of every file; ``ok: FILE (N flows)`` or the diagnostics."""
+    from flowrl.compiler.pipeline import check_file
+
+    files = expand_paths(args.files)
+    failed, errors = 0, 0
+    for path in files:
+        try:
+            graphs = check_file(path)
+        except FlowError as e:
+            _print_error(e)
+            failed += 1
+            errors += len(e.diagnostics)
+            continue
+        if not args.quiet:
+            print(f"ok: {path} ({_plural(len(graphs), 'flow')})", file=_out())
+    if failed and not args.quiet:
+        print(f"flowrl: {_plural(errors, 'error')} in {failed} of {_plural(len(files), 'file')}", file=_err())
+    return 1 if failed else 0
+
+
+register(Command(
+    "check", "compile every flow of each file and report all diagnostics",
+    "flowrl check flows/grpo.flow\n"
+    "flowrl check flows/ stdlib/          # every .flow file under both directories\n"
+    "flowrl check -q flows/*.flow         # diagnostics only",
+    _check_args, run_check))
+
+
+# ---- flowrl fmt ----------------------------------------------------------------------------
+
+
+def _fmt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="a .flow file, a directory (all .flow files under it), or - for standard input")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("-w", "--write", action="store_true",
+                      help="rewrite files in place (only those that change)")
+    mode.add_argument("--check", action="store_true",
+                      help="change nothing; list files that are not formatted and exit 1 if any")
+    p.add_argument("--diff", action="store_true", help="print a unified diff of the changes")
+    p.add_argument("-q", "--quiet", action="store_true", help="with --write: do not list rewritten files")
+
+
+def run_fmt(args: argparse.Namespace) -> int:
+    """Format files canonically: to stdout, in place (--write), as a diff, or as a check."""
+    from flowrl.compiler.pipeline import read_source
+    from flowrl.syntax.fmt import FormatError, format_source
+
+    files = expand_paths(args.files)
+    to_stdout = not (args.write or args.check or args.diff)
+    if to_stdout and len(files) > 1:
+        raise UsageError("fmt prints one file to standard output; "
+                         "use --write, --check or --diff for several files")
+    if args.write and "-" in files:
+        raise UsageError("cannot --write standard input; give a file")
+    failed, changed = 0, []
+    for path in files:
+        try:
+            raw = sys.stdin.read().encode("utf-8") if path == "-" else read_source(path)
+            shown = "<stdin>" if path == "-" else path
+            new = format_source(raw, shown)
+        except FlowError as e:
+            _print_error(e)  # the file is left as it was
+            failed += 1
+            continue
+        except FormatError as e:
+            print(f"flowrl: error: {e}", file=_err())
+            failed += 1
+            continue
+        old = raw.decode("utf-8")  # it parsed, so it is UTF-8
+        if to_stdout:
+            _out().write(new)
+            continue
+        if new == old:
+            continue
+        changed.append(shown)
+        if args.diff:
+            _out().writelines(difflib.unified_diff(
+                old.splitlines(keepends=True), new.splitlines(keepends=True),
+                f"a/{shown}", f"b/{shown}"))
+        if args.check:
+            print(f"would reformat: {shown}", file=_out())
+        if args.write:
+            try:
+                write_atomic(path, new)
+            except CliError as e:  # report it and go on with the other files
+                print(f"flowrl: error: {e}", file=_err())
+                failed += 1
+                continue
+            if not args.quiet:
+                print(f"reformatted: {shown}", file=_err())
+    return 1 if failed or (args.check and changed) else 0
+
+
+register(Command(
+    "fmt", "print .flow files in canonical layout (comments kept)",
+    "flowrl fmt flows/grpo.flow           # canonical text to stdout\n"
+    "flowrl fmt -w flows/                 # rewrite every file that changes\n"
+    "flowrl fmt --check flows/ stdlib/    # CI: exit 1 and list files that would change\n"
+    "flowrl fmt --diff flows/grpo.flow    # show what would change\n"
+    "cat x.flow | flowrl fmt -            # format standard input",
+    _fmt_args, run_fmt))
+
+
+# ---- flowrl ir -----------------------------------------------------------------------------
+
+
+def _ir_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="a .flow file")
+    p.add_argument("--flow", metavar="NAME",
+                   help="the flow to compile (default: the scheduled flow, else `main`, else the last)")
+    p.add_argument("--dump-after", metavar="PASS",
+                   help="print the IR after this pass and stop there: `build` (the raw graph) or a pass "
+                        "name; a wrong name lists them (default: after all passes)")
+    p.add_argument("--lint", action="store_true",
+                   help="check the IR invariants after every pass (names the pass that broke one)")
+
+
+def pass_names() -> tuple[str, ...]:
+    """What ``--dump-after`` accepts: ``build`` then the passes in order."""
+    from flowrl.compiler.pipeline import PASS_NAMES
+
+    return ("build",) + tuple(PASS_NAMES)
+
+
+def run_ir(args: argparse.Namespace) -> int:
+    """Print the deterministic text form of the IR after a pass."""
+    from flowrl.compiler.pipeline import compile_file
+    from flowrl.ir.lint import LintError
+    from flowrl.ir.printer import print_graph
+
+    names = pass_names()
+    if args.dump_after is not None and args.dump_after not in names:
+        raise UsageError(f"unknown pass `{args.dump_after}` for --dump-after; choose from: {', '.join(names)}")
+    try:
+        compiled = compile_file(args.file, flow=args.flow, until=args.dump_after, lint_each=args.lint)
+    except LintError as e:  # a compiler bug, not the user's: say so, with the pass that did it
+        raise CliError(f"internal compiler error (please report it): {e}") from None
+    _out().write(print_graph(compiled.graph))
+    return 0
+
+
+register(Command(
+    "ir", "print the compiler's IR of a flow (after all passes, or after one)",
+    "flowrl ir flows/grpo.flow\n"
+    "flowrl ir flows/grpo.flow --flow grpo --dump-after resolve_names\n"
+    "flowrl ir flows/grpo.flow --dump-after build     # the raw graph, before any pass\n"
+    "flowrl ir flows/grpo.flow --lint                 # lint the IR after every pass",
+    _ir_args, run_ir))
+
+
+# ---- flowrl graph --------------------------------------------------------------------------
+
+GRAPH_FORMATS = ("dot", "svg", "png", "mermaid")
+_SUFFIX_FORMATS = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png", ".mmd": "mermaid",
+                   ".mermaid": "mermaid"}
+
+
+def _graph_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="a .flow file")
+    p.add_argument("--flow", metavar="NAME",
+                   help="the flow to draw (default: the scheduled flow, else `main`, else the last)")
+    p.add_argument("--format", choices=GRAPH_FORMATS,
+                   help="dot or mermaid (text), svg or png (need Graphviz `dot`); "
+                        "default: from the -o suffix, else dot")
+    p.add_argument("-o", "--output", metavar="OUT", help="write here instead of standard output")
+
+
+def graph_format(fmt: str | None, output: str | None) -> str:
+    """The output format: as given, else implied by the output file's suffix, else ``dot``."""
+    if fmt is not None:
+        return fmt
+    if output is not None:
+        return _SUFFIX_FORMATS.get(Path(output).suffix.lower(), "dot")
+    return "dot"
+
+
+def run_graph(args: argparse.Namespace) -> int:
+    """Draw the compiled graph as DOT, Mermaid, SVG or PNG."""
+    from flowrl import views
+    from flowrl.compiler.pipeline import compile_file
+
+    fmt = graph_format(args.format, args.output)
+    if fmt == "png" and args.output in (None, "-") and _out().isatty():
+        raise UsageError("refusing to write PNG bytes to a terminal; use -o FILE.png")
+    graph = compile_file(args.file, flow=args.flow).graph
+    if fmt == "mermaid":
+        data = views.to_mermaid(graph).encode("utf-8")
+    elif fmt == "dot":
+        data = views.to_dot(graph).encode("utf-8")
+    else:
+        try:
+            data = views.render_dot(views.to_dot(graph), fmt)
+        except views.GraphvizError as e:
+            raise CliError(str(e)) from None
+    write_output(data, args.output)
+    return 0
+
+
+register(Command(
+    "graph", "draw a flow's compiled graph (Graphviz DOT, SVG, PNG or Mermaid)",
+    "flowrl graph flows/grpo.flow -o grpo.svg          # format from the suffix\n"
+    "flowrl graph flows/grpo.flow --format png -o grpo.png\n"
+    "flowrl graph flows/grpo.flow --format mermaid      # paste into Markdown\n"
+    "flowrl graph flows/grpo.flow | dot -Tpdf -o grpo.pdf",
+    _graph_args, run_graph))
+
+
+# ---- entry point ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per registered command."""
+    # The first example of each command, without its trailing comment.
+    examples = "\n".join(f"  {c.examples.splitlines()[0].split('  #')[0].rstrip()}" for c in COMMANDS.values())
+    parser = argparse.ArgumentParser(
+        prog="flowrl", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="flowrl: a dataflow language and compiler for RL post-training of LLMs.",
+        epilog=f"examples:\n{examples}\n\n"
+               "exit codes: 0 ok, 1 diagnostics or failed check, 2 usage error.\n"
+               "`flowrl COMMAND --help` shows each command's options and examples.")
+    parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of an internal error (for bug reports)")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for cmd in COMMANDS.values():
+        sub = subs.add_parser(cmd.name, help=cmd.help, description=cmd.help, allow_abbrev=False,
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="examples:\n" + "\n".join(f"  {l}" for l in cmd.examples.splitlines()))
+        cmd.add_args(sub)
+        sub.set_defaults(_command=cmd, _parser=sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``flowrl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help / --version (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help(_err())
+        return 2
+    try:
+        return command.handler(args)
+    except FlowError as e:
+        _print_error(e)
+        return 1
+    except CliError as e:
+        print(f"flowrl: error: {e}", file=_err())
+        return 1
+    except UsageError as e:
+        args._parser.print_usage(_err())
+        print(f"{args._parser.prog}: error: {e}", file=_err())
+        return 2
+    except KeyboardInterrupt:
+        print("flowrl: interrupted", file=_err())
+        return 130
+    except BrokenPipeError:  # `flowrl ir x.flow | head`: the reader left; not an error of ours
+        _silence_stdout()
+        return 1
+    except Exception as e:  # a compiler bug: one line, unless the user asked for the traceback
+        if args.traceback:
+            raise
+        print(f"flowrl: internal error: {type(e).__name__}: {e} "
+              "(rerun with --traceback and please report it)", file=_err())
+        return 1
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; with the pipe closed that flush would raise again.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

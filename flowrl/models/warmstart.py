@@ -1,0 +1,245 @@
+"""Supervised warm start of a tiny model on a task's train split, cached on disk.
+
+GRPO from random weights does not learn arithmetic (the model collapses to the best
+constant answer; see ENVIRONMENT.md), so RL runs start from a model that a short
+supervised phase has taken partway: it emits well-formed answers and gets some right.
+
+The result is cached in ``<cache_dir>/<key>/`` where ``key`` hashes (task, task spec,
+model config, SFT config, seed): a second call with the same arguments returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from flowrl.models.tiny import build_tiny_model, load_tokenizer
+from flowrl.tasks import get_task
+
+CACHE_VERSION = 1
+"""Bump when the warm-start procedure changes, so stale cache entries are not reused."""
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny model (see ``build_tiny_model``); defaults fit the arith task."""
+
+    arch: str = "llama"
+    """"llama" or "qwen2"."""
+    hidden: int = 128
+    """Residual width."""
+    layers: int = 2
+    """Decoder blocks."""
+    heads: int = 4
+    """Query heads; hidden / heads >= 32 for vLLM."""
+    kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate: int = 256
+    """MLP width."""
+    max_position: int = 128
+    """Longest sequence in tokens."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-start settings (defaults chosen by ``bench/rl_feasibility.py``)."""
+
+    steps: int = 1200
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Rows per step, sampled without replacement within a step."""
+    lr: float = 3e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW betas."""
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    """What ``warm_start`` produced or found in its cache."""
+
+    path: Path
+    """The checkpoint directory (transformers + tokenizer files)."""
+    cached: bool
+    """True when the checkpoint came from the cache."""
+    info: dict = field(default_factory=dict)
+    """Contents of ``warmstart.json``: the key's inputs, final loss, held-out accuracy."""
+
+
+class WarmStartError(RuntimeError):
+    """A warm start that cannot run (bad settings, unusable cache directory)."""
+
+
+def encode_sft_batch(
+    tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids, attention_mask, labels)``, each ``[B, T]`` int64.
+
+    A row is ``<bos> prompt answer <eos>``; ``labels`` holds the token ids on the answer
+    and EOS positions and -100 (ignored by the loss) on the prompt and the padding.
+    """
+    prompts = [tokenizer(r["prompt"]).input_ids for r in rows]
+    answers = [tokenizer(r["answer"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in rows]
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        n = len(p) + len(a)
+        ids[i, :n] = torch.tensor(p + a)
+        attn[i, :n] = 1
+        labels[i, len(p) : n] = torch.tensor(a)
+    return ids, attn, labels
+
+
+def sft_train(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, str]],
+    cfg: SFTConfig,
+    *,
+    seed: int = 0,
+) -> list[float]:
+    """Train ``model`` in place with cross-entropy on the answers; returns the loss per step (nats/token)."""
+    if cfg.batch_size > len(rows):
+        raise WarmStartError(f"SFT batch_size={cfg.batch_size} exceeds the {len(rows)} training rows; lower it")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+    model.train()
+    losses = []
+    for _ in range(cfg.steps):
+        ids, attn, labels = encode_sft_batch(tokenizer, rng.sample(rows, cfg.batch_size))
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def greedy_completions(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 512,
+) -> list[str]:
+    """Greedy completion text of each prompt (special tokens removed), in order."""
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"  # generation appends on the right
+    out: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+        gen = model.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        )
+        out += tokenizer.batch_decode(gen[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    model.train(was_training)
+    return out
+
+
+def evaluate_accuracy(
+    model: str | Path | PreTrainedModel,
+    rows: list[dict[str, str]],
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 512,
+) -> float:
+    """Greedy accuracy in [0, 1]: the fraction of rows whose stripped completion equals ``answer``.
+
+    ``model`` is a checkpoint directory or an in-memory model (then pass ``tokenizer``).
+    """
+    if isinstance(model, (str, Path)):
+        tokenizer = tokenizer or load_tokenizer(model)
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    if tokenizer is None:
+        raise WarmStartError("evaluate_accuracy: pass tokenizer= when model is an in-memory model")
+    if not rows:
+        raise WarmStartError("evaluate_accuracy: no rows to evaluate")
+    texts = greedy_completions(
+        model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    return sum(t.strip() == r["answer"].strip() for t, r in zip(texts, rows)) / len(rows)
+
+
+def default_cache_dir() -> Path:
+    """``$FLOWRL_CACHE/warmstart`` if set, else ``~/.cache/flowrl/warmstart``."""
+    root = os.environ.get("FLOWRL_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "flowrl") / "warmstart"
+
+
+def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) -> tuple[str, dict]:
+    """``(hex key, the dict it hashes)`` for one warm start."""
+    inputs = {
+        "version": CACHE_VERSION,
+        "task": task,
+        "task_spec": get_task(task).spec(),
+        "model": asdict(model_cfg),
+        "sft": asdict(sft),
+        "seed": seed,
+    }
+    blob = json.dumps(inputs, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16], inputs
+
+
+def warm_start(
+    task: str = "arith",
+    *,
+    model_cfg: TinyModelConfig = TinyModelConfig(),
+    sft: SFTConfig = SFTConfig(),
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+) -> WarmStartResult:
+    """Build the tiny model for ``task``, fine-tune it on the task's train split, cache it.
+
+    The model is initialised from ``seed`` and trained with ``sft``; its held-out greedy
+    accuracy is measured and stored in ``warmstart.json`` next to the weights.
+    """
+    spec = get_task(task)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key, inputs = cache_key(task, model_cfg, sft, seed)
+    final = root / f"{task}-{key}"
+    if (final / "warmstart.json").is_file():
+        return WarmStartResult(final, True, json.loads((final / "warmstart.json").read_text()))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WarmStartError(f"cannot create warm-start cache {root}: {e}; set FLOWRL_CACHE to a writable dir") from e
+    # Build in a private temp dir and rename: a crash or a concurrent caller never
+    # sees a half-written checkpoint.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{task}-{key}-", dir=root))
+    try:
+        build_tiny_model(tmp, chars=spec.chars, seed=seed, **asdict(model_cfg))
+        tokenizer = load_tokenizer(tmp)
+        model = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32)
+        losses = sft_train(model, tokenizer, spec.rows("train"), sft, seed=seed)
+        acc = evaluate_accuracy(model, spec.rows("test"), tokenizer=tokenizer, max_new_tokens=spec.max_new_tokens)
+        model.save_pretrained(tmp)
+        info = {**inputs, "final_loss": losses[-1] if losses else None, "test_accuracy": acc}
+        (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+        try:
+            tmp.rename(final)
+        except OSError:  # another process finished first: keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return WarmStartResult(final, False, json.loads((final / "warmstart.json").read_text()))

@@ -1,0 +1,71 @@
+"""Built-in verifiers: named functions that score completions against reference answers.
+
+Every verifier has the reward-function signature used throughout flowrl::
+
+    fn(completions: list[str], answers: list[str]) -> list[float]
+
+one reward per completion, 1.0 for correct and 0.0 for wrong. They are looked up by
+name (``get_verifier("math")``); a flow names them the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+Verifier = Callable[[list[str], list[str]], list[float]]
+
+
+class UnknownVerifierError(KeyError):
+    """A verifier name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+def _check_lengths(name: str, completions: list[str], answers: list[str]) -> None:
+    if len(completions) != len(answers):
+        raise ValueError(f"verifier {name!r}: {len(completions)} completions but {len(answers)} answers; pass one answer per completion")
+
+
+def exact_match(completions: list[str], answers: list[str]) -> list[float]:
+    """1.0 where ``completion.strip() == answer.strip()``, else 0.0. Shapes: ``[N]`` in, ``[N]`` out."""
+    _check_lengths("exact", completions, answers)
+    return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answers)]
+
+
+def math_equivalence(completions: list[str], answers: list[str]) -> list[float]:
+    """1.0 where ``math_verify`` finds the completion's final answer equal to the reference.
+
+    Uses ``math_verify.parse`` on both sides (LaTeX or plain expressions, e.g. ``"1/2"``
+    equals ``"0.5"``) and ``math_verify.verify(gold, prediction)``. A completion with no
+    parseable answer scores 0.0. ``math_verify`` guards each parse with ``signal.alarm``,
+    which only works on a process's main thread; elsewhere its timeouts are disabled.
+    """
+    _check_lengths("math", completions, answers)
+    from math_verify import parse, verify  # heavy import (sympy): only when used
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    out = []
+    for completion, answer in zip(completions, answers):
+        gold = parse(str(answer), parsing_timeout=timeout)
+        pred = parse(completion, parsing_timeout=timeout)
+        out.append(float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)))
+    return out
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "exact": exact_match,
+    "math": math_equivalence,
+}
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered as ``name``."""
+    try:
+        return VERIFIERS[name]
+    except KeyError:
+        raise UnknownVerifierError(
+            f"unknown verifier {name!r}; built-in verifiers are {sorted(VERIFIERS)}, "
+            "or give your own reward as 'module:function'"
+        ) from None

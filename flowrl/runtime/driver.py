@@ -1,0 +1,439 @@
+"""The driver: start Ray and the engines a plan names, then run steps.
+
+One process drives everything (a single controller, as in HybridFlow): each op of a
+step is dispatched through :data:`~flowrl.runtime.handlers.HANDLERS` to a small handler,
+which calls a worker group (Ray actors in a placement group, logical GPUs on CPU).
+The driver reads only the :class:`~flowrl.compiler.plan.ExecutionPlan`.
+
+A run directory holds ``plan.json``, ``metrics.jsonl``, ``trace.json``, ``curves.png``,
+``summary.json``, ``events.log`` and ``checkpoints/step_NNNNNN/`` (``--save-every``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from pathlib import Path
+
+from flowrl.compiler.plan import ExecutionPlan, OpPlan
+from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
+
+
+@dataclass
+class StepContext:
+    step: int
+    rt: "Runtime"
+    values: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Faults:
+    """Failures a test can inject to prove they are caught."""
+
+    corrupt_bucket_at_step: int | None = None
+    """Flip one byte of the first weight bucket sent after this step's update."""
+    stop_after_step: int | None = None
+    """Exit (as if killed) right after this step finished and was checkpointed."""
+
+
+@dataclass
+class _Dataset:
+    rows: list
+    prompt: str
+    answer: str
+    eval_rows: list
+
+
+class Runtime:
+    """Engines, data and rewards of one run; the handlers call its methods."""
+
+    def __init__(self, plan: ExecutionPlan, out: Path, *, ray_address: str | None = None,
+                 faults: Faults | None = None, log=None):
+        self.plan = plan
+        self.out = out
+        self.seed = plan.run.seed
+        self.faults = faults or Faults()
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.ray_address = ray_address
+        self.train_groups: dict[str, list] = {}
+        self.rollout_groups: dict[str, list] = {}
+        self.train_version: dict[str, int] = {}
+        self.rollout_version: dict[str, int] = {}
+        self.timeline = None
+        self.events = open(out / "events.log", "a")
+
+    # ---- set-up ----------------------------------------------------------------------------
+    def check_executable(self) -> None:
+        """Reject what this build cannot run, before any engine starts."""
+        for op in self.plan.ops:
+            if op.kind not in HANDLERS:
+                raise RuntimeFlowError(f"{op.origin}: `{op.op}` ({op.kind}) cannot run in this build yet; "
+                                       "`flowrl check` accepts it, the runtime for it is not implemented")
+        if self.plan.staleness != 1:
+            raise RuntimeFlowError(f"staleness {self.plan.staleness}: this build runs synchronous schedules "
+                                   "(staleness 1) only; one-step-off and bounded async are not implemented yet")
+        from flowrl.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES, missing_engine_error
+
+        for m in self.plan.models:
+            if m.train_engine is not None and m.train_engine.kind not in TRAIN_ENGINES:
+                raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(m.train_engine.kind, 'train')}")
+            if m.train_engine is not None and m.train_engine.world_size > 1:
+                raise RuntimeFlowError(f"{m.origin}: the `{m.train_engine.kind}` train engine runs on one rank; "
+                                       f"tp*pp*dp*cp = {m.train_engine.world_size} needs megatron or fsdp")
+            if m.rollout_engine is not None:
+                kind = "torch" if m.rollout_engine.kind == "hf_generate" else m.rollout_engine.kind
+                if kind not in ROLLOUT_ENGINES:
+                    raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(kind, 'rollout')}")
+        for r in self.plan.resyncs:
+            if r.protocol not in ("inplace", "ipc"):
+                raise RuntimeFlowError(f"{r.origin}: resync protocol `{r.protocol}` is not implemented yet; "
+                                       "this build syncs colocated engines in place (`inplace`)")
+
+    def setup(self) -> None:
+        from flowrl.runtime.materialize import materialize_models, load_tokenizer_for
+
+        self.check_executable()
+        self.model_paths = materialize_models(self.plan, self.log)
+        self.tokenizer = load_tokenizer_for(self.plan, self.model_paths)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._setup_data()
+        self._setup_rewards()
+        self._start_ray()
+        self._start_workers()
+
+    def _setup_data(self) -> None:
+        from flowrl.data.datasets import load_rows
+        from flowrl.data.sampler import BatchSampler
+
+        self.datasets: dict[str, _Dataset] = {}
+        for d in self.plan.datasets:
+            rows = load_rows(d.path, prompt_field=d.prompt, answer_fields=(d.answer,))
+            ev = load_rows(d.eval_path, prompt_field=d.prompt, answer_fields=(d.answer,)) if d.eval_path else []
+            self.datasets[d.id] = _Dataset(rows, d.prompt, d.answer, ev)
+        self.samplers = {}
+        for op in self.plan.ops:
+            if op.kind == "sample":
+                ds = self.datasets[op.inputs["dataset"]]
+                self.samplers[op.id] = BatchSampler(len(ds.rows), int(op.options["size"]),
+                                                    seed=op_seed(self.seed, 0, op.id))
+
+    def _setup_rewards(self) -> None:
+        from flowrl.runtime.rewards import build_reward
+
+        self.rewards = {r.id: build_reward(r, self.plan) for r in self.plan.rewards}
+
+    def _start_ray(self) -> None:
+        import ray
+
+        address = self.ray_address or os.environ.get("RAY_ADDRESS")
+        gpus = int(self.plan.cluster["nodes"]) * int(self.plan.cluster["gpus_per_node"])
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                # Logical GPUs: on a CPU machine Ray schedules by them exactly as on a GPU cluster.
+                ray.init(num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+        from ray.util.placement_group import placement_group
+
+        pool = self.plan.pools[0]
+        self.pg = placement_group([{"GPU": 1}] * pool.gpus, strategy=pool.strategy)
+        ray.get(self.pg.ready())
+
+    def _actor(self, cls, engine, rank: int, *args, **kwargs):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = engine.bundles[rank] if engine.bundles else 0
+        remote = ray.remote(cls).options(
+            num_cpus=0, num_gpus=engine.gpus_per_rank,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+            runtime_env={"env_vars": {"FLOWRL_THREADS": os.environ.get("FLOWRL_THREADS", ""),
+                                      "FLOWRL_CACHE": os.environ.get("FLOWRL_CACHE", "")}})
+        return remote.remote(*args, **kwargs)
+
+    def _start_workers(self) -> None:
+        import ray
+
+        from flowrl.runtime.workers import RolloutWorker, TrainWorker
+
+        temps = _sampling_temperatures(self.plan)
+        pending = []
+        for m in self.plan.models:
+            path = str(self.model_paths[m.id])
+            if m.train_engine is not None:
+                role = "critic" if m.role == "critic" else "actor"
+                actor = self._actor(TrainWorker, m.train_engine, 0, m.train_engine.kind, path, role=role,
+                                    optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
+                                    seed=self.seed)
+                self.train_groups[m.id] = [actor]
+                pending.append(actor.ready.remote())
+            if m.rollout_engine is not None:
+                e = m.rollout_engine
+                opts = {"tp": e.tp, **e.options}
+                actors = [self._actor(RolloutWorker, e, r * e.tp, e.kind, path, options=opts, seed=self.seed + r)
+                          for r in range(e.dp)]
+                self.rollout_groups[m.id] = actors
+                pending += [a.ready.remote() for a in actors]
+            self.train_version[m.id] = 0
+            self.rollout_version[m.id] = 0
+        t0 = time.time()
+        ray.get(pending)
+        self.log(f"engines ready in {time.time() - t0:.1f}s: "
+                 + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
+                             for m in self.plan.models))
+
+    # ---- engine calls used by handlers -------------------------------------------------------
+    def generate(self, model: str, prompts: list, spec, ctx: StepContext) -> list:
+        import ray
+
+        from flowrl.runtime.workers import WorkerGroup
+
+        actors = self.rollout_groups[model]
+        chunks = WorkerGroup(model, actors).split(prompts)
+        refs = [a.generate.remote(chunk, spec) for a, chunk in zip(actors, chunks) if chunk]
+        groups = []
+        for rank, (result, t0, t1) in enumerate(ray.get(refs)):
+            self.timeline.add(f"generate[{rank}]", f"{model}.rollout{rank}", ctx.step, t0, t1)
+            groups += result
+        return groups
+
+    def forward(self, model: str, batch, ctx: StepContext, *, entropy: bool = False, values: bool = False) -> dict:
+        import ray
+        import torch
+
+        from flowrl.runtime.workers import batch_to_numpy
+
+        out, t0, t1 = ray.get(self.train_groups[model][0].forward.remote(batch_to_numpy(batch), entropy, values))
+        self.timeline.add(f"forward:{model}", f"{model}.train", ctx.step, t0, t1)
+        return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}  # Ray hands back read-only arrays
+
+    def train(self, model: str, batch, loss_spec: dict, op: OpPlan, ctx: StepContext) -> list:
+        import ray
+
+        from flowrl.runtime.workers import batch_to_numpy
+
+        o = op.options
+        stats, t0, t1 = ray.get(self.train_groups[model][0].train.remote(
+            batch_to_numpy(batch), loss_spec, int(o["micro_batch"]), int(o["minibatches"]), int(o["epochs"]),
+            op_seed(self.seed, ctx.step, op.id)))
+        self.timeline.add(f"train:{model}", f"{model}.train", ctx.step, t0, t1)
+        self.train_version[model] += 1
+        return stats
+
+    def resync(self, op: OpPlan, ctx: StepContext) -> None:
+        plan = next(r for r in self.plan.resyncs if r.id == op.id)
+        if (ctx.step + 1) % plan.every:
+            return
+        self.push_weights(plan.model, plan.bucket_bytes, ctx.step, ctx.metrics)
+
+    def push_weights(self, model: str, bucket_bytes: int, step: int, metrics: dict) -> None:
+        """Trainer -> every rollout replica, as checksummed buckets; the receiver verifies them."""
+        import ray
+
+        t0 = time.time()
+        buckets, pack = ray.get(self.train_groups[model][0].export_buckets.remote(bucket_bytes))
+        if self.faults.corrupt_bucket_at_step == step and buckets:
+            buckets = [_corrupt(buckets[0])] + list(buckets[1:])
+        ref = ray.put(buckets)
+        results = ray.get([a.load_buckets.remote(ref) for a in self.rollout_groups[model]])
+        t1 = time.time()
+        self.timeline.add(f"resync:{model}", "sync", step, t0, t1)
+        self.rollout_version[model] = self.train_version[model]
+        metrics.update({"sync/bytes": pack["bytes"], "sync/buckets": pack["buckets"], "sync/seconds": t1 - t0,
+                        "sync/unpack_seconds": max(r[0]["unpack_seconds"] for r in results)})
+
+    def report_reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
+        for e in errors[:3]:
+            self.events.write(json.dumps({"step": step, "op": op.id, "reward_error": asdict(e)}) + "\n")
+        self.events.flush()
+        self.log(f"warning: step {step}: {len(errors)} reward error(s) in `{op.id}` ({op.origin}), e.g. sample "
+                 f"{errors[0].index}: {errors[0].message}; they scored the error reward (details in events.log)")
+
+    def greedy_eval(self, step: int) -> dict:
+        """Held-out accuracy: greedy completions of the eval split, scored by the flow's reward."""
+        from flowrl.engines.types import SamplingSpec
+
+        gen = next((op for op in self.plan.ops if op.kind == "generate"), None)
+        score = next((op for op in self.plan.ops if op.kind == "score"), None)
+        sample = next((op for op in self.plan.ops if op.kind == "sample"), None)
+        if gen is None or score is None or sample is None:
+            return {}
+        ds = self.datasets[sample.inputs["dataset"]]
+        if not ds.eval_rows:
+            return {}
+        prompts = [r[ds.prompt] for r in ds.eval_rows]
+        ids = [self.tokenizer(p).input_ids for p in prompts]
+        spec = SamplingSpec(n=1, temperature=0.0, max_tokens=int(gen.options["max_tokens"]),
+                            stop=tuple(gen.options.get("stop") or ()), seed=0)
+        ctx = StepContext(step, self)
+        completions = [g[0] for g in self.generate(gen.model, ids, spec, ctx)]
+        reward = self.rewards[score.inputs["reward"]]
+        result = reward.score([c.text for c in completions], [str(r[ds.answer]) for r in ds.eval_rows], prompts)
+        r = result.rewards
+        correct = getattr(reward, "correct", 1.0)
+        return {"eval/reward": sum(r) / len(r), "eval/accuracy": sum(x >= correct - 1e-9 for x in r) / len(r)}
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        import ray
+
+        final = self.out / "checkpoints" / f"step_{step:06d}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        ray.get([g[0].save.remote(str(tmp / mid)) for mid, g in self.train_groups.items()])
+        state = {"step": step, "train_version": self.train_version, "rollout_version": self.rollout_version,
+                 "samplers": {k: s.state_dict() for k, s in self.samplers.items()}}
+        (tmp / "driver.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)  # a checkpoint directory is complete or absent
+        return final
+
+    def restore(self, ckpt: Path) -> int:
+        import ray
+
+        state = json.loads((ckpt / "driver.json").read_text())
+        ray.get([g[0].load.remote(str(ckpt / mid)) for mid, g in self.train_groups.items()])
+        for k, s in state["samplers"].items():
+            self.samplers[k].load_state_dict(s)
+        self.train_version.update(state["train_version"])
+        for r in self.plan.resyncs:  # the rollout engines get the restored weights
+            self.push_weights(r.model, r.bucket_bytes, state["step"], {})
+        self.rollout_version.update(state["rollout_version"])
+        return int(state["step"])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for r in self.rewards.values():
+            r.close()
+        self.events.close()
+        if ray.is_initialized() and not (self.ray_address or os.environ.get("RAY_ADDRESS")):
+            ray.shutdown()
+
+
+def _corrupt(bucket):
+    """A copy of ``bucket`` with one byte flipped (fault injection for tests)."""
+    import numpy as np
+
+    data = np.array(bucket.data, copy=True)
+    data[len(data) // 2] ^= 0xFF
+    return bucket._replace(data=data)
+
+
+def _sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:
+    """Each model's logprobs must use the temperature its rollouts were sampled at."""
+    temps = {}
+    for op in plan.ops:
+        if op.kind == "generate" and op.model:
+            temps[op.model] = float(op.options.get("temperature", 1.0)) or 1.0
+    for m in plan.models:
+        if m.base in temps and m.id not in temps:
+            temps[m.id] = temps[m.base]
+    return temps
+
+
+# ---- the run loop ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    out: Path
+    steps: int
+    accuracy_before: float | None
+    accuracy_after: float | None
+    rows: list
+
+
+def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_address: str | None = None,
+             faults: Faults | None = None, stream=sys.stderr) -> RunResult:
+    from flowrl.runtime.observe import MetricsLog, Progress, Timeline, plot_run, summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out / "plan.json").write_text(plan.to_json())
+    progress = Progress(plan.run.steps, stream=stream)
+    rt = Runtime(plan, out, ray_address=ray_address, faults=faults, log=progress.message)
+    rt.timeline = Timeline(plan.flow)
+    start = 0
+    before = None
+    try:
+        rt.setup()
+        ckpt = latest_checkpoint(out) if resume else None
+        if ckpt is not None:
+            start = rt.restore(ckpt)
+            progress.message(f"resumed from {ckpt} at step {start}")
+        summary_path = out / "summary.json"
+        if resume and summary_path.is_file():
+            before = json.loads(summary_path.read_text()).get("accuracy_before")
+        log = MetricsLog(out / "metrics.jsonl", resume_from_step=start if resume else None)
+        if start == 0:
+            with rt.timeline.span("eval", "driver", -1):
+                ev = rt.greedy_eval(0)
+            before = ev.get("eval/accuracy")
+            if before is not None:
+                progress.message(f"held-out accuracy before RL: {100 * before:.1f}%")
+        _write_summary(out, before, None, start)
+        progress = Progress(plan.run.steps, stream=stream, start_step=start)
+        rt.log = progress.message
+        for step in range(start, plan.run.steps):
+            ctx = _run_step(rt, step)
+            if plan.run.eval_every and ((step + 1) % plan.run.eval_every == 0 or step + 1 == plan.run.steps):
+                with rt.timeline.span("eval", "driver", step):
+                    ctx.metrics.update(rt.greedy_eval(step))
+            log.log(step, ctx.metrics)
+            progress.update(step, ctx.metrics)
+            if plan.run.save_every and (step + 1) % plan.run.save_every == 0:
+                rt.save(step + 1)
+            if faults is not None and faults.stop_after_step == step:
+                raise SystemExit(f"fault injection: stopped after step {step}")
+        rows = log.rows()
+        after = next((r["eval/accuracy"] for r in reversed(rows) if "eval/accuracy" in r), None)
+        _write_summary(out, before, after, plan.run.steps, summarize(rows))
+        rt.timeline.write(out / "trace.json")
+        plot_run(rows, out / "curves.png", title=f"{plan.flow} ({Path(plan.source).name})")
+        progress.close()
+        return RunResult(out, plan.run.steps, before, after, rows)
+    finally:
+        rt.timeline.write(out / "trace.json")
+        rt.shutdown()
+
+
+def _run_step(rt: Runtime, step: int) -> StepContext:
+    ctx = StepContext(step, rt)
+    t0 = time.time()
+    for op in rt.plan.ops:
+        t = time.time()
+        with rt.timeline.span(op.id, op.engine or "driver", step):
+            ctx.values[op.id] = HANDLERS[op.kind](op, ctx)
+        ctx.metrics[f"time/{op.id}"] = time.time() - t
+    elapsed = time.time() - t0
+    ctx.metrics["perf/step_s"] = elapsed
+    gen_s = sum(v for k, v in ctx.metrics.items() if k.startswith("time/") and _is_generate(rt.plan, k[5:]))
+    if "perf/gen_tokens" in ctx.metrics:
+        ctx.metrics["perf/tokens_per_s"] = ctx.metrics["perf/gen_tokens"] / max(elapsed, 1e-9)
+        ctx.metrics["perf/gen_tokens_per_s"] = ctx.metrics["perf/gen_tokens"] / max(gen_s, 1e-9)
+    ctx.metrics["policy/version"] = max(rt.train_version.values(), default=0)
+    return ctx
+
+
+def _is_generate(plan: ExecutionPlan, op_id: str) -> bool:
+    return any(op.id == op_id and op.kind == "generate" for op in plan.ops)
+
+
+def _write_summary(out: Path, before, after, steps: int, extra: dict | None = None) -> None:
+    data = {"accuracy_before": before, "accuracy_after": after, "steps_done": steps, **(extra or {})}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    ckpts = sorted(p for p in (out / "checkpoints").glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return ckpts[-1] if ckpts else None

@@ -1,0 +1,254 @@
+"""One small handler per op kind: ``HANDLERS[op.kind](op, ctx) -> dict of fields``.
+
+A handler reads its inputs' fields from ``ctx.values`` (what earlier ops produced this
+step), calls an engine through its worker group or computes driver-side math, and
+returns the fields its op produces (the IR's ``fields``; ``_batch`` carries the padded
+TokenBatch of rollouts). Metrics go to ``ctx.metrics``. No handler knows about another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+import torch
+
+from flowrl.algos import advantages as A
+from flowrl.algos.kl import kl_k3, kl_penalty_in_reward
+from flowrl.algos.mismatch import mismatch_metrics, tis_weights
+from flowrl.compiler.plan import OpPlan
+from flowrl.engines.types import SamplingSpec, TokenBatch
+
+
+class RuntimeFlowError(RuntimeError):
+    """A failure the user can act on, raised with the op's source position."""
+
+
+def op_seed(seed: int, step: int, op_id: str) -> int:
+    """A reproducible 31-bit seed for one op at one step (same after a resume)."""
+    h = hashlib.blake2b(f"{seed}:{step}:{op_id}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "little") & 0x7FFFFFFF
+
+
+def _input(op: OpPlan, ctx, arg: str) -> dict:
+    return ctx.values[op.inputs[arg]]
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+
+def handle_sample(op: OpPlan, ctx) -> dict:
+    ds = ctx.rt.datasets[op.inputs["dataset"]]
+    rows = ctx.rt.samplers[op.id].next_rows(ds.rows)
+    prompts = [r[ds.prompt] for r in rows]
+    return {"prompts": prompts, "answers": [str(r[ds.answer]) for r in rows],
+            "prompt_ids": [ctx.rt.tokenizer(p).input_ids for p in prompts]}
+
+
+def handle_generate(op: OpPlan, ctx) -> dict:
+    model = op.model
+    src = _input(op, ctx, "prompts")
+    o = op.options
+    spec = SamplingSpec(n=int(o["n"]), temperature=float(o["temperature"]), top_p=float(o["top_p"]),
+                        top_k=int(o["top_k"]), max_tokens=int(o["max_tokens"]), stop=tuple(o.get("stop") or ()),
+                        seed=op_seed(ctx.rt.seed + int(o.get("seed", 0)), ctx.step, op.id))
+    groups = ctx.rt.generate(model, src["prompt_ids"], spec, ctx)
+    completions = [c for group in groups for c in group]
+    n = spec.n
+    batch = TokenBatch.from_completions(completions, ctx.rt.pad_id)
+    version = ctx.rt.rollout_version[model]
+    tokens = sum(len(c.response_ids) for c in completions)
+    ctx.metrics["perf/gen_tokens"] = ctx.metrics.get("perf/gen_tokens", 0) + tokens
+    ctx.metrics["response/length_mean"] = tokens / max(len(completions), 1)
+    out = {
+        "completions": completions,
+        "prompt_ids": [list(c.prompt_ids) for c in completions],
+        "response_ids": [list(c.response_ids) for c in completions],
+        "response_mask": batch.response_mask,
+        "rollout_logprobs": batch.extras["rollout_logprobs"],
+        "group_ids": torch.arange(len(groups)).repeat_interleave(n),
+        "version": [version] * len(completions),
+        "response_text": [c.text for c in completions],
+        "_batch": batch,
+        "_model": model,
+    }
+    for key, value in src.items():  # passthrough: per-prompt fields repeat for each of the n completions
+        if key not in out and isinstance(value, list) and len(value) == len(groups):
+            out[key] = [v for v in value for _ in range(n)]
+    return out
+
+
+def handle_score(op: OpPlan, ctx) -> dict:
+    roll = _input(op, ctx, "rollouts")
+    reward = ctx.rt.rewards[op.inputs["reward"]]
+    result = reward.score(roll["response_text"], roll.get("answers") or [""] * len(roll["response_text"]),
+                          roll.get("prompts"))
+    r = torch.tensor(result.rewards, dtype=torch.float32)
+    ctx.metrics.update({"reward/mean": float(r.mean()), "reward/min": float(r.min()), "reward/max": float(r.max())})
+    if result.errors:
+        ctx.metrics["reward/errors"] = len(result.errors)
+        ctx.rt.report_reward_errors(op, ctx.step, result.errors)
+    return {"rewards": r}
+
+
+# ---- engines ----------------------------------------------------------------------------------
+
+
+def handle_logprobs(op: OpPlan, ctx) -> dict:
+    roll = _input(op, ctx, "rollouts")
+    entropy = bool(op.options.get("entropy", False))
+    out = ctx.rt.forward(op.model, roll["_batch"], ctx, entropy=entropy)
+    lp = out["logprobs"]
+    if roll.get("_model") == op.model and ctx.rt.rollout_version[op.model] == ctx.rt.train_version[op.model]:
+        # Same weights on both engines: any gap is the train/inference mismatch.
+        m = mismatch_metrics(lp, roll["rollout_logprobs"], roll["response_mask"])
+        ctx.metrics.update({k.replace("mismatch_", "mismatch/"): float(v) for k, v in m.items()})
+    fields = {"logprobs": lp}
+    if entropy:
+        fields["entropy"] = out["entropy"]
+    return fields
+
+
+def handle_values(op: OpPlan, ctx) -> dict:
+    roll = _input(op, ctx, "rollouts")
+    return {"values": ctx.rt.forward(op.model, roll["_batch"], ctx, values=True)["values"]}
+
+
+def handle_update(op: OpPlan, ctx) -> dict:
+    roll = _input(op, ctx, "rollouts")
+    batch: TokenBatch = roll["_batch"]
+    mask = batch.response_mask
+    loss = dict(op.options["loss"])
+    loss.update(kl=float(op.options.get("kl", 0.0)), kl_kind=op.options.get("kl_kind", "k3"),
+                entropy=float(op.options.get("entropy", 0.0)))
+    extras = dict(batch.extras)
+    targets = _input(op, ctx, "targets")
+    old = ctx.values[op.inputs["old"]] if "old" in op.inputs else {}
+    if loss["name"] == "value_clip":
+        extras["returns"] = targets["returns"]
+        extras["old_values"] = old["values"]
+    else:
+        adv = targets["advantages"]
+        extras["advantages"] = A.broadcast_to_tokens(adv, mask) if adv.dim() == 1 else adv
+        if "logprobs" in old:
+            extras["old_logprobs"] = old["logprobs"]
+        if "ref_logprobs" in op.inputs:
+            ref = ctx.values[op.inputs["ref_logprobs"]]["logprobs"]
+            extras["ref_logprobs"] = ref
+            if "old_logprobs" in extras:
+                ctx.metrics["kl/ref"] = float(A.masked_mean(kl_k3(extras["old_logprobs"], ref), mask))
+        tis = float(op.options.get("tis", 0.0))
+        if tis > 0 and "old_logprobs" in extras:
+            extras["is_weights"] = tis_weights(extras["old_logprobs"], extras["rollout_logprobs"], mask, cap=tis)
+    full = TokenBatch(batch.input_ids, batch.attention_mask, batch.response_mask, extras)
+    trained = ctx.rt.train_version[op.model]
+    for lag, count in sorted(Counter(trained - v for v in roll["version"]).items()):
+        # Versions behind the weights being trained; a synchronous schedule keeps every sample at 0.
+        ctx.metrics[f"staleness/hist/{lag}"] = count
+    stats = ctx.rt.train(op.model, full, loss, op, ctx)
+    for key in sorted({k for s in stats for k in s}):
+        vals = [float(s[key]) for s in stats if key in s]
+        ctx.metrics[f"train/{op.model}/{key}"] = float(np.mean(vals))
+    return {}
+
+
+def handle_resync(op: OpPlan, ctx) -> dict:
+    ctx.rt.resync(op, ctx)
+    return {}
+
+
+# ---- driver-side math -----------------------------------------------------------------------
+
+
+def _rewards(op: OpPlan, ctx) -> torch.Tensor:
+    return _input(op, ctx, "scores")["rewards"]
+
+
+def _token_rewards(scores: dict, mask: torch.Tensor) -> torch.Tensor:
+    if "token_rewards" in scores:
+        return scores["token_rewards"]
+    return A.sequence_reward_to_tokens(scores["rewards"], mask)
+
+
+def _group_advantage(op: OpPlan, ctx) -> dict:
+    return {"advantages": A.group_advantages(_rewards(op, ctx), int(op.options["group"]),
+                                             normalize_std=bool(op.options["normalize_std"]),
+                                             eps=float(op.options["eps"]))}
+
+
+def _rloo(op: OpPlan, ctx) -> dict:
+    r = _rewards(op, ctx)
+    group = int(op.options["group"])
+    return {"advantages": A.rloo_advantages(r, torch.arange(len(r)) // group)}
+
+
+def _reinforce_pp(op: OpPlan, ctx) -> dict:
+    mask = _input(op, ctx, "rollouts")["response_mask"]
+    tok = _token_rewards(_input(op, ctx, "scores"), mask)
+    return {"advantages": A.reinforce_pp_advantages(tok, mask, gamma=float(op.options["gamma"]),
+                                                    whiten=bool(op.options["whiten"]))}
+
+
+def _gae(op: OpPlan, ctx) -> dict:
+    mask = _input(op, ctx, "rollouts")["response_mask"]
+    tok = _token_rewards(_input(op, ctx, "scores"), mask)
+    values = _input(op, ctx, "values")["values"]
+    adv, ret = A.gae(tok, values * mask, mask, gamma=float(op.options["gamma"]), lam=float(op.options["lam"]))
+    return {"advantages": A.masked_whiten(adv, mask), "returns": ret}
+
+
+def _kl_penalty(op: OpPlan, ctx) -> dict:
+    mask = _input(op, ctx, "rollouts")["response_mask"]
+    scores = _input(op, ctx, "scores")
+    lp = _input(op, ctx, "logprobs")["logprobs"]
+    ref = _input(op, ctx, "ref_logprobs")["logprobs"]
+    tok = kl_penalty_in_reward(_token_rewards(scores, mask), lp, ref, mask, float(op.options["coef"]),
+                               op.options["kind"])
+    ctx.metrics["kl/ref"] = float(A.masked_mean(lp - ref, mask))
+    return {"rewards": (tok * mask).sum(-1), "token_rewards": tok}
+
+
+ADVANTAGE_OPS: dict[str, Callable] = {
+    "group_advantage": _group_advantage,
+    "rloo": _rloo,
+    "reinforce_pp": _reinforce_pp,
+    "gae": _gae,
+    "kl_penalty": _kl_penalty,
+}
+
+
+def handle_advantage(op: OpPlan, ctx) -> dict:
+    out = ADVANTAGE_OPS[op.op](op, ctx)
+    adv = out.get("advantages")
+    if adv is not None:
+        ctx.metrics[f"adv/{op.id}/abs_mean"] = float(adv.abs().mean())
+    return out
+
+
+def handle_user_call(op: OpPlan, ctx) -> dict:
+    from flowrl.rewards.pool import resolve_reward  # imports "module:function" with clear errors
+
+    fn = resolve_reward(op.options["args"][0])
+    inputs = [ctx.values[src] for name, src in sorted(op.inputs.items())]
+    result = fn(*inputs)
+    if not isinstance(result, dict):
+        raise RuntimeFlowError(f"{op.origin}: `{op.options['args'][0]}` must return a dict of fields, "
+                               f"got {type(result).__name__}")
+    return result
+
+
+HANDLERS: dict[str, Callable] = {
+    "sample": handle_sample,
+    "generate": handle_generate,
+    "score": handle_score,
+    "logprobs": handle_logprobs,
+    "values": handle_values,
+    "advantage": handle_advantage,
+    "update": handle_update,
+    "resync": handle_resync,
+    "user_call": handle_user_call,
+}
+"""Op kind -> handler. Kinds absent here (``env_step``) are rejected before any engine starts."""
+

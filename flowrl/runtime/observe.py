@@ -1,0 +1,693 @@
+"""What a user watches during a run and what the run leaves behind.
+
+Four artefacts, one class or function each:
+
+* :class:`Timeline` -> ``trace.json``: a Chrome / Perfetto trace (open it at
+  https://ui.perfetto.dev or ``chrome://tracing``) with one complete event per phase
+  of every step, one lane (a trace "thread") per worker or role.
+* :class:`MetricsLog` -> ``metrics.jsonl``: one JSON object per step, keys sorted,
+  floats rounded to 6 significant digits; resumable after a crash.
+* :class:`Progress` -> one human-readable line per step on stderr (no carriage
+  returns or cursor tricks, so CI logs read the same as a terminal).
+* :func:`plot_run` -> a 2x2 PNG (reward, held-out accuracy, KL, train/rollout
+  logprob mismatch); :func:`summarize` -> first/last/best of the key series.
+
+Metric keys follow one convention (the driver emits them): ``reward/mean``,
+``reward/min``, ``reward/max``, ``eval/accuracy`` (0..1), ``eval/reward``, ``kl/ref``,
+``mismatch/abs_mean``, ``mismatch/abs_max``, ``mismatch/kl``, ``perf/tokens_per_s``,
+``perf/step_s``, ``time/<op id>`` (seconds), ``sync/bytes``, ``sync/seconds``,
+``staleness/hist/<k>``, ``loss/...``, ``policy/version``.
+
+Steps are numbered from 0 everywhere (``step`` = index of the step the record
+belongs to); :class:`Progress` shows ``step + 1`` as the count of finished steps.
+
+This module imports only the standard library at import time; matplotlib is
+imported inside :func:`plot_run`, so the driver pays for it only when plotting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+
+class ObserveError(ValueError):
+    """A trace event, metric or progress update that cannot be recorded as given."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_step(step: Any, what: str, lowest: int = 0) -> int:
+    # bool is an int subclass; a True step is always a caller bug.
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < lowest:
+        raise ObserveError(f"{what}: step={step!r}; hint: steps are ints >= {lowest} (0 = the first step)")
+    return int(step)
+
+
+SETUP_STEP = -1
+"""The step a :class:`Timeline` event gets when it happens before step 0 (set-up, the
+baseline evaluation before RL)."""
+
+
+def _check_name(value: Any, field: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ObserveError(f"{what}: {field}={value!r}; hint: give a non-empty string")
+    return value
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves either the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_safe(value: Any) -> Any:
+    """A trace-event argument as a JSON value: scalars kept, everything else ``str()``."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+# --------------------------------------------------------------------------- Timeline
+
+
+class Timeline:
+    """Chrome/Perfetto trace of every phase of every step.
+
+    Times are wall-clock seconds (``time.time()`` base), so events measured in other
+    processes (Ray actors) line up with events measured here. :meth:`span` measures
+    durations with ``time.perf_counter`` (monotonic, sub-microsecond) anchored to the
+    wall clock once at construction, so a system clock jump cannot yield negative
+    durations. In the written trace, ``ts`` and ``dur`` are microseconds counted from
+    the earliest event (or the construction time, whichever is earlier).
+
+    Lanes become trace threads (``tid`` 1, 2, ... in order of first use) labelled by
+    ``thread_name`` metadata; the whole run is one process (``pid`` 1). Events on one
+    lane should nest (as :meth:`span` contexts do) or follow each other: give each
+    concurrently running worker its own lane.
+
+    Thread-safe: spans may be recorded from several driver threads at once.
+    """
+
+    PID = 1
+
+    def __init__(self, process_name: str = "flowrl"):
+        self.process_name = _check_name(process_name, "process_name", "Timeline")
+        self._wall0 = time.time()
+        self._perf0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._lanes: dict[str, int] = {}
+        # (name, lane, step, start_s, end_s, args); seconds on the wall clock.
+        self._events: list[tuple[str, str, int, float, float, dict[str, Any]]] = []
+
+    def _now(self) -> float:
+        """Wall-clock seconds, advanced by the monotonic clock since construction."""
+        return self._wall0 + (time.perf_counter() - self._perf0)
+
+    @contextmanager
+    def span(self, name: str, lane: str, step: int, **args: Any) -> Iterator[None]:
+        """Record the enclosed block as one complete (``"ph": "X"``) event.
+
+        ``name`` is the phase (usually the op id, e.g. ``"generate"``), ``lane`` the
+        worker or role that ran it, ``step`` the 0-based step (:data:`SETUP_STEP` = -1
+        before step 0); ``args`` are shown in
+        the trace viewer's detail pane. If the block raises, the event is still
+        recorded (with ``error=<exception type>``) and the exception propagates.
+        """
+        # Check before running the block, so a bad name cannot mask the block's own error.
+        _check_name(name, "name", "Timeline event")
+        _check_name(lane, "lane", f"Timeline event {name!r}")
+        _check_step(step, f"Timeline event {name!r}", SETUP_STEP)
+        start = self._now()
+        try:
+            yield
+        except BaseException as exc:
+            args = {**args, "error": type(exc).__name__}
+            raise
+        finally:
+            self.add(name, lane, step, start, max(self._now(), start), **args)
+
+    def add(self, name: str, lane: str, step: int, start_s: float, end_s: float, **args: Any) -> None:
+        """Record an event timed elsewhere; ``start_s``/``end_s`` are ``time.time()`` seconds."""
+        what = f"Timeline event {name!r}"
+        _check_name(name, "name", "Timeline event")
+        _check_name(lane, "lane", what)
+        step = _check_step(step, what, SETUP_STEP)
+        start_s, end_s = float(start_s), float(end_s)
+        if not (math.isfinite(start_s) and math.isfinite(end_s)) or end_s < start_s:
+            raise ObserveError(
+                f"{what} on lane {lane!r} at step {step}: start_s={start_s!r}, end_s={end_s!r}; "
+                "hint: pass time.time() seconds with start_s <= end_s"
+            )
+        with self._lock:
+            self._lanes.setdefault(lane, len(self._lanes) + 1)
+            self._events.append((name, lane, step, start_s, end_s, dict(args)))
+
+    def phase_seconds(self, step: int) -> dict[str, float]:
+        """Total seconds per event name recorded for ``step``, in order of first record.
+
+        Nested events each count in full under their own name (a ``step`` span that
+        encloses ``generate`` reports the whole step; ``generate`` its own share).
+        """
+        step = _check_step(step, "Timeline.phase_seconds", SETUP_STEP)
+        totals: dict[str, float] = {}
+        with self._lock:
+            for name, _lane, s, start, end, _args in self._events:
+                if s == step:
+                    totals[name] = totals.get(name, 0.0) + (end - start)
+        return totals
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        """The trace as Chrome trace-event dicts: metadata first, then events by start time."""
+        with self._lock:
+            events = list(self._events)
+            lanes = dict(self._lanes)
+        origin = min([self._wall0] + [e[3] for e in events])
+        out: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": self.PID, "tid": 0, "args": {"name": self.process_name}}
+        ]
+        for lane, tid in lanes.items():
+            out.append({"name": "thread_name", "ph": "M", "pid": self.PID, "tid": tid, "args": {"name": lane}})
+            # Keep lanes in first-use order in the viewer instead of alphabetical.
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": self.PID, "tid": tid, "args": {"sort_index": tid}})
+        # Parents before children at equal start (longer first): the viewers' importers
+        # build the nesting from this order.
+        events.sort(key=lambda e: (e[3], -(e[4] - e[3])))
+        for name, lane, step, start, end, args in events:
+            out.append({
+                "name": name,
+                "cat": "step",
+                "ph": "X",
+                "pid": self.PID,
+                "tid": lanes[lane],
+                # 0.1 us: the resolution an epoch-seconds double (~2e-7 s) can honestly carry.
+                "ts": round((start - origin) * 1e6, 1),
+                "dur": round((end - start) * 1e6, 1),
+                "args": {**{k: _json_safe(v) for k, v in args.items()}, "step": step},
+            })
+        return out
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` to ``path`` atomically."""
+        doc = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
+        _atomic_write_text(Path(path), json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+# --------------------------------------------------------------------------- MetricsLog
+
+_NONFINITE_OUT = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _scalar(key: str, value: Any, step: int) -> int | float:
+    """One metric value as a plain int or float (numpy and 0-d torch scalars accepted)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    # numpy 0-d arrays and one-element torch tensors: .item() gives a Python scalar
+    # (it raises ValueError / RuntimeError for more than one element).
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            inner = item()
+        except (ValueError, RuntimeError):
+            inner = None
+        if isinstance(inner, numbers.Real):
+            return _scalar(key, inner, step)
+    raise ObserveError(
+        f"metric {key!r} at step {step}: value {value!r} of type {type(value).__name__}; "
+        "hint: log scalars only (int or float), e.g. tensor.mean().item()"
+    )
+
+
+def _encode(value: int | float) -> int | float | str:
+    """Round floats to 6 significant digits; non-finite floats become strings (strict JSON)."""
+    if isinstance(value, int):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return _NONFINITE_OUT[value]
+    # 6 significant digits, not 6 decimals: a KL of 3.2e-7 must stay visible.
+    return float(f"{value:.6g}")
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: _NONFINITE_IN.get(v, v) if isinstance(v, str) else v for k, v in row.items()}
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per step, ``{"step": s, <key>: <value>, ...}``.
+
+    Keys are sorted; floats keep 6 significant digits; NaN and +/-inf are written as
+    the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (strict JSON, readable by
+    ``jq``) and read back as floats by :meth:`rows`. Each :meth:`log` appends one line
+    and flushes it, so a crash loses at most the line being written.
+
+    ``resume_from_step=None`` starts a fresh log (an existing file is replaced).
+    ``resume_from_step=k`` (resuming from a checkpoint taken after steps 0..k-1) keeps
+    the existing lines with ``step < k``, drops the rest (they belong to steps that
+    will be run again), rewrites the file atomically, then appends. A torn last line
+    (a crash mid-write) is dropped; a malformed line elsewhere raises.
+    """
+
+    def __init__(self, path: str | os.PathLike, resume_from_step: int | None = None):
+        self.path = Path(path)
+        self._rows: list[dict[str, Any]] = []
+        if resume_from_step is not None:
+            resume_from_step = _check_step(resume_from_step, f"MetricsLog({str(self.path)!r}) resume_from_step")
+            self._rows = [r for r in self._read_existing() if r["step"] < resume_from_step]
+        text = "".join(self._line(r) for r in self._rows)
+        _atomic_write_text(self.path, text)
+
+    def _read_existing(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        rows = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                step = _check_step(row.get("step") if isinstance(row, dict) else None, "")
+            except (json.JSONDecodeError, ObserveError):
+                if number == len(lines):
+                    break  # torn final line from a crash mid-write: that step is re-run anyway
+                raise ObserveError(
+                    f"{self.path}:{number}: not a metrics record: {line[:80]!r}; "
+                    "hint: each line must be a JSON object with an int 'step'; fix or delete the line"
+                ) from None
+            row["step"] = step
+            rows.append(_decode(row))
+        return rows
+
+    @staticmethod
+    def _line(row: dict[str, Any]) -> str:
+        encoded = {k: _encode(v) if k != "step" else v for k, v in row.items()}
+        return json.dumps(encoded, sort_keys=True, allow_nan=False) + "\n"
+
+    def log(self, step: int, metrics: dict[str, float | int]) -> None:
+        """Append the metrics of one step (0-based). ``None`` values are skipped (not measured)."""
+        step = _check_step(step, f"MetricsLog.log to {str(self.path)!r}")
+        if self._rows and step <= self._rows[-1]["step"]:
+            raise ObserveError(
+                f"MetricsLog.log: step {step} after step {self._rows[-1]['step']}; "
+                "hint: log each step once, in increasing order (merge a step's metrics into one call)"
+            )
+        row: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            if not isinstance(key, str) or not key or key == "step":
+                raise ObserveError(f"MetricsLog.log at step {step}: metric key {key!r}; hint: use names like 'reward/mean'")
+            if value is not None:
+                row[key] = _scalar(key, value, step)
+        line = self._line(row)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+        # Keep what was written (rounded), so rows() equals a fresh read of the file.
+        self._rows.append(_decode(json.loads(line)))
+
+    def rows(self) -> list[dict]:
+        """Every step's record so far (kept on resume + logged), oldest first; copies."""
+        return [dict(r) for r in self._rows]
+
+
+# --------------------------------------------------------------------------- Progress
+
+
+def _fmt_num(x: float) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    return f"{x:.3g}" if abs(x) < 1 else f"{x:.2f}" if abs(x) < 100 else f"{x:.1f}"
+
+
+def _fmt_reward(x: float) -> str:
+    # Fixed decimals keep the column steady from line to line.
+    return f"{x:.3f}" if math.isfinite(x) else str(x)
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else str(x)
+
+
+def _fmt_si(x: float) -> str:
+    """1234 -> '1.2k', 2.5e6 -> '2.5M': throughput at a glance."""
+    if not math.isfinite(x):
+        return str(x)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{suffix}"
+    return f"{x:.0f}"
+
+
+def _fmt_duration(seconds: float) -> str:
+    """Seconds as '42s', '1m05s', '2h03m' (the widths a user reads at a glance)."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _fmt_phase(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return str(seconds)
+    if seconds >= 60:
+        return _fmt_duration(seconds)
+    return f"{seconds:.2f}s" if seconds < 10 else f"{seconds:.1f}s"
+
+
+HEADLINE: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("reward/mean", "reward", _fmt_reward),
+    ("eval/accuracy", "acc", _fmt_pct),
+    ("kl/ref", "kl", _fmt_num),
+    ("perf/tokens_per_s", "gen_tok/s", _fmt_si),
+)
+"""(metric key, label, formatter) shown on the progress line when present, in this order."""
+
+MAX_PHASES = 6
+"""At most this many ``time/<op>`` entries per line (the slowest ones, in given order)."""
+
+
+class Progress:
+    """One line per finished step, e.g.::
+
+        step 12/60 [##........]  reward 0.41  acc 35.0%  gen_tok/s 1.2k  | generate 0.80s update 0.52s  eta 1m05s
+
+    ``update(step, metrics)`` takes the 0-based step just finished and shows ``step+1``
+    of ``total_steps``. Headline values come from :data:`HEADLINE` keys, phase times
+    from ``time/<op>`` keys (insertion order), each only if present. The ETA is the
+    mean wall time per step in this process times the steps left; the first step in
+    this process is left out of the mean once later ones exist (it carries start-up
+    and compilation). ``start_step`` is the first step this process runs (resume).
+    ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    BAR_WIDTH = 10
+
+    def __init__(
+        self,
+        total_steps: int,
+        stream: TextIO = sys.stderr,
+        start_step: int = 0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
+            raise ObserveError(f"Progress: total_steps={total_steps!r}; hint: give the number of steps, >= 1")
+        start_step = _check_step(start_step, "Progress start_step")
+        if start_step > total_steps:
+            raise ObserveError(f"Progress: start_step={start_step} > total_steps={total_steps}; hint: resume within the run")
+        self.total = int(total_steps)
+        self.stream = stream
+        self.start_step = start_step
+        self._clock = clock
+        self._t0 = clock()
+        # (clock seconds, finished-step count) at each update.
+        self._marks: list[tuple[float, int]] = []
+        self._done = start_step
+        self._closed = False
+
+    def _print(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _seconds_per_step(self) -> float | None:
+        """Mean wall seconds per step, from the first update on (else from construction)."""
+        marks = self._marks
+        if len(marks) >= 2 and marks[-1][1] > marks[0][1]:
+            return (marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1])
+        if marks and marks[-1][1] > self.start_step:
+            return (marks[-1][0] - self._t0) / (marks[-1][1] - self.start_step)
+        return None
+
+    def format_line(self, step: int, metrics: dict) -> str:
+        """The line :meth:`update` prints (without recording the step's time)."""
+        step = _check_step(step, "Progress.update")
+        done = step + 1
+        width = len(str(self.total))
+        filled = min(self.BAR_WIDTH, int(self.BAR_WIDTH * done / self.total))
+        parts = [f"step {done:>{width}}/{self.total} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}]"]
+        for key, label, fmt in HEADLINE:
+            if isinstance(metrics.get(key), numbers.Real):
+                parts.append(f"{label} {fmt(float(metrics[key]))}")
+        phases = [(k[len("time/"):], float(v)) for k, v in metrics.items()
+                  if k.startswith("time/") and isinstance(v, numbers.Real)]
+        if len(phases) > MAX_PHASES:
+            slowest = set(sorted(phases, key=lambda p: -p[1])[:MAX_PHASES])
+            phases = [p for p in phases if p in slowest]
+        line = "  ".join(parts)
+        if phases:
+            line += "  | " + " ".join(f"{name} {_fmt_phase(s)}" for name, s in phases)
+        per_step = self._seconds_per_step()
+        if done >= self.total:
+            line += f"  done in {_fmt_duration(self._clock() - self._t0)}"
+        elif per_step is not None:
+            line += f"  eta {_fmt_duration(per_step * (self.total - done))}"
+        return line
+
+    def update(self, step: int, metrics: dict) -> None:
+        """Print the line for the 0-based ``step`` that just finished."""
+        done = _check_step(step, "Progress.update") + 1
+        self._marks.append((self._clock(), done))
+        self._done = max(self._done, done)
+        self._print(self.format_line(step, metrics))
+
+    def message(self, text: str) -> None:
+        """Print a free-form line (checkpoint saved, eval started, ...) between step lines."""
+        self._print(str(text))
+
+    def close(self) -> None:
+        """Print a final line with the steps finished and the elapsed time; idempotent.
+
+        The stream itself is left open (it is usually stderr).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        ran = self._done - self.start_step
+        self._print(f"finished {self._done}/{self.total} steps ({ran} in this process) in {_fmt_duration(self._clock() - self._t0)}")
+
+
+# --------------------------------------------------------------------------- plot_run and summarize
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` over the rows that have a finite value for it."""
+    steps, values = [], []
+    for row in rows:
+        v = row.get(key)
+        if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):
+            steps.append(int(row["step"]))
+            values.append(float(v))
+    return steps, values
+
+
+def _draw_reward(ax, rows) -> bool:
+    drawn = False
+    steps, mean = _series(rows, "reward/mean")
+    if steps:
+        ax.plot(steps, mean, marker="o" if len(steps) < 30 else None, lw=2, label="mean (train batch)")
+        drawn = True
+    lows = dict(zip(*_series(rows, "reward/min")))
+    highs = dict(zip(*_series(rows, "reward/max")))
+    band_steps = [s for s in lows if s in highs]  # the band needs both ends on a step
+    if band_steps:
+        ax.fill_between(band_steps, [lows[s] for s in band_steps], [highs[s] for s in band_steps],
+                        alpha=0.2, label="min..max")
+        drawn = True
+    es, ev = _series(rows, "eval/reward")
+    if es:
+        ax.plot(es, ev, "s--", label="held-out")
+        drawn = True
+    ax.set_ylabel("reward")
+    if drawn:
+        ax.legend(loc="best")
+    return drawn
+
+
+def _draw_accuracy(ax, rows) -> bool:
+    steps, acc = _series(rows, "eval/accuracy")
+    if not steps:
+        return False
+    ax.plot(steps, [100 * a for a in acc], "o-", lw=2, color="tab:green", label="held-out accuracy")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("accuracy (%)")
+    ax.legend(loc="best")
+    return True
+
+
+def _draw_kl(ax, rows) -> bool:
+    ref_steps, ref = _series(rows, "kl/ref")
+    mis_steps, mis = _series(rows, "mismatch/kl")
+    axes = [ax]
+    if ref_steps:
+        ax.plot(ref_steps, ref, marker="." if len(ref_steps) < 60 else None, lw=1.5, color="tab:blue",
+                label="KL(policy || reference)")
+        ax.set_ylabel("KL to reference (nats/token)", color="tab:blue")
+    if mis_steps:
+        # The rollout/train KL is typically 1e-6 next to a reference KL of 1e-2: on a
+        # shared axis it would be a flat line at zero, so it gets its own (right) axis.
+        mis_ax = ax.twinx() if ref_steps else ax
+        mis_ax.plot(mis_steps, mis, marker="." if len(mis_steps) < 60 else None, lw=1.5, color="tab:orange",
+                    label="KL(rollout || train)")
+        mis_ax.set_ylabel("KL rollout vs train (nats/token)", color="tab:orange")
+        if mis_ax is not ax:
+            axes.append(mis_ax)
+    if not (ref_steps or mis_steps):
+        return False
+    # One legend for both axes, on the topmost one so no line covers it.
+    handles = [h for a in axes for h in a.get_legend_handles_labels()[0]]
+    axes[-1].legend(handles=handles, loc="best")
+    return True
+
+
+def _draw_mismatch(ax, rows) -> bool:
+    drawn, positive = False, True
+    for key, label in (("mismatch/abs_mean", "mean |train - rollout|"), ("mismatch/abs_max", "max |train - rollout|")):
+        steps, values = _series(rows, key)
+        if steps:
+            ax.plot(steps, values, marker="." if len(steps) < 60 else None, lw=1.5, label=label)
+            positive = positive and min(values) > 0
+            drawn = True
+    # The differences span orders of magnitude (1e-6 fp32 noise .. 1e-1 real bugs).
+    if drawn and positive:
+        ax.set_yscale("log")
+    ax.set_ylabel("logprob difference (nats)")
+    if drawn:
+        ax.legend(loc="best")
+    return drawn
+
+
+PANELS: tuple[tuple[str, Callable[[Any, list[dict]], bool]], ...] = (
+    ("Reward", _draw_reward),
+    ("Held-out accuracy", _draw_accuracy),
+    ("KL divergence", _draw_kl),
+    ("Train vs rollout logprob mismatch", _draw_mismatch),
+)
+"""(panel title, draw function) in reading order; a draw function returns whether it plotted anything."""
+
+
+def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
+    """Write a 2x2 PNG of a run's metrics (rows as from :meth:`MetricsLog.rows`).
+
+    Panels (:data:`PANELS`): reward (``reward/mean``, a ``reward/min``..``reward/max``
+    band, ``eval/reward``), held-out accuracy (``eval/accuracy`` in %, only the steps
+    that have it), KL (``kl/ref``, ``mismatch/kl``) and the train-vs-rollout logprob
+    mismatch (``mismatch/abs_mean``, ``mismatch/abs_max``). A panel with no data says
+    "not measured". ``title`` defaults to the name of the folder holding ``path`` (the
+    run directory). 1500x1000 pixels. Uses matplotlib's Agg canvas directly, so the
+    global backend of a host program (e.g. a notebook) is left alone.
+    """
+    from matplotlib import rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    path = Path(path)
+    rows = sorted(rows, key=lambda r: r["step"])
+    name = title or path.resolve().parent.name
+    span = f"steps {rows[0]['step']}-{rows[-1]['step']}" if rows else "no steps logged"
+    with rc_context({"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 10, "figure.titlesize": 16}):
+        fig = Figure(figsize=(15, 10), dpi=100, layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(2, 2)
+        for ax, (panel_title, draw) in zip(axes.flat, PANELS):
+            ax.set_title(panel_title)
+            if draw(ax, rows):
+                ax.set_xlabel("step")
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.grid(True, alpha=0.3)
+            else:
+                ax.set_ylabel("")
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", fontsize=16,
+                        color="gray", transform=ax.transAxes)
+                ax.set_xticks([])
+                ax.set_yticks([])
+        fig.suptitle(f"flowrl run: {name} ({span})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+
+
+SUMMARY_KEYS: dict[str, str] = {
+    "reward/mean": "max",
+    "eval/accuracy": "max",
+    "eval/reward": "max",
+    "kl/ref": "min",
+    "mismatch/abs_mean": "min",
+    "mismatch/abs_max": "min",
+    "mismatch/kl": "min",
+    "perf/tokens_per_s": "max",
+    "perf/step_s": "min",
+}
+"""Key series :func:`summarize` reports, with which direction is better. ``loss/*`` keys
+are added as they appear (lower is better)."""
+
+
+def _series_stats(rows: list[dict], key: str, better: str) -> dict[str, Any] | None:
+    present = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), numbers.Real)]
+    if not present:
+        return None
+    finite = [(s, float(v)) for s, v in present if math.isfinite(v)]
+    stats: dict[str, Any] = {
+        "first": float(present[0][1]), "first_step": present[0][0],
+        "last": float(present[-1][1]), "last_step": present[-1][0],
+        "count": len(present),
+    }
+    if finite:
+        pick = max if better == "max" else min
+        # Ties go to the earliest step (the first time the best value was reached).
+        best_step, best = pick(finite, key=lambda p: (p[1], -p[0]) if better == "max" else (p[1], p[0]))
+        stats.update(best=best, best_step=best_step, mean=sum(v for _, v in finite) / len(finite))
+    return stats
+
+
+def summarize(rows: list[dict]) -> dict:
+    """First/last/best of the key series, for the final report.
+
+    Returns ``{"steps": {"count", "first", "last"}, "time_total_s": {op: seconds},
+    <key>: {"first", "first_step", "last", "last_step", "count", "best", "best_step",
+    "mean"}}`` for every key of :data:`SUMMARY_KEYS` and every ``loss/*`` key present.
+    ``first``/``last`` are the raw values (a NaN loss at the end shows as NaN);
+    ``best``/``mean`` use finite values only and are absent if there are none.
+    """
+    rows = sorted(rows, key=lambda r: r["step"])
+    out: dict[str, Any] = {
+        "steps": {"count": len(rows), "first": rows[0]["step"] if rows else None,
+                  "last": rows[-1]["step"] if rows else None},
+    }
+    losses = sorted({k for r in rows for k in r if k.startswith("loss/")})
+    for key, better in [*SUMMARY_KEYS.items(), *((k, "min") for k in losses)]:
+        stats = _series_stats(rows, key, better)
+        if stats is not None:
+            out[key] = stats
+    totals: dict[str, float] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("time/") and isinstance(value, numbers.Real) and math.isfinite(value):
+                totals[key[len("time/"):]] = totals.get(key[len("time/"):], 0.0) + float(value)
+    out["time_total_s"] = totals
+    return out

@@ -1,0 +1,86 @@
+"""Verifiable tasks shipped with flowrl, by name.
+
+A task bundles what a run needs besides a model: the character set of its tiny
+tokenizer, its train/test rows (``{"prompt", "answer"}``), the name of the verifier
+that scores completions (``flowrl.rewards.verifiers``) and how many tokens an answer
+can take. Rows come from the files shipped under ``data/<task>/``; where those are not
+present (an installed package without data) the task's deterministic generator
+rebuilds the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from flowrl.tasks import arith
+
+DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
+"""``<repo>/data``: where the shipped split files live."""
+
+SPLITS = ("train", "test")
+
+
+class UnknownTaskError(KeyError):
+    """A task name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Task:
+    """One registered task."""
+
+    name: str
+    """Registry name, also the folder under ``data/``."""
+    chars: str
+    """Every character prompts and answers use (the tiny tokenizer's charset)."""
+    verifier: str
+    """Name of the verifier in ``flowrl.rewards.verifiers.VERIFIERS``."""
+    max_new_tokens: int
+    """Generation budget that fits any answer plus EOS."""
+    make_splits: Callable[[], tuple[list[dict[str, str]], list[dict[str, str]]]]
+    """Rebuilds ``(train, test)`` rows exactly as shipped."""
+    spec: Callable[[], dict]
+    """The generator's settings as a dict (part of warm-start cache keys)."""
+
+    @property
+    def data_dir(self) -> Path:
+        return DATA_ROOT / self.name
+
+    def rows(self, split: str) -> list[dict[str, str]]:
+        """The rows of ``split`` ("train" or "test"): the shipped file, else regenerated."""
+        if split not in SPLITS:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; use one of {SPLITS}")
+        path = self.data_dir / f"{split}.jsonl"
+        if path.is_file():
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return self.make_splits()[SPLITS.index(split)]
+
+
+TASKS: dict[str, Task] = {
+    "arith": Task(
+        name="arith",
+        chars=arith.CHARS,
+        verifier="exact",
+        max_new_tokens=5,  # "-99" or "198", then EOS, plus one spare
+        make_splits=arith.make_splits,
+        spec=lambda: {
+            **arith.spec_dict(),
+            "seed": arith.DEFAULT_SEED,
+            "n_train": arith.DEFAULT_TRAIN,
+            "n_test": arith.DEFAULT_TEST,
+        },
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    """The registered task called ``name``."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise UnknownTaskError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}") from None

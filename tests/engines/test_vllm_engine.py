@@ -1,0 +1,97 @@
+"""VLLMRolloutEngine (real vLLM, in-process CPU mode) against the rollout contract.
+
+One engine for the whole module: a vLLM start costs seconds. Tests that change its
+weights put the original ones back.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import rollout_contract as contract  # noqa: E402
+import torch  # noqa: E402
+from engine_testkit import batch_of, encode, make_trainer  # noqa: E402
+
+from flowrl.engines.base import EngineConfigError  # noqa: E402
+from flowrl.engines.types import Completion, SamplingSpec  # noqa: E402
+from flowrl.engines.vllm_engine import VLLMRolloutEngine  # noqa: E402
+
+MAX_MODEL_LEN = 96
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    # block_size 32 (CPU default 128) so the 45-token prompt fills a cacheable prefix block.
+    eng = VLLMRolloutEngine(
+        tiny_model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, engine_kwargs={"block_size": 32}
+    )
+    yield eng
+    eng.shutdown()
+
+
+def test_engine_runs_in_process_with_direct_weight_updates(engine):
+    assert engine.in_process and engine._direct_weights
+    assert engine.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
+
+
+def test_grouped_completions(engine):
+    contract.check_grouped_completions(engine)
+
+
+def test_logprobs_match_trainer(engine, tiny_model_dir):
+    contract.check_logprobs_match_trainer(engine, tiny_model_dir)
+
+
+def test_top_k(engine, tiny_model_dir):
+    contract.check_top_k(engine, tiny_model_dir)
+
+
+def test_top_p(engine, tiny_model_dir):
+    contract.check_top_p(engine, tiny_model_dir)
+
+
+def test_seeding(engine):
+    contract.check_seeding(engine)
+
+
+def test_stop_strings(engine):
+    contract.check_stop_strings(engine)
+
+
+def test_update_weights(engine, tiny_model_dir):
+    contract.check_update_weights(engine, tiny_model_dir)
+
+
+def test_bad_requests(engine):
+    contract.check_bad_requests(engine)
+
+
+def test_matches_torch_rollout_engine_greedily(engine, tiny_model_dir):
+    from flowrl.engines.torch_rollout import TorchRolloutEngine
+
+    spec = SamplingSpec(temperature=0.0, max_tokens=12)
+    ours = engine.generate(contract.prompts(), spec)
+    theirs = TorchRolloutEngine(tiny_model_dir).generate(contract.prompts(), spec)
+    assert [g[0].response_ids for g in ours] == [g[0].response_ids for g in theirs]
+
+
+def test_score_matches_trainer(engine, tiny_model_dir):
+    rows = [encode("12+3=15"), contract.LONG_PROMPT]
+    scores = engine.score(rows)
+    full = [Completion((row[0],), tuple(row[1:]), (0.0,) * (len(row) - 1), "length") for row in rows]
+    expected = make_trainer(tiny_model_dir).forward(batch_of(full))["logprobs"]
+    for i, row in enumerate(rows):
+        assert len(scores[i]) == len(row) and scores[i][0] == 0.0
+        assert (torch.tensor(scores[i]) - expected[i, : len(row)]).abs().max() < contract.TOL
+
+
+def test_too_long_request_names_the_limit(engine):
+    with pytest.raises(EngineConfigError, match=f"max_model_len={MAX_MODEL_LEN}"):
+        engine.generate([encode("1+1=")], SamplingSpec(max_tokens=MAX_MODEL_LEN))
+
+
+def test_unknown_option_is_rejected(tiny_model_dir):
+    with pytest.raises(EngineConfigError, match="unknown vLLM option 'max_len'"):
+        VLLMRolloutEngine(tiny_model_dir, max_len=64)
