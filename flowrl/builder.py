@@ -54,7 +54,7 @@ from dataclasses import replace
 
 from flowrl.diagnostics import FlowError, SourceMap, Span, did_you_mean
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Symbol
-from flowrl.ir.ops import DECL_KINDS, LOSSES, OPS, RESOURCE_TYPES, OpKind, OpSpec
+from flowrl.ir.ops import DECL_KINDS, LOSSES, OPS, OpKind, OpSpec
 from flowrl.syntax import ast
 
 __all__ = ["BuilderError", "Flow", "Loss", "Params", "Size", "Value", "ctor", "size"]
@@ -87,9 +87,19 @@ def _calls_in(path: str, text: str) -> dict:
         if isinstance(node, pyast.Call):
             if any(isinstance(a, pyast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
                 continue  # *args / **kwargs: positions cannot be matched to values
+            items = {i: _items(a) for i, a in enumerate(node.args)}
+            items.update({k.arg: _items(k.value) for k in node.keywords})
             out[_extent(node)] = (tuple(_extent(a) for a in node.args),
-                                  {k.arg: _extent(k) for k in node.keywords})  # `key=value`
+                                  {k.arg: _extent(k) for k in node.keywords},  # `key=value`
+                                  {k: v for k, v in items.items() if v is not None})
     return out
+
+
+def _items(node) -> tuple | None:
+    """Extents of the elements of a list or tuple display (``params=[(...), (...)]``)."""
+    if isinstance(node, (pyast.List, pyast.Tuple)) and not any(isinstance(e, pyast.Starred) for e in node.elts):
+        return tuple(_extent(e) for e in node.elts)
+    return None
 
 
 def _extent(node) -> tuple:
@@ -100,10 +110,17 @@ class _Site:
     """Where a builder call was written: the call's span and, when the source is readable,
     the span of each positional and keyword argument."""
 
-    def __init__(self, span: Span, args: tuple = (), kwargs: dict | None = None):
+    def __init__(self, span: Span, args: tuple = (), kwargs: dict | None = None, items: dict | None = None):
         self.span = span
         self.args = args
         self.kwargs = kwargs or {}
+        self.items = items or {}
+        """Positional index or keyword -> spans of the elements of a list written there."""
+
+    def item(self, key, i: int) -> Span:
+        spans = self.items.get(key, ())
+        return spans[i] if i < len(spans) else self.kwargs.get(key, self.span) if isinstance(key, str) \
+            else self.arg(key)
 
     def arg(self, i: int) -> Span:
         return self.args[i] if i < len(self.args) else self.span
@@ -134,9 +151,10 @@ def _site(texts: dict) -> _Site:
     found = _calls_in(path, texts[path]).get(tuple(ext)) if path in texts else None
     if not found:
         return _Site(span)
-    args, kwargs = found
+    args, kwargs, items = found
     return _Site(span, tuple(_span(path, lines, e) for e in args),
-                 {k: _span(path, lines, e) for k, e in kwargs.items()})
+                 {k: _span(path, lines, e) for k, e in kwargs.items()},
+                 {k: tuple(_span(path, lines, e) for e in v) for k, v in items.items()})
 
 
 def _span(path: str, lines: list[str], ext: tuple) -> Span:
@@ -265,22 +283,21 @@ class Ctor:
     """A constructor call written as a constant: a parameter default or a declaration's
     value, e.g. ``ctor("tiny", task="arith")`` for ``tiny(task = "arith")``."""
 
-    __slots__ = ("op", "args", "kwargs", "site")
+    __slots__ = ("op", "args", "kwargs", "site", "texts")
 
-    def __init__(self, op: str, args: tuple, kwargs: dict, site: _Site):
+    def __init__(self, op: str, args: tuple, kwargs: dict):
         self.op = op
         self.args = args
         self.kwargs = kwargs
-        self.site = site
-
-
-_CTOR_TEXTS: dict = {}
+        self.texts: dict[str, str] = {}
+        """The Python source it was written in (joins the flow's, for diagnostics)."""
+        self.site = _site(self.texts)
 
 
 def ctor(op: str, *args, **kwargs) -> Ctor:
     """A resource constructor for parameter defaults: ``("policy", "model", ctor("tiny"))``."""
     _check_name(op, "constructor", dotted=True)
-    return Ctor(op, args, kwargs, _site(_CTOR_TEXTS))
+    return Ctor(op, args, kwargs)
 
 
 class Params(tuple):
@@ -301,15 +318,16 @@ class _Imported:
         self._flow = flow
         self._prefix = f"{alias}." if alias else ""
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        flow, qualified = self._flow, self._prefix + name
+    def __getattr__(self, flow_name: str):
+        if flow_name.startswith("_"):
+            raise AttributeError(flow_name)
+        flow, qualified = self._flow, self._prefix + _check_name(flow_name, "flow name")
 
         def call(*args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
             return flow._emit(qualified, args, kwargs, name, options, kind=OpKind.CALL)
 
-        call.__name__ = name
+        call.__name__ = flow_name
+        call.__doc__ = f"Call the imported flow `{qualified}` (inlined by the compiler)."
         return call
 
 
@@ -326,7 +344,7 @@ class _Repeat:
         f = self.flow
         f._n_regions += 1
         rid = f"repeat{f._n_regions}"
-        f._graph.regions[rid] = Region(rid, self.count, self.until, self.site.span)
+        f._graph.regions[rid] = Region(rid, self.count, self.until, self.site.span, parent=f._region)
         body: list = []
         f._block.append(("repeat", rid, body))
         self.saved = (f._block, f._region)
@@ -356,7 +374,8 @@ class Flow:
         site = _site(self._texts)
         self.name = _check_name(name, "flow name")
         self.span = site.span
-        self._params = tuple(self._param(p, site) for p in params)
+        where = "params" if "params" in site.kwargs else 1  # Flow(name, params=[...]) or Flow(name, [...])
+        self._params = tuple(self._param(p, site.item(where, i)) for i, p in enumerate(params))
         self._graph = FlowGraph(name, site.span, params=self._params)
         self._scope: dict[str, Value] = {}
         self._events: list = []
@@ -379,14 +398,14 @@ class Flow:
             target, alias = (imp, None) if isinstance(imp, str) else tuple(imp)
             self._import(target, alias, site)
 
-    def _param(self, p, site: _Site) -> ast.Param:
+    def _param(self, p, span: Span) -> ast.Param:
         if isinstance(p, str) or not isinstance(p, (tuple, list)) or len(p) not in (2, 3):
             raise BuilderError(f"a parameter is (name, type) or (name, type, default), got {p!r}; "
                                f"hint: params=[(\"policy\", \"model\"), (\"group\", \"int\", 8)]")
         name = _check_name(p[0], "parameter name")
         typ = _check_name(p[1], f"type of parameter `{name}`")
-        default = _const_expr(p[2], site.span, f"default of parameter `{name}`") if len(p) == 3 else None
-        return ast.Param(name, typ, default, site.span)
+        default = _const_expr(p[2], span, f"default of parameter `{name}`", self) if len(p) == 3 else None
+        return ast.Param(name, typ, default, span)
 
     def param(self, name: str) -> Value:
         """The handle of parameter ``name``."""
@@ -503,18 +522,33 @@ class Flow:
         return _Repeat(self, ir, until, site)
 
     def returns(self, value) -> None:
-        """``return value``: what a call of this flow evaluates to."""
+        """``return value``: what a call of this flow evaluates to (the value handed in, even
+        if its name is re-bound afterwards; text resolves ``return x`` after the body)."""
         site = _site(self._texts)
-        ir = self._value(value, site.arg(0), "the returned value")
-        self._graph.returns = ir
-        self._block.append(("return", ir, site.span))
+        self._value(value, site.arg(0), "the returned value")  # Python misuse fails here, not later
+        self._block.append(("return", value, site.span, site.arg(0)))
 
     # ---- results -----------------------------------------------------------------------------
     def graph(self) -> FlowGraph:
         """The raw FlowGraph, as :func:`flowrl.ir.build.build_flow` makes it from text."""
         g = self._graph.copy()
         g.sources = self._source_map()
+        returns = list(_returns_in(self._final_events()))
+        g.returns = returns[-1] if returns else None  # the last `return` wins, as in text
         return g
+
+    def _final_events(self, events=None) -> list:
+        """The statement events with each ``return`` value as IR, referenced as it stands after
+        the whole body (by name while the name is still its own, else by node)."""
+        out = []
+        for ev in self._events if events is None else events:
+            if ev[0] == "return":
+                out.append(("return", self._value(ev[1], ev[3], "the returned value"), ev[2]))
+            elif ev[0] == "repeat":
+                out.append(("repeat", ev[1], self._final_events(ev[2])))
+            else:
+                out.append(ev)
+        return out
 
     def compile(self, until: str | None = None, lint_each: bool = False, options: dict | None = None) -> FlowGraph:
         """Run the compiler's PASSES (up to pass ``until``) on this flow; raises FlowError with
@@ -526,7 +560,7 @@ class Flow:
 
         sources = self._source_map()
         unit = Unit(sources)
-        module = self._module(text=False)
+        module = self._module()
         unit.modules[module.path] = module
         raw = self.graph()
         raw.sources = sources
@@ -536,7 +570,7 @@ class Flow:
     def to_module(self) -> ast.Module:
         """The program as an AST module (spans at the Python lines): imports, declarations, the
         builder flows it calls, then this flow."""
-        return self._module(text=False)
+        return self._module()
 
     def to_flow_text(self) -> str:
         """The program as canonical ``.flow`` text; it parses and compiles to the same IR.
@@ -544,18 +578,18 @@ class Flow:
         Unnamed values are written as nested calls where that keeps the order of the ops,
         otherwise bound to their op name (so node ids stay the same); a handle whose name
         was re-bound is reached through a generated alias (``x_1 = x``), which adds no node.
+        One case changes a node id: an unnamed value used more than once whose op name the
+        flow also looks up later (``scores = reward(x)`` without ``name=``, used twice, with
+        ``reward`` called again afterwards) is bound to a fresh ``reward_1``; pass ``name=``.
         """
         from flowrl.syntax.fmt import format_module
 
-        return format_module(_respan(self._module(text=True)))
+        return format_module(_respan(self._module()))
 
     # ---- internals ---------------------------------------------------------------------------
-    def _site(self) -> _Site:
-        return _site(self._texts)
-
     def _source_map(self) -> SourceMap:
         sources = SourceMap()
-        texts = dict(_CTOR_TEXTS)
+        texts: dict[str, str] = {}
         for f in [self, *self._all_callees()]:
             texts.update(f._texts)
         for path, text in texts.items():
@@ -599,12 +633,15 @@ class Flow:
 
     def _call_value(self, v: Value, args: tuple, kwargs: dict, name, options) -> Value:
         self._own(v, "the called value")
+        if v.type not in (None, "reward"):
+            raise BuilderError(f"{v!r} is a {v.type}; only a reward can be called (`reward(rollouts)` means "
+                               f"score(reward, rollouts))")
         if v.name is not None and self._scope.get(v.name) is v and v.name not in OPS:
             return self._emit(v.name, args, kwargs, name, options, kind=OpKind.CALL)  # `reward(x)`, as in text
         if v.type == "reward":
             return self._emit("score", (v, *args), kwargs, name, options)
-        raise BuilderError(f"{v!r} is {v.type or 'not known to be a reward'}; only a reward can be called "
-                           f"(`reward(rollouts)` means score(reward, rollouts))")
+        raise BuilderError(f"{v!r} is not known to be a reward and has no name to call it by; only a reward "
+                           f"can be called (`reward(rollouts)` means score(reward, rollouts))")
 
     def _own(self, v, what: str) -> None:
         if v.flow is not self:
@@ -653,7 +690,7 @@ class Flow:
                 raise BuilderError(f"two different builder flows are named `{c.name}`; rename one of them")
         return [c for c in out if c.name != self.name]
 
-    def _module(self, text: bool) -> ast.Module:
+    def _module(self) -> ast.Module:
         callees = self._all_callees()
         for c in callees:
             if c._decls:
@@ -669,6 +706,15 @@ class Flow:
                     imports.append(imp)
         flows = [_Writer(f).flow_def() for f in [*callees, self]]
         return ast.Module(self.span.path, tuple(imports) + tuple(self._decls) + tuple(flows), (), self.span)
+
+
+def _returns_in(events):
+    """The values of the ``return`` statements of (final) events, in statement order."""
+    for ev in events:
+        if ev[0] == "return":
+            yield ev[1]
+        elif ev[0] == "repeat":
+            yield from _returns_in(ev[2])
 
 
 def _check_positional(op: str, spec: OpSpec, args: tuple) -> None:
@@ -701,18 +747,23 @@ def _const(x, span: Span, what: str):
 # ---- AST for constants (parameter defaults, declarations) --------------------------------------
 
 
-def _const_expr(x, span: Span, what: str) -> ast.Expr:
+def _const_expr(x, span: Span, what: str, flow: "Flow") -> ast.Expr:
+    """A parameter default: a constant or a ctor(...) (which may not name declarations)."""
     if isinstance(x, Ctor):
-        return _ctor_call(x.op, x.args, x.kwargs, x.site, None)
+        flow._texts.update(x.texts)
+        return _ctor_call(x.op, x.args, x.kwargs, x.site, flow, names=False)
     return _expr_of_value(_const(x, span, what), span)
 
 
-def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow | None") -> ast.Call:
+def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow", names: bool = True) -> ast.Call:
+    """A constructor call as AST: constants, nested ctor(...) and (with ``names``) handles of
+    declarations of ``flow`` as arguments."""
     def one(x, span, what):
         if isinstance(x, Ctor):
-            return _ctor_call(x.op, x.args, x.kwargs, x.site, flow)
+            flow._texts.update(x.texts)
+            return _ctor_call(x.op, x.args, x.kwargs, x.site, flow, names)
         if isinstance(x, Value):
-            if flow is None or x.flow is not flow or x.node is not None or x.target is not None:
+            if not names or x.flow is not flow or x.node is not None or x.target is not None:
                 raise BuilderError(f"{what}: a constructor takes constants, ctor(...) calls and declared names, "
                                    f"got {x!r}")
             return ast.Name(x.name, span)
@@ -789,8 +840,9 @@ class _Writer:
        reproduces the builder's node order; otherwise it is un-nested (checked by
        re-deriving the order until it matches; each round un-nests one node).
     2. *Naming*: an unnamed value that is used but not nested is bound to its op name
-       (``frozen = frozen(policy)``: the resolved node id is the same) unless that name
-       is used otherwise in the flow, then to a fresh ``op_N``.
+       (``frozen = frozen(policy)``: the resolved node id is the same), unless the flow
+       looks that name up later (a parameter or binding of that name used after it), then
+       to a fresh ``op_N`` (the one case where the text changes a node id).
     3. *Aliases*: a reference to a node whose name is re-bound at that point (or whose
        name would make a spurious loop-carried edge) goes through ``name_N = name``,
        written right after the node; aliases add no node to the compiled graph.
@@ -798,16 +850,19 @@ class _Writer:
 
     def __init__(self, flow: Flow):
         self.flow = flow
+        self.events = flow._final_events()
         self.nodes = {n.id: n for n in flow._graph.nodes()}
         self.bindings = dict(flow._graph.bindings)
         self.uses: dict[str, list] = {}
-        self._collect_uses(flow._events, None)
-        self.order = [nid for nid in self._walk_nodes(flow._events)]
+        self._collect_uses(self.events, None)
+        self.order = [nid for nid in self._walk_nodes(self.events)]
         self.nested = self._plan_nesting()
         self.names = self._names()
         self.bound_in_region: dict[str | None, set] = {}
         for nid, name in self.names.items():
             self.bound_in_region.setdefault(self.nodes[nid].region, set()).add(name)
+        self.final = {self.names[nid]: nid for nid in self.order if nid in self.names}
+        """name -> the node it is bound to after the whole body (what `return` resolves against)."""
         self.aliases: dict[str, str] = {}
         self.need_alias: set[str] = set()
 
@@ -885,28 +940,47 @@ class _Writer:
                     value(self.flow._graph.regions[ev[1]].count)
                     block(ev[2])
 
-        block(self.flow._events)
+        block(self.events)
         return out
 
     def _names(self) -> dict[str, str]:
         """node id -> the name its statement binds (the user's, or one generated here)."""
-        taken = set(self.bindings.values()) | {p.name for p in self.flow._params} \
-            | {d.name for d in self.flow._decls}
+        pos = {nid: i for i, nid in enumerate(self.order)}
+        self.source_uses: dict[str, list] = {}  # name -> [(position, region)] of uses by name
         for n in self.nodes.values():
-            taken |= {r.target for r in _node_refs(n) if _node_target(r) is None}
+            used = {r.target for r in _node_refs(n) if _node_target(r) is None}
             if n.kind == OpKind.CALL and n.op != "=":
-                taken.add(n.op)
-        for ev_value in self._return_and_count_values(self.flow._events):
-            taken |= {r.target for r in _refs(ev_value) if _node_target(r) is None}
+                used.add(n.op)  # `reward(x)` and flow calls look their name up too
+            for name in used:
+                self.source_uses.setdefault(name, []).append((pos[n.id], n.region))
+        for value in self._return_and_count_values(self.events):
+            for r in _refs(value):
+                if _node_target(r) is None:  # returns resolve after every op: always "later"
+                    self.source_uses.setdefault(r.target, []).append((len(self.order), None))
+        self.rebinds: dict[str, list] = {}  # name -> positions of the user's bindings of it
+        for nid, name in self.bindings.items():
+            self.rebinds.setdefault(name, []).append(pos[nid])
+        taken = set(self.bindings.values()) | {p.name for p in self.flow._params} \
+            | {d.name for d in self.flow._decls} | set(self.source_uses)
         names = dict(self.bindings)
         self.taken = set(taken)
         for nid in self.order:
             if nid in names or nid in self.nested or not self.uses.get(nid):
                 continue
             base = nid.split("#")[0]
-            names[nid] = base if base not in taken and _spellable(base) else self._fresh(base)
+            ok = _spellable(base) and (base not in taken or self._may_shadow(base, pos[nid], self.nodes[nid].region))
+            names[nid] = base if ok else self._fresh(base)
             self.taken.add(names[nid])
         return names
+
+    def _may_shadow(self, name: str, at: int, region: str | None) -> bool:
+        """Whether binding ``name`` at position ``at`` changes no lookup of ``name`` by source:
+        nothing uses the name after it until the user binds the name again, and (in a loop)
+        nothing in the loop uses it, where the binding would make a use loop-carried. Nodes
+        reached through ``#node`` references stay reachable: the writer aliases them."""
+        until = min((p for p in self.rebinds.get(name, ()) if p > at), default=len(self.order) + 1)
+        return not any(at < p <= until or (region is not None and r == region)
+                       for p, r in self.source_uses.get(name, ()))
 
     def _return_and_count_values(self, events):
         for ev in events:
@@ -927,10 +1001,10 @@ class _Writer:
     # -- writing
     def flow_def(self) -> ast.FlowDef:
         f = self.flow
-        self._block(f._events, {})  # first pass: find the references that need an alias
+        self._block(self.events, {})  # first pass: find the references that need an alias
         for x in sorted(self.need_alias, key=self.order.index):
             self.aliases[x] = self._fresh(self.names[x])
-        body = self._block(f._events, {})
+        body = self._block(self.events, {})
         return ast.FlowDef(f.name, f._params, tuple(body), f.span, f.span)
 
     def _block(self, events, env: dict) -> list:
@@ -955,8 +1029,8 @@ class _Writer:
                     alias = self.aliases[nid]
                     stmts.append(ast.Binding(alias, ast.Name(name, node.span), node.span, node.span))
                     env[alias] = nid
-            elif ev[0] == "return":
-                stmts.append(ast.Return(self._expr(ev[1], env, None, ev[2]), ev[2]))
+            elif ev[0] == "return":  # resolved after the whole body: against the final bindings
+                stmts.append(ast.Return(self._expr(ev[1], self.final, None, ev[2]), ev[2]))
             else:
                 region = self.flow._graph.regions[ev[1]]
                 count = self._expr(region.count, env, None, region.span)

@@ -351,6 +351,80 @@ register(Command(
     _graph_args, run_graph))
 
 
+# ---- flowrl plan / flowrl run ------------------------------------------------------------
+
+
+def _flow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="the .flow file")
+    p.add_argument("--flow", help="the flow to run (default: the scheduled flow, else `main`, else the last)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter of the entry flow (or a run setting: steps, seed, eval_every)")
+    p.add_argument("--steps", type=int, help="number of RL steps")
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    _flow_args(p)
+    p.add_argument("--json", action="store_true", help="print the ExecutionPlan as JSON (for tools)")
+
+
+def run_plan_cmd(args: argparse.Namespace) -> int:
+    from flowrl.runtime.api import RunError, build_plan, describe_plan, parse_sets, plan_json
+
+    try:
+        plan = build_plan(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps)
+    except RunError as e:
+        raise CliError(str(e)) from None
+    _out().write(plan_json(plan) if args.json else describe_plan(plan))
+    return 0
+
+
+register(Command(
+    "plan", "lower a flow to its execution plan: engines, placement, step order, weight sync",
+    "flowrl plan flows/arith_grpo.flow\n"
+    "flowrl plan flows/arith_grpo.flow --json > plan.json",
+    _plan_args, run_plan_cmd))
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _flow_args(p)
+    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<flow>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps")
+    p.add_argument("--ray", metavar="ADDRESS", help="join an existing Ray cluster (default: $RAY_ADDRESS or a local one)")
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from flowrl.runtime.api import run_file, parse_sets
+    from flowrl.runtime.errors import user_error
+
+    try:
+        result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
+                          resume=args.resume, save_every=args.save_every, ray_address=args.ray)
+    except FlowError:
+        raise
+    except Exception as e:  # engine/data/reward failures the user can fix become one line
+        message = user_error(e)
+        if message is None:
+            raise
+        raise CliError(message) from None
+    out = _out()
+    print(f"run directory: {result.out} (metrics.jsonl, curves.png, trace.json, summary.json)", file=out)
+    if result.accuracy_before is not None and result.accuracy_after is not None:
+        print(f"held-out accuracy: {100 * result.accuracy_before:.1f}% -> {100 * result.accuracy_after:.1f}%",
+              file=out)
+    return 0
+
+
+register(Command(
+    "run", "run a flow: start Ray and the engines, train, write the run directory",
+    "flowrl run flows/arith_grpo.flow\n"
+    "flowrl run flows/arith_grpo.flow --steps 10 --set lr=3e-4\n"
+    "flowrl run flows/arith_grpo.flow --save-every 10 --out runs/a\n"
+    "flowrl run --resume runs/a flows/arith_grpo.flow   # continue from the latest checkpoint\n"
+    "RAY_ADDRESS=ray://head:10001 flowrl run flows/arith_grpo.flow",
+    _run_args, run_run))
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

@@ -47,7 +47,8 @@ class _Builder:
             elif isinstance(stmt, ast.Repeat):
                 self.n_regions += 1
                 rid = f"repeat{self.n_regions}"
-                self.graph.regions[rid] = Region(rid, self.expr(stmt.count, region), stmt.until, stmt.span)
+                self.graph.regions[rid] = Region(rid, self.expr(stmt.count, region), stmt.until, stmt.span,
+                                                 parent=region)
                 self.stmts(stmt.body, rid)
 
     def bind(self, name: str, value: ast.Expr, span, region) -> None:

@@ -35,7 +35,7 @@ _TOKEN_NAMES = {
 def parse(text: str | bytes, path: str = "<input>", sources: SourceMap | None = None) -> ast.Module:
     """Parse one ``.flow`` file. Raises FlowError (never anything else) on bad input."""
     sources = sources if sources is not None else SourceMap()
-    text = _decode(text, path, sources)
+    text = _decode(text, path, sources).removeprefix("\ufeff")  # editors may write a UTF-8 byte-order mark
     sources.add(path, _printable(text))
     _check_limits(text, path, sources)
     comments: list[Token] = []
@@ -456,6 +456,10 @@ class _ToAst(Transformer):
 
     def repeat_stmt(self, meta, children):
         count, until, body = children
+        for st in body:
+            if isinstance(st, ast.Repeat):
+                self.errors.error("E020", "`repeat` loops do not nest", st.span,
+                                  "move the inner loop's ops into the outer loop")
         return ast.Repeat(count, str(until) if until else None, body, self._span(meta))
 
     # schedules
@@ -529,23 +533,38 @@ class _ToAst(Transformer):
 
     def size(self, meta, children):
         tok = children[0]
-        return ast.Literal(_parse_size(str(tok)), "size", str(tok), self._tok(tok))
+        return self._number(_parse_size, tok, "size", 1, self._tok(tok))
 
     def int(self, meta, children):
         tok = children[0]
-        return ast.Literal(int(tok), "int", str(tok), self._tok(tok))
+        return self._number(int, tok, "int", 1, self._tok(tok))
 
     def neg_int(self, meta, children):
         tok = children[0]
-        return ast.Literal(-int(tok), "int", f"-{tok}", self._span(meta))
+        return self._number(int, tok, "int", -1, self._span(meta))
 
     def float(self, meta, children):
         tok = children[0]
-        return ast.Literal(float(tok), "float", str(tok), self._tok(tok))
+        return self._number(float, tok, "float", 1, self._tok(tok))
 
     def neg_float(self, meta, children):
         tok = children[0]
-        return ast.Literal(-float(tok), "float", f"-{tok}", self._span(meta))
+        return self._number(float, tok, "float", -1, self._span(meta))
+
+    def _number(self, convert, tok: Token, kind: str, sign: int, span: Span) -> ast.Literal:
+        """A numeric literal; one too large to represent (an int of thousands of digits, a
+        float or size that overflows to infinity) is reported instead of crashing."""
+        text = str(tok) if sign > 0 else f"-{tok}"
+        try:
+            value = sign * convert(str(tok))
+            if kind != "int" and value in (float("inf"), float("-inf")):
+                raise OverflowError(text)
+        except (ValueError, OverflowError):
+            shown = text if len(text) <= 24 else f"{text[:12]}...{text[-8:]} ({len(text):,} characters)"
+            self.errors.error("E021", f"number `{shown}` is too large to represent", span,
+                              "check the literal for a typo")
+            value = 0 if kind != "float" else 0.0
+        return ast.Literal(value, kind, text, span)
 
     def string(self, meta, children):
         tok = children[0]

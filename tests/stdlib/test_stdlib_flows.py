@@ -26,7 +26,6 @@ FLOWS = sorted((ROOT / "flows").glob("*.flow"))
 ALL = STDLIB + FLOWS
 
 
-
 def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
@@ -557,3 +556,18 @@ def test_catalogue_example_reports_its_code(code, example, tmp_path, monkeypatch
         lower(compile_file("example.flow").graph)  # E5xx: reported when lowering to a plan
     codes = [d.code for d in info.value.diagnostics]
     assert code in codes, f"the {code} example reports {codes}"
+
+
+def test_reference_examples_compile():
+    """The reference's complete program and its statements example are real programs."""
+    import re
+
+    text = DOC.read_text().split("## Diagnostics")[0]
+    blocks = re.findall(r"```flow\n(.*?)```", text, flags=re.S)
+    program = blocks[0]
+    g = compile_text(program, str(ROOT / "flows" / "doc_example.flow"))
+    assert g.name == "main" and [n.model for n in nodes(g, OpKind.RESYNC)] == ["policy"]
+    (statements,) = [b for b in blocks if b.startswith("flow example(")]
+    g = compile_text(statements, "doc.flow")
+    assert [n.id for n in g.nodes() if n.kind not in (OpKind.MODEL, OpKind.DATASET, OpKind.REWARD_FN)] == \
+        ["b", "rollouts", "reward#2", "adv", "update", "resync.policy"]

@@ -208,14 +208,19 @@ def _continues_groups(graph: FlowGraph, gen: Node) -> bool:
 
 
 def _check_regions(graph: FlowGraph, errors: Collector) -> None:
+    nested = {r.parent for r in graph.regions.values() if r.parent is not None}
     for rid, region in graph.regions.items():
+        if region.parent is not None:
+            errors.error("E217", "`repeat` inside `repeat` is not supported", region.span,
+                         "one loop per turn structure: merge the loops, or unroll the inner one")
+            continue
         count = region.count
         if isinstance(count, Const) and (count.kind != "int" or count.value < 1):
             errors.error("E214", f"`repeat` needs a positive integer turn count, got "
                                  f"{count.text or show(count.value)}", count.span, "e.g. `repeat 4 until done { ... }`")
         elif not isinstance(count, (Const, Symbol)) and not isinstance(count, Ref):
             errors.error("E214", "`repeat` needs a positive integer turn count", region.span)
-        if region.until:
+        if region.until and rid not in nested:  # an outer loop's `until` waits for the inner one's fix
             produced = set()
             for n in graph.nodes():
                 if n.region == rid:

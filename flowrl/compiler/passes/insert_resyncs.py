@@ -32,8 +32,12 @@ INFERENCE_OPS = (OpKind.GENERATE,)
 def insert_resyncs(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     out = graph.copy()
     updates = {n.model: n for n in graph.nodes() if n.kind == OpKind.UPDATE and n.model}
+    readers_of: dict[str, list] = {mid: [] for mid in updates}  # one pass, not one per model
+    for n in graph.nodes():
+        if n.model in readers_of and n.kind != OpKind.UPDATE:
+            readers_of[n.model].append(n)
     for mid, upd in updates.items():
-        readers = [n for n in graph.nodes() if n.model == mid and n.kind != OpKind.UPDATE]
+        readers = readers_of[mid]
         rollout_readers = [n for n in readers if n.kind in INFERENCE_OPS]
         if rollout_readers:
             resync = Node(out.fresh_id(f"resync.{mid}"), OpKind.RESYNC, "resync", (Ref(mid, upd.span),),

@@ -54,6 +54,8 @@ class _Resolver:
                              sources=ctx.sources, unit=ctx.unit)
         self.globals_made: dict[tuple[str, str], str] = {}
         self._prefixes: set[str] = set()
+        self._heads: set[str] = set()  # first dotted part of every node id in self.out
+        self._next_suffix: dict[str, int] = {}
 
     # ---- entry ---------------------------------------------------------------------
     def run(self, raw: FlowGraph) -> FlowGraph:
@@ -97,12 +99,12 @@ class _Resolver:
         if p.type in RESOURCE_TYPES:
             role = "trainable" if p.type == "model" else None
             node = Node(self.out.fresh_id(p.name), RESOURCE_TYPES[p.type], "param", (), (), p.span, role=role)
-            self.out.add(node)
+            self.add(node)
             return _Bound(node=node.id)
         if p.type == "data":
             node = Node(self.out.fresh_id(p.name), OpKind.USER_CALL, "param", (), (), p.span,
                         fields=frozenset({"*"}))
-            self.out.add(node)
+            self.add(node)
             return _Bound(node=node.id)
         return _Bound(value=Symbol(p.name, p.type, p.span))
 
@@ -150,7 +152,8 @@ class _Resolver:
         region_map = {rid: prefix + rid for rid in raw.regions}
         for rid, region in raw.regions.items():
             count = self.value_of(region.count, env, module, local_ids)
-            self.out.regions[region_map[rid]] = Region(region_map[rid], count, region.until, region.span)
+            self.out.regions[region_map[rid]] = Region(region_map[rid], count, region.until, region.span,
+                                                       parent=region_map.get(region.parent))
         bound_in_region = {}
         for n in raw.nodes():
             if n.region is not None and n.id in raw.bindings:
@@ -184,6 +187,14 @@ class _Resolver:
                     env[binding] = _FAILED
                 elif binding:
                     env[binding] = result
+                continue
+            vis = self.visible(module)
+            # Inside flow `rloo` itself, `rloo(...)` can only mean the op (flows do not recurse).
+            if vis is not None and n.op in vis.flows and n.op in OPS and vis.flows[n.op][1].name not in stack:
+                where = vis.flows[n.op][0].path
+                self.errors.error("E127", f"`{n.op}` is both a built-in op and a flow from {where}", n.span,
+                                  f"this calls the built-in op; to call the flow, import it with an alias "
+                                  f"(`import ... as algo`) and write `algo.{n.op}(...)`")
                 continue
             if n.op == "resync":
                 self.errors.error("E110", "`resync` is inserted by the compiler, not written in a flow",
@@ -241,7 +252,7 @@ class _Resolver:
         attrs = tuple((k, self.kwarg_value(k, v, env, module, local_ids)) for k, v in n.attrs)
         node = Node(nid, n.kind, n.op, tuple(args), attrs, n.span, region=region, scope=scope,
                     role=spec.role, key_spans=n.key_spans)
-        self.out.add(node)
+        self.add(node)
         for src, e in edges:
             self.out.connect(src, nid, e)
         return nid
@@ -363,7 +374,7 @@ class _Resolver:
         name = n.op
         vis = self.visible(module)
         bound = env.get(name)
-        if bound is None and vis is not None and name in vis.decls:  # a declared reward, model...
+        if bound is None and vis is not None and name in vis.decls and name not in vis.flows:  # a declared reward...
             nid = self.global_node(module, vis.decls[name])
             bound = _Bound(node=nid) if nid else _FAILED
         if bound is not None and bound.failed:
@@ -392,6 +403,13 @@ class _Resolver:
                               hint or "see docs/language.md for the built-in ops")
             return None
         callee_module, callee = vis.flows[name]
+        if region is not None:
+            # Inlined ops would land outside the loop and values re-bound in the loop would
+            # not be carried into the callee: refuse rather than compile a different program.
+            self.errors.error("E217", f"flow `{name}` is called inside `repeat`; flow calls in a loop are "
+                                      "not supported", _func_span(n),
+                              f"write the ops of `{name}` directly in the `repeat` body")
+            return None
         if callee.name in stack:
             cycle = stack[stack.index(callee.name):] + (callee.name,)
             self.errors.error("E105", f"flow `{callee.name}` calls itself ({' -> '.join(cycle)})",
@@ -412,11 +430,22 @@ class _Resolver:
                              stack + (callee.name,))
         return result if result is not None else _Bound()
 
+    def add(self, node: Node) -> None:
+        self.out.add(node)
+        self._heads.add(node.id.split(".", 1)[0])
+
     def unique_prefix(self, base: str) -> str:
-        taken = {nid.split(".")[0] for nid in self.out.g.nodes} | set(self._prefixes)
-        name, i = base, 2
-        while name in taken:
-            name, i = f"{base}#{i}", i + 1
+        # The first dotted part of every node id is taken too (`lib.policy` from an import);
+        # `add` keeps that set current, so a prefix costs O(1), not a scan of the graph
+        # (which made inlining quadratic in the number of flow calls).
+        taken = self._heads
+        name, i = base, self._next_suffix.get(base, 2)
+        if name in taken or name in self._prefixes:
+            name = f"{base}#{i}"
+        while name in taken or name in self._prefixes:
+            i += 1
+            name = f"{base}#{i}"
+        self._next_suffix[base] = i  # `block#k` were all taken: the next search starts at k
         self._prefixes.add(name)
         return name
 

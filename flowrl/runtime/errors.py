@@ -1,0 +1,42 @@
+"""Map failures a user can fix to one line; everything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+def _user_error_types() -> tuple[type, ...]:
+    types: list[type] = []
+    for mod, names in (("flowrl.runtime.api", ("RunError",)),
+                       ("flowrl.runtime.handlers", ("RuntimeFlowError",)),
+                       ("flowrl.engines.base", ("EngineError",)),
+                       ("flowrl.data.datasets", ("DatasetError",)),
+                       ("flowrl.data.sampler", ("SamplerStateError",)),
+                       ("flowrl.models.warmstart", ("WarmStartError",)),
+                       ("flowrl.models.tiny", ("TinyModelError",)),
+                       ("flowrl.rewards.pool", ("RewardSpecError",)),
+                       ("flowrl.rewards.verifiers", ("UnknownVerifierError",)),
+                       ("flowrl.runtime.weight_sync", ("WeightSyncError",)),
+                       ("flowrl.runtime.observe", ("ObserveError",))):
+        try:
+            module = __import__(mod, fromlist=list(names))
+        except ImportError:
+            continue
+        types += [getattr(module, n) for n in names if hasattr(module, n)]
+    return tuple(types)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one-line message of a user-fixable failure (unwrapping Ray's task errors), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)  # Ray's RayTaskError: the actor's own exception
+        if isinstance(cause, BaseException) and cause is not exc:
+            exc = cause
+            continue
+        if isinstance(exc, _user_error_types()):
+            return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, SystemExit) and isinstance(exc.code, str):
+            return exc.code
+        # Ray wraps an actor's exception: RayTaskError(.cause) / ActorDiedError(.cause or __cause__)
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None

@@ -1,0 +1,67 @@
+"""flowrl.tasks.arith and the task registry: deterministic, disjoint, verifiable splits."""
+
+import json
+import re
+
+import pytest
+
+from flowrl.rewards.verifiers import get_verifier
+from flowrl.tasks import DATA_ROOT, UnknownTaskError, get_task
+from flowrl.tasks.arith import ArithSpec, ArithTaskError, format_problem, make_split, make_splits
+
+
+def test_format_problem():
+    assert format_problem(12, "+", 35) == {"prompt": "12+35=", "answer": "47"}
+    assert format_problem(3, "-", 40, width=2) == {"prompt": "03-40=", "answer": "-37"}
+
+
+def test_make_split_is_deterministic_distinct_and_correct():
+    spec = ArithSpec(max_operand=20, ops="+-", zero_pad=False)
+    rows = make_split(300, 5, spec=spec)
+    assert rows == make_split(300, 5, spec=spec)
+    assert rows != make_split(300, 6, spec=spec)
+    assert len({r["prompt"] for r in rows}) == 300
+    for r in rows:
+        a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", r["prompt"]).groups()
+        assert 0 <= int(a) <= 20 and 0 <= int(b) <= 20
+        assert int(r["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+    assert {op for r in rows for op in "+-" if op in r["prompt"]} == {"+", "-"}
+
+
+def test_zero_padding_gives_fixed_width_prompts():
+    rows = make_split(200, 0, spec=ArithSpec(max_operand=99, ops="+-", zero_pad=True))
+    assert {len(r["prompt"]) for r in rows} == {6}
+
+
+def test_splits_are_disjoint_and_exclude_is_honoured():
+    train, test = make_splits(300, 100, 1, spec=ArithSpec(max_operand=30))
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    with pytest.raises(ArithTaskError, match=r"only 4 distinct problems exist"):
+        make_split(5, 0, spec=ArithSpec(max_operand=1, ops="+"))
+
+
+@pytest.mark.parametrize("kwargs, pattern", [({"ops": "*"}, r"unknown operators \['\*'\]"), ({"max_operand": 0}, "max_operand=0")])
+def test_bad_spec(kwargs, pattern):
+    with pytest.raises(ArithTaskError, match=pattern):
+        ArithSpec(**kwargs)
+
+
+def test_shipped_files_equal_the_generator():
+    task = get_task("arith")
+    train, test = make_splits()
+    for name, rows in (("train", train), ("test", test)):
+        path = DATA_ROOT / "arith" / f"{name}.jsonl"
+        assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+        assert task.rows(name) == rows
+    assert task.verifier == "exact"
+    # Every answer fits the generation budget (answer + EOS), and the verifier accepts it.
+    assert max(len(r["answer"]) for r in train + test) + 1 <= task.max_new_tokens
+    assert get_verifier(task.verifier)([r["answer"] for r in test], [r["answer"] for r in test]) == [1.0] * len(test)
+    assert set("".join(r["prompt"] + r["answer"] for r in train)) <= set(task.chars)
+
+
+def test_unknown_task():
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith'\]"):
+        get_task("algebra")
+    with pytest.raises(ValueError, match="has no split 'dev'"):
+        get_task("arith").rows("dev")

@@ -1,0 +1,109 @@
+"""flowrl.models.warmstart: supervised warm start, greedy accuracy, and the on-disk cache."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from flowrl.models import tiny
+from flowrl.models.tiny import TinyModelError, load_tokenizer
+from flowrl.models.warmstart import (
+    SFTConfig,
+    TinyModelConfig,
+    WarmStartError,
+    cache_key,
+    encode_sft_batch,
+    evaluate_accuracy,
+    greedy_completions,
+    sft_train,
+    warm_start,
+)
+from flowrl.tasks import get_task
+
+SHORT = SFTConfig(steps=40, batch_size=32)
+
+
+def test_encode_sft_batch_masks_prompt_and_padding(tiny_llama_dir):
+    tok = load_tokenizer(tiny_llama_dir)
+    ids, attn, labels = encode_sft_batch(tok, [{"prompt": "1+2=", "answer": "3"}, {"prompt": "10+5=", "answer": "15"}])
+    eos = tok.eos_token_id
+    assert ids[0].tolist() == [1, 5, 14, 6, 16, 7, eos, 0, 0]
+    assert ids[1].tolist() == [1, 5, 4, 14, 9, 16, 5, 9, eos]
+    assert attn[0].tolist() == [1] * 7 + [0, 0]
+    assert labels[0].tolist() == [-100] * 5 + [7, eos, -100, -100]
+    assert labels[1].tolist() == [-100] * 6 + [5, 9, eos]
+
+
+def test_sft_lowers_the_loss_deterministically(tiny_llama_dir):
+    rows = get_task("arith").rows("train")[:256]
+    tok = load_tokenizer(tiny_llama_dir)
+    runs = []
+    for _ in range(2):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+        runs.append((sft_train(model, tok, rows, SFTConfig(steps=30, batch_size=32), seed=1), model))
+    (losses, m1), (losses2, m2) = runs
+    assert losses == losses2
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_sft_batch_larger_than_data_is_refused(tiny_llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with pytest.raises(WarmStartError, match="batch_size=64 exceeds the 3 training rows"):
+        sft_train(model, load_tokenizer(tiny_llama_dir), [{"prompt": "1+1=", "answer": "2"}] * 3, SFTConfig(batch_size=64))
+
+
+def test_evaluate_accuracy_counts_greedy_matches(tiny_llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    tok = load_tokenizer(tiny_llama_dir)
+    prompts = ["12+35=", "1+1=", "99+99=", "7+0="]
+    texts = greedy_completions(model, tok, prompts, max_new_tokens=4, batch_size=3)
+    assert len(texts) == 4
+    # Answers equal to the model's own greedy output: all right; otherwise: wrong.
+    own = [{"prompt": p, "answer": t} for p, t in zip(prompts, texts)]
+    assert evaluate_accuracy(model, own, tokenizer=tok, max_new_tokens=4) == 1.0
+    half = own[:2] + [{"prompt": p, "answer": t + "0"} for p, t in zip(prompts[2:], texts[2:])]
+    assert evaluate_accuracy(tiny_llama_dir, half, max_new_tokens=4) == 0.5
+    with pytest.raises(WarmStartError, match="pass tokenizer="):
+        evaluate_accuracy(model, own)
+
+
+def test_warm_start_is_cached_by_key(tmp_path):
+    first = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path)
+    assert not first.cached
+    again = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path)
+    assert again.cached and again.path == first.path and again.info == first.info
+    other = warm_start("arith", sft=SHORT, seed=1, cache_dir=tmp_path)
+    assert other.path != first.path
+    info = json.loads((first.path / "warmstart.json").read_text())
+    assert info["sft"]["steps"] == 40 and info["task"] == "arith" and 0.0 <= info["test_accuracy"] <= 1.0
+    assert info["test_accuracy"] == evaluate_accuracy(first.path, get_task("arith").rows("test"), max_new_tokens=5)
+    # No temp directories are left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.path.name, other.path.name])
+
+
+def test_cache_key_depends_on_every_input():
+    base = cache_key("arith", TinyModelConfig(), SHORT, 0)[0]
+    assert base == cache_key("arith", TinyModelConfig(), SHORT, 0)[0]
+    assert base != cache_key("arith", TinyModelConfig(hidden=64, heads=2, kv_heads=1), SHORT, 0)[0]
+    assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=41, batch_size=32), 0)[0]
+    assert base != cache_key("arith", TinyModelConfig(), SHORT, 1)[0]
+
+
+def test_warm_start_output_is_reproducible(tmp_path):
+    a = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path / "a").path
+    b = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path / "b").path
+    digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    assert digest(a) == digest(b)
+
+
+def test_tiny_model_source(tmp_path):
+    path = tiny("arith", warm=False, seed=2, cache_dir=tmp_path, hidden=64, heads=2, kv_heads=1, intermediate=128)
+    info = json.loads((path / "warmstart.json").read_text())
+    assert info["sft"]["steps"] == 0 and info["model"]["hidden"] == 64
+    assert AutoModelForCausalLM.from_pretrained(path).config.hidden_size == 64
+    assert tiny("arith", warm=False, seed=2, cache_dir=tmp_path, hidden=64, heads=2, kv_heads=1, intermediate=128) == path
+    with pytest.raises(TinyModelError, match=r"unknown option\(s\) \['width'\]"):
+        tiny("arith", width=3, cache_dir=tmp_path)
