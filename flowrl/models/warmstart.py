@@ -125,7 +125,7 @@ def sft_train(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     model.eval()
     return losses
 

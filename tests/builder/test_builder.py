@@ -257,7 +257,7 @@ def test_imports_declarations_and_flow_calls_match_text():
     f = build_main()
     compiled = f.compile()
     assert_same_graph(compiled, compile_text(MAIN_TEXT, "<main>", flow="main"))
-    assert compiled.node("g.grpo.rollouts".removeprefix("g.")).attr("n").value == 4  # inlined as grpo.*
+    assert compiled.node("grpo.rollouts").attr("n").value == 4  # inlined with ids prefixed `grpo.`
     assert_round_trip(f)
 
 
@@ -309,6 +309,24 @@ def test_builder_flow_calling_a_builder_flow():
     assert_same_graph(inner.compile(), compile_text(TWO_LEVEL_TEXT, "<two>", flow="rollout"))
 
 
+def test_user_calls_lists_and_size_parameters_match_text():
+    text = """flow f(prompts: dataset, buf: size = 512MB, tags: list = ["a", "b"]) {
+      b = sample(prompts, size = 2)
+      x = call("mod:fn", b, 3, produces = ["f", "g"])
+      call("mod:log", x, produces = [])
+    }"""
+    f = Flow("f", params=[("prompts", "dataset"), ("buf", "size", size("512MB")), ("tags", "list", ["a", "b"])])
+    prompts = f.params.prompts
+    b = f.sample(prompts, size=2, name="b")
+    x = f.call("mod:fn", b, 3, produces=["f", "g"], name="x")
+    f.call("mod:log", x, produces=[])
+    assert_same_graph(f.graph(), compile_text(text, "<t>", until="build"), raw=True)
+    compiled = f.compile()
+    assert_same_graph(compiled, compile_text(text, "<t>"))
+    assert compiled.node("x").fields >= {"f", "g"}
+    assert "buf: size = 512MB" in assert_round_trip(f)
+
+
 def test_nested_calls_build_the_parsers_raw_graph():
     text = """flow f(policy: model, prompts: dataset) {
       r = generate(policy, sample(prompts, size = 4), n = 2)
@@ -329,7 +347,7 @@ def test_nested_calls_build_the_parsers_raw_graph():
     assert "group_advantage(score(verifier(\"math\"), r), group = 2)" in text
 
 
-def test_bind_and_repeat_with_a_nested_count_and_return():
+def test_bind_repeat_and_return():
     f = Flow("loop", params=[("policy", "model"), ("prompts", "dataset"), ("tools", "env"), ("turns", "int", 3)])
     policy, prompts, tools, turns = f.params
     convo = f.generate(policy, f.sample(prompts), name="convo")
@@ -539,8 +557,8 @@ def test_random_builder_programs_round_trip_through_text(data):
 
     for _ in range(draw(st.integers(1, 8))):
         step()
-    if pools["data"] and draw(st.booleans()):
-        f.returns(draw(st.sampled_from(pools["data"])))
+    if pools["rollouts"] and draw(st.booleans()):
+        f.returns(draw(st.sampled_from(pools["rollouts"])))
     text = f.to_flow_text()
     for what, seen in [("alias", re.search(r"\b\w+_\d+ = \w+\n", text)), ("generated name", re.search(
             r"\b(frozen|sample|generate|verifier|score|logprobs|env_step) = ", text)),

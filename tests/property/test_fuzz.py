@@ -92,8 +92,16 @@ def assert_well_formed(err: FlowError, workdir: Path) -> None:
             assert s.column <= len(lines[s.line - 1]) + 1, d
 
 
-def check_source(source: str | bytes, workdir: Path) -> None:
-    """``parse`` and ``check_file`` the source; only positioned FlowErrors may come out."""
+def _write(workdir: Path, text: str) -> Path:
+    path = workdir / "fuzz.flow"
+    path.write_text(text)
+    return path
+
+
+def check_source(source: str | bytes, workdir: Path) -> dict | None:
+    """``parse`` and ``check_file`` the source; only positioned FlowErrors may come out.
+
+    Returns the compiled graphs, or None when the source was (rightly) rejected."""
     data = source.encode("utf-8", errors="surrogatepass") if isinstance(source, str) else source
     try:
         parse(data, "fuzz.flow")
@@ -105,10 +113,11 @@ def check_source(source: str | bytes, workdir: Path) -> None:
         graphs = check_file(path)
     except FlowError as e:
         assert_well_formed(e, workdir)
-        return
+        return None
     for graph in graphs.values():
         assert lint(graph) == [], print_graph(graph)
         assert print_graph(graph).startswith(f"flow {graph.name}(")
+    return graphs
 
 
 # ---- random bytes -------------------------------------------------------------------------
@@ -241,9 +250,17 @@ def _mutation(text: str):
         st.tuples(idx, idx).map(lambda ij: "".join(_swap(list(toks), *ij))),
         st.tuples(idx, st.sampled_from(VOCAB)).map(lambda iv: "".join(toks[:iv[0]] + [iv[1]] + toks[iv[0] + 1:])),
         pos.map(lambda p: text[:p] + text[p + 1:]),
+        pos.map(lambda p: text[:p] + text[p:p + 1] + text[p:]),
+        st.tuples(pos, pos).map(lambda ab: _swap_chars(text, *sorted(ab))),
         st.tuples(pos, st.text(min_size=1, max_size=4)).map(lambda pc: text[:pc[0]] + pc[1] + text[pc[0]:]),
         pos.map(lambda p: text[:p]),
     )
+
+
+def _swap_chars(text: str, i: int, j: int) -> str:
+    if j >= len(text) or i == j:
+        return text
+    return text[:i] + text[j] + text[i + 1:j] + text[i] + text[j + 1:]
 
 
 def _swap(t: list[str], i: int, j: int) -> list[str]:
@@ -261,9 +278,7 @@ def test_seeds_are_valid(workdir):
     """The mutation seeds compile cleanly (so mutations start from real programs)."""
     assert len(SEEDS) >= 8
     for text in SEEDS:
-        if not text.startswith("# golden: flow="):
-            check_source(text, workdir)
-            assert check_file(workdir / "fuzz.flow")
+        assert check_source(text, workdir), text.splitlines()[0]
 
 
 def test_mutations_reach_every_pass(workdir):
@@ -282,8 +297,7 @@ def test_mutations_reach_every_pass(workdir):
                 variants.append(toks[:i] + [tok[:-1]] + toks[i + 1:])
             for variant in variants:
                 try:
-                    check_source("".join(variant), workdir)
-                    check_file(workdir / "fuzz.flow")
+                    check_file(_write(workdir, "".join(variant)))
                 except FlowError as e:
                     stages |= {d.code[1] for d in e.diagnostics}
     assert stages >= {"0", "1", "2", "4"}, stages

@@ -68,7 +68,11 @@ class _Resolver:
         env: dict[str, _Bound] = {}
         for p in raw.params:  # the graph's own params: `--set` overrides are already applied
             env[p.name] = self.entry_param(p, env)
-        self.inline(raw, env, module, prefix="", scope=(), stack=(raw.name,))
+        result = self.inline(raw, env, module, prefix="", scope=(), stack=(raw.name,))
+        if result is not None and result.node:
+            self.out.returns = Ref(result.node, getattr(raw.returns, "span", raw.span))
+        elif result is not None and result.value is not None:
+            self.out.returns = result.value
         unused = [d for d in vis.decls.values() if (module.path, d.name) not in self.globals_made]
         if unused:  # every declaration is checked, used or not, but only used ones join the graph
             kept, self.out = self.out, _resources_of(self.out, self.ctx)  # what unused ones may refer to
@@ -150,7 +154,13 @@ class _Resolver:
                scope: tuple[str, ...], stack: tuple[str, ...]) -> Value | None:
         local_ids: dict[str, str] = {}  # raw node id -> out node id (for hoisted nested calls)
         region_map = {rid: prefix + rid for rid in raw.regions}
-        for rid, region in raw.regions.items():
+
+        def open_region(rid: str | None) -> None:
+            # A loop's count is resolved where the loop starts: names bound before it are visible.
+            if rid is None or region_map[rid] in self.out.regions:
+                return
+            region = raw.regions[rid]
+            open_region(region.parent)
             count = self.value_of(region.count, env, module, local_ids)
             self.out.regions[region_map[rid]] = Region(region_map[rid], count, region.until, region.span,
                                                        parent=region_map.get(region.parent))
@@ -164,6 +174,7 @@ class _Resolver:
             if n.region != current_region:
                 self.close_turns(pending_turns, env, current_region)
                 current_region = n.region
+                open_region(n.region)
             region = region_map.get(n.region) if n.region else None
             binding = raw.bindings.get(n.id)
             if n.op == "=":  # alias binding
@@ -175,7 +186,8 @@ class _Resolver:
                     env[binding] = _Bound(value=self.value_of(value, env, module, local_ids))
                 continue
             if n.kind == OpKind.CALL:
-                result = self.call(n, env, module, prefix, scope, stack, local_ids, region)
+                result = self.call(n, env, module, prefix, scope, stack, local_ids, region,
+                                   turns=(pending_turns, bound_in_region.get(n.region, set())))
                 if result is None or result.failed:
                     if binding:  # reported already; later uses of the name would only repeat it
                         env[binding] = _FAILED
@@ -207,6 +219,8 @@ class _Resolver:
             if binding:
                 env[binding] = _Bound(node=nid)
         self.close_turns(pending_turns, env, current_region)
+        for rid in raw.regions:  # loops without ops still get their count checked
+            open_region(rid)
         if raw.returns is None:
             return None
         if isinstance(raw.returns, Ref):
@@ -370,7 +384,8 @@ class _Resolver:
         return last
 
     # ---- calls of flows / reward values ----------------------------------------------------------
-    def call(self, n: Node, env, module, prefix, scope, stack, local_ids, region) -> _Bound | None:
+    def call(self, n: Node, env, module, prefix, scope, stack, local_ids, region,
+             turns=((), frozenset())) -> _Bound | None:
         name = n.op
         vis = self.visible(module)
         bound = env.get(name)
@@ -383,7 +398,7 @@ class _Resolver:
             target = self.out.node(bound.node)
             if target.kind == OpKind.REWARD_FN:  # `scores = reward(rollouts)`: sugar for score(reward, rollouts)
                 call = replace(n, kind=OpKind.SCORE, op="score", args=(Ref(name, n.span),) + n.args)
-                nid = self.emit(call, env, module, prefix, scope, region, local_ids, None, turns=([], set()))
+                nid = self.emit(call, env, module, prefix, scope, region, local_ids, None, turns=turns)
                 return _Bound(node=nid)
             self.errors.error("E109", f"`{name}` is {_kind_word(target.kind)}, not something to call",
                               _func_span(n), "only ops, flows and rewards can be called")
