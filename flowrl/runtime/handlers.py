@@ -54,11 +54,10 @@ def handle_generate(op: OpPlan, ctx) -> dict:
     spec = SamplingSpec(n=int(o["n"]), temperature=float(o["temperature"]), top_p=float(o["top_p"]),
                         top_k=int(o["top_k"]), max_tokens=int(o["max_tokens"]), stop=tuple(o.get("stop") or ()),
                         seed=op_seed(ctx.rt.seed + int(o.get("seed", 0)), ctx.step, op.id))
-    groups = ctx.rt.generate(model, src["prompt_ids"], spec, ctx)
+    groups, version = ctx.rt.generate(model, src["prompt_ids"], spec, ctx)
     completions = [c for group in groups for c in group]
     n = spec.n
     batch = TokenBatch.from_completions(completions, ctx.rt.pad_id)
-    version = ctx.rt.rollout_version[model]
     tokens = sum(len(c.response_ids) for c in completions)
     ctx.metrics["perf/gen_tokens"] = ctx.metrics.get("perf/gen_tokens", 0) + tokens
     ctx.metrics["response/length_mean"] = tokens / max(len(completions), 1)
@@ -101,7 +100,7 @@ def handle_logprobs(op: OpPlan, ctx) -> dict:
     entropy = bool(op.options.get("entropy", False))
     out = ctx.rt.forward(op.model, roll["_batch"], ctx, entropy=entropy)
     lp = out["logprobs"]
-    if roll.get("_model") == op.model and ctx.rt.rollout_version[op.model] == ctx.rt.train_version[op.model]:
+    if roll.get("_model") == op.model and all(v == ctx.rt.train_version[op.model] for v in roll["version"]):
         # Same weights on both engines: any gap is the train/inference mismatch.
         m = mismatch_metrics(lp, roll["rollout_logprobs"], roll["response_mask"])
         ctx.metrics.update({k.replace("mismatch_", "mismatch/"): float(v) for k, v in m.items()})
@@ -142,11 +141,17 @@ def handle_update(op: OpPlan, ctx) -> dict:
         tis = float(op.options.get("tis", 0.0))
         if tis > 0 and "old_logprobs" in extras:
             extras["is_weights"] = tis_weights(extras["old_logprobs"], extras["rollout_logprobs"], mask, cap=tis)
-    full = TokenBatch(batch.input_ids, batch.attention_mask, batch.response_mask, extras)
     trained = ctx.rt.train_version[op.model]
-    for lag, count in sorted(Counter(trained - v for v in roll["version"]).items()):
-        # Versions behind the weights being trained; a synchronous schedule keeps every sample at 0.
+    lags = torch.tensor([trained - v for v in roll["version"]]) if op.model == roll.get("_model") \
+        else torch.zeros(len(roll["version"]), dtype=torch.long)
+    for lag, count in sorted(Counter(lags.tolist()).items()):
+        # Versions behind the weights being trained: 0 when synchronous, at most staleness - 1.
         ctx.metrics[f"staleness/hist/{lag}"] = count
+    too_old = lags > ctx.rt.plan.staleness - 1
+    if bool(too_old.any()):  # the versioned buffer's filter: such samples carry no loss
+        mask = mask * (~too_old).to(mask.dtype).unsqueeze(-1)
+        ctx.metrics["staleness/dropped"] = int(too_old.sum())
+    full = TokenBatch(batch.input_ids, batch.attention_mask, mask, extras)
     stats = ctx.rt.train(op.model, full, loss, op, ctx)
     for key in sorted({k for s in stats for k in s}):
         vals = [float(s[key]) for s in stats if key in s]

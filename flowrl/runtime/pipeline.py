@@ -1,0 +1,111 @@
+"""Steps as a modulo schedule: staleness is how many steps of rollouts are in flight.
+
+The compiler's dependency distance ``s`` on the weight edge (``staleness s``) says that
+generation at step k may use weights from update k-s. The step's ops split in two
+stages:
+
+* the **producer** stage — ``sample``, ``generate``, ``score`` and whatever depends only
+  on them — reads the rollout engine's weights;
+* the **consumer** stage — log-probs, advantages that need them, ``update``, ``resync`` —
+  reads and writes the trainer's.
+
+With depth ``s`` the driver keeps ``s`` producer stages queued on one background thread
+(in step order, so sampling stays deterministic) while the main thread runs consumers:
+``s = 1`` is the synchronous loop; ``s = 2`` overlaps generation of step k+1 with the
+update of step k (one-step-off). Every sample carries the rollout version that produced
+it; the consumer drops (masks out) samples more than ``s - 1`` versions behind and records
+the staleness histogram. Completed producer stages are part of a checkpoint, so a resumed
+run continues with the same samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from flowrl.compiler.plan import ExecutionPlan, OpPlan
+from flowrl.runtime.handlers import HANDLERS
+
+PRODUCER_KINDS = frozenset({"sample", "generate", "score"})
+
+
+def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:
+    """(producer ops, consumer ops), each in plan order."""
+    producer: set[str] = set()
+    for op in plan.ops:
+        if op.kind in PRODUCER_KINDS and all(src in producer or _is_resource(plan, src) for src in op.inputs.values()):
+            producer.add(op.id)
+    return [op for op in plan.ops if op.id in producer], [op for op in plan.ops if op.id not in producer]
+
+
+def _is_resource(plan: ExecutionPlan, node_id: str) -> bool:
+    return not any(op.id == node_id for op in plan.ops)
+
+
+def run_ops(ops: list[OpPlan], ctx) -> None:
+    for op in ops:
+        t = time.time()
+        with ctx.rt.timeline.span(op.id, op.engine or "driver", ctx.step):
+            ctx.values[op.id] = HANDLERS[op.kind](op, ctx)
+        ctx.metrics[f"time/{op.id}"] = time.time() - t
+
+
+class StepPipeline:
+    """Runs steps with ``depth`` producer stages in flight (``depth`` = the plan's staleness)."""
+
+    def __init__(self, rt, make_ctx, depth: int):
+        self.rt = rt
+        self.make_ctx = make_ctx
+        self.depth = max(1, depth)
+        self.producer, self.consumer = split_stages(rt.plan)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-producer")
+        self.inflight: deque[tuple[int, Future]] = deque()
+        self.next_step = 0
+
+    def start(self, step: int, restored: list | None = None) -> None:
+        """Begin at ``step``; ``restored`` holds producer contexts saved by a checkpoint."""
+        self.next_step = step
+        for ctx in restored or ():
+            fut: Future = Future()
+            fut.set_result(ctx)
+            self.inflight.append((ctx.step, fut))
+            self.next_step = ctx.step + 1
+
+    def _produce(self, step: int):
+        ctx = self.make_ctx(step)
+        t0 = time.time()
+        run_ops(self.producer, ctx)
+        ctx.metrics["time/producer"] = time.time() - t0
+        return ctx
+
+    def _fill(self, last_step: int) -> None:
+        while len(self.inflight) < self.depth and self.next_step < last_step:
+            step = self.next_step
+            self.inflight.append((step, self.pool.submit(self._produce, step)))
+            self.next_step += 1
+
+    def step(self, step: int, last_step: int):
+        """Run step ``step``'s consumer stage on its (possibly earlier) produced samples.
+
+        Steps step..step+depth-1 are queued before this step trains, so while it trains,
+        generation runs ahead by at most depth-1 steps: every sample is at most depth-1
+        versions behind the weights it is trained on.
+        """
+        self._fill(last_step)
+        queued, fut = self.inflight.popleft()
+        assert queued == step, f"pipeline out of order: {queued} != {step}"  # a driver bug, not user input
+        t0 = time.time()
+        ctx = fut.result()
+        ctx.metrics["time/wait_rollout"] = time.time() - t0
+        t1 = time.time()
+        run_ops(self.consumer, ctx)
+        ctx.metrics["time/consumer"] = time.time() - t1
+        return ctx
+
+    def completed_inflight(self) -> list:
+        """Producer contexts already queued beyond the current step (waited for), for a checkpoint."""
+        return [fut.result() for _, fut in self.inflight]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
