@@ -68,17 +68,11 @@ def test_missing_engine_package_is_reported_before_anything_starts(monkeypatch, 
         rt.check_executable()
 
 
-def test_unexecutable_schedule_is_rejected_with_its_position(tmp_path):
+def test_unexecutable_op_is_rejected_with_its_position(tmp_path):
     from flowrl.runtime.api import build_plan
     from flowrl.runtime.driver import Runtime
     from flowrl.runtime.handlers import RuntimeFlowError
 
-    src = (ROOT / "flows" / "arith_grpo.flow").read_text().replace("staleness 1", "staleness 2")
-    path = ROOT / "flows" / ".tmp_stale.flow"
-    path.write_text(src)
-    try:
-        rt = Runtime(build_plan(str(path)), tmp_path)
-        with pytest.raises(RuntimeFlowError, match="staleness 2"):
-            rt.check_executable()
-    finally:
-        path.unlink()
+    rt = Runtime(build_plan(str(ROOT / "flows" / "agentic_calc.flow")), tmp_path)
+    with pytest.raises(RuntimeFlowError, match=r"agentic\.flow:\d+:\d+: `env_step` \(env_step\) cannot run"):
+        rt.check_executable()

@@ -90,11 +90,11 @@ class WeightSync(Protocol):
         ...
 
 
-def check_role(protocol: str, role: str, allowed: str) -> None:
-    """Raise :class:`WeightSyncError` if a ``role`` object is asked to do what only ``allowed`` may do."""
+def check_role(protocol: str, role: str, allowed: str | None = None) -> None:
+    """Raise :class:`WeightSyncError` if ``role`` is not a role, or (given ``allowed``) is asked to do what only ``allowed`` may do."""
     if role not in ROLES:
         raise WeightSyncError(f"{protocol}: role={role!r}; hint: use one of {ROLES}")
-    if role != allowed:
+    if allowed is not None and role != allowed:
         action = "send" if allowed == "sender" else "receive"
         raise WeightSyncError(f"{protocol}: a {role} cannot {action}; hint: create the object with role={allowed!r}")
 

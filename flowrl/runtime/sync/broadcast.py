@@ -374,6 +374,8 @@ class BroadcastSync:
                         raise WeightSyncError(f"broadcast: the sender aborted version {frame.version}: "
                                               f"{frame.payload}; hint: fix the sender's error, the receiver kept "
                                               "its old weights only if it had not loaded any tensor yet")
+                    if isinstance(frame.payload, WeightSyncError):
+                        raise frame.payload
                     pairs = unpack_bucket(frame.payload, stats)  # WeightSyncError names the bad tensor
                     stats.buckets += 1
                     stats.tensors += len(pairs)
@@ -394,13 +396,17 @@ def _meta_of(bucket: Bucket) -> bytes:
     return json.dumps({"checksum": bucket.checksum, "tensors": [list(m) for m in bucket.tensors]}).encode()
 
 
-def _bucket_from(index: int, meta: np.ndarray, data: np.ndarray) -> Bucket:
-    """Rebuild a :class:`Bucket` from a frame; :func:`unpack_bucket` then verifies it."""
+def _bucket_from(index: int, meta: np.ndarray, data: np.ndarray) -> Bucket | WeightSyncError:
+    """Rebuild a :class:`Bucket` from a frame; :func:`unpack_bucket` then verifies it.
+
+    Unreadable metadata yields the error instead of raising it, so the frame reader
+    keeps taking this sync off the wire and the consumer raises it.
+    """
     try:
         parsed = json.loads(bytes(meta).decode())
         tensors = tuple(TensorMeta(n, d, tuple(s), int(o), int(b), int(c)) for n, d, s, o, b, c in parsed["tensors"])
         checksum = int(parsed["checksum"])
     except (ValueError, KeyError, TypeError) as error:
-        raise WeightSyncError(f"broadcast: metadata of bucket {index} is unreadable ({error}); "
-                              "hint: the metadata frame was damaged in transit") from None
+        return WeightSyncError(f"broadcast: metadata of bucket {index} is unreadable ({error}); "
+                               "hint: the metadata frame was damaged in transit")
     return Bucket(index, data, tensors, checksum)

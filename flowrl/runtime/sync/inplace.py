@@ -44,7 +44,7 @@ class InPlaceSync:
             role: ``"sender"`` (train worker) or ``"receiver"`` (rollout worker).
             bucket_bytes: largest bucket, bytes (the plan's ``bucket``); used by the sender.
         """
-        check_role(self.name, role, role)
+        check_role(self.name, role)
         self.role = role
         self.bucket_bytes = bucket_bytes
         self.stats = ProtocolStats(protocol=self.name)
