@@ -114,8 +114,8 @@ def rollout(model, tokenizer, prompts: list[str], group: int, temperature: float
     gen = out[:, width:]
     # Response length: through the first EOS, else all generated tokens.
     is_eos = gen == tokenizer.eos_token_id
-    first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], gen.shape[1], dtype=torch.long) - 1)
-    resp_len = first_eos + 1
+    first_eos = is_eos.int().argmax(1)  # 0 when there is no EOS: fixed by the where below
+    resp_len = torch.where(is_eos.any(1), first_eos + 1, torch.full_like(first_eos, gen.shape[1]))
     rows, resp_masks = [], []
     for i in range(gen.shape[0]):
         p = prompt_ids[i][prompt_mask[i].bool()]
@@ -180,20 +180,20 @@ def warm_started(a, spec, model_cfg, sft, train):
     if cached and (cached / "timing.json").is_file():
         timing = json.loads((cached / "timing.json").read_text())
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32)
-        return model, load_tokenizer(cached), timing["wall"], timing["cpu"]
+        return model, load_tokenizer(cached), timing["wall"], timing["cpu"], timing["steps"]
     t0, c0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as tmp:
         build_tiny_model(tmp, chars=arith.CHARS, seed=a.seed, **asdict(model_cfg))
         tokenizer = load_tokenizer(tmp)
         model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    losses = sft_train(model, tokenizer, train, sft, seed=a.seed)
+    losses = sft_train(model, tokenizer, train, sft, seed=a.seed, max_new_tokens=5)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(f"warm start final loss {losses[-1]:.3f}", flush=True)
+    print(f"warm start: {len(losses)} steps, final loss {losses[-1]:.3f}", flush=True)
     if cached:
         model.save_pretrained(cached)
         tokenizer.save_pretrained(cached)
-        (cached / "timing.json").write_text(json.dumps({"wall": wall, "cpu": cpu}))
-    return model, tokenizer, wall, cpu
+        (cached / "timing.json").write_text(json.dumps({"wall": wall, "cpu": cpu, "steps": len(losses)}))
+    return model, tokenizer, wall, cpu, len(losses)
 
 
 def parse_args(argv=None):
@@ -212,6 +212,8 @@ def parse_args(argv=None):
     ap.add_argument("--sft-steps", type=int, default=d_sft.steps)
     ap.add_argument("--sft-batch", type=int, default=d_sft.batch_size)
     ap.add_argument("--sft-lr", type=float, default=d_sft.lr)
+    ap.add_argument("--sft-stop-at", type=float, default=d_sft.stop_at_accuracy,
+                    help="stop the warm start at this training-row accuracy (negative: run all steps)")
     ap.add_argument("--rl-steps", type=int, default=d_rl.steps)
     ap.add_argument("--prompts", type=int, default=d_rl.prompts_per_step)
     ap.add_argument("--group", type=int, default=d_rl.group)
@@ -234,16 +236,17 @@ def main(argv=None) -> dict:
     torch.set_num_threads(a.threads)
     spec = arith.ArithSpec(max_operand=a.max_operand, ops=a.ops, zero_pad=not a.no_zero_pad)
     model_cfg = TinyModelConfig(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate)
-    sft = SFTConfig(steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr)
+    sft = SFTConfig(steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr,
+                    stop_at_accuracy=None if a.sft_stop_at < 0 else a.sft_stop_at)
     rl = GRPOSettings(steps=a.rl_steps, prompts_per_step=a.prompts, group=a.group, lr=a.rl_lr,
                       temperature=a.temperature, updates=a.updates, eval_every=a.eval_every)
     train, test = arith.make_splits(a.n_train, a.n_test, arith.DEFAULT_SEED, spec=spec)
     max_new = 5
     print(f"task {spec}  train {len(train)}  test {len(test)}\nmodel {model_cfg}\nsft {sft}\ngrpo {rl}", flush=True)
 
-    model, tokenizer, sft_seconds, sft_cpu = warm_started(a, spec, model_cfg, sft, train)
+    model, tokenizer, sft_seconds, sft_cpu, sft_steps = warm_started(a, spec, model_cfg, sft, train)
     acc0 = evaluate_accuracy(model, test, tokenizer=tokenizer, max_new_tokens=max_new)
-    print(f"warm start: {sft_seconds:.1f} s ({sft_cpu:.1f} CPU s), test acc {acc0:.3f}", flush=True)
+    print(f"warm start: {sft_steps} steps, {sft_seconds:.1f} s ({sft_cpu:.1f} CPU s), test acc {acc0:.3f}", flush=True)
 
     t1, c1 = time.perf_counter(), time.process_time()
     log = grpo(model, tokenizer, train, test, rl, seed=a.seed, max_new_tokens=max_new)
@@ -252,7 +255,7 @@ def main(argv=None) -> dict:
     result = {
         "task": asdict(spec), "n_train": len(train), "n_test": len(test), "model": asdict(model_cfg),
         "sft": asdict(sft), "grpo": asdict(rl), "seed": a.seed, "threads": a.threads,
-        "sft_seconds": round(sft_seconds, 1), "sft_cpu_seconds": round(sft_cpu, 1), "acc_after_sft": acc0,
+        "sft_steps_taken": sft_steps, "sft_seconds": round(sft_seconds, 1), "sft_cpu_seconds": round(sft_cpu, 1), "acc_after_sft": acc0,
         "rl_seconds": log[-1]["seconds"], "rl_wall_seconds_with_evals": round(rl_wall, 1),
         "rl_cpu_seconds_with_evals": round(rl_cpu, 1),
         "acc_after_rl": acc1, "gain_points": round(100 * (acc1 - acc0), 1), "log": log,

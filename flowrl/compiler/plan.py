@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
+from flowrl.cost.model import Memory
+
 PLAN_VERSION = 1
 
 
@@ -31,6 +33,17 @@ class EnginePlan:
     """Indices of the pool's placement-group bundles, one per rank (tp*pp*cp*dp ranks)."""
     gpus_per_rank: float = 1.0
     """Fraction of a (logical) GPU each rank asks Ray for; < 1 when engines are colocated."""
+    gpus: tuple[int, ...] = ()
+    """Global GPU index of each rank (``node * gpus_per_node + local``); ranks are ordered
+    tp fastest, then cp, dp, pp, so a tensor-parallel group is contiguous on one node."""
+    colocated_with: tuple[str, ...] = ()
+    """Other engines sharing these GPUs (``policy.rollout``...): they time-share them."""
+    chosen: bool = False
+    """The compiler chose this layout (the schedule wrote none for this engine)."""
+    memory: Memory | None = None
+    """Estimated memory of this engine on each of its GPUs."""
+    origin: str = ""
+    """Where the layout (or, when chosen, the placement or schedule) was written."""
 
     @property
     def world_size(self) -> int:
@@ -53,6 +66,9 @@ class ModelPlan:
     optim: dict
     """AdamW settings from the model's update op (lr, weight_decay, grad_clip)."""
     origin: str
+    facts: dict = field(default_factory=dict)
+    """Architecture numbers the compiler used (params, layers, heads, kv_heads, hidden, vocab);
+    empty when unknown (an ``hf`` path without a ``config.json`` that is not a preset)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,61 @@ class OpPlan:
 
 
 @dataclass(frozen=True)
+class ReshardPiece:
+    """One contiguous copy: rows ``[src_start, src_stop)`` of shard ``src_rank`` of source tensor
+    ``src_name`` go to rows ``[dst_start, dst_stop)`` of destination shard ``dst_rank`` (rows = the
+    sharded dimension; ``{i}`` in names stands for every layer)."""
+
+    src_name: str
+    src_rank: int
+    src_start: int
+    src_stop: int
+    dst_rank: int
+    dst_start: int
+    dst_stop: int
+
+
+@dataclass(frozen=True)
+class ReshardTensor:
+    """How one tensor family moves from the train layout to the rollout layout.
+
+    ``name`` is the engines' (fused) tensor, ``{i}`` standing for every layer; ``parts`` the
+    checkpoint tensors fused into it, in order (``q_proj, k_proj, v_proj``). ``action`` is
+    ``copy`` (same sharding), ``gather`` (several source shards make one destination
+    shard), ``split`` (one source shard feeds several), ``regroup`` (fused parts re-packed:
+    Megatron interleaves q/k/v per KV-head group, vLLM concatenates them per shard).
+    """
+
+    name: str
+    parts: tuple[str, ...]
+    shape: tuple[int, ...]
+    """Full (unsharded, fused) shape."""
+    dim: int
+    """The sharded dimension (-1: replicated)."""
+    action: str
+    src_shards: int
+    dst_shards: int
+    pieces: tuple[ReshardPiece, ...]
+    layers: int = 1
+    """How many tensors this family stands for (one per layer, or 1)."""
+
+
+@dataclass(frozen=True)
+class ReshardPlan:
+    """Train layout -> rollout layout of a model's weights, as data the runtime executes."""
+
+    src: str
+    """Source engine and layout, e.g. ``megatron(tp=2, pp=1)``."""
+    dst: str
+    src_tp: int
+    src_pp: int
+    dst_tp: int
+    tensors: tuple[ReshardTensor, ...]
+    stage_layers: tuple[int, ...] = ()
+    """Layers held by each pipeline stage of the source (``layers / pp`` each)."""
+
+
+@dataclass(frozen=True)
 class ResyncPlan:
     id: str
     model: str
@@ -106,6 +177,25 @@ class ResyncPlan:
     bucket_bytes: int
     every: int
     origin: str
+    options: dict = field(default_factory=dict)
+    """Other protocol options (``dir``, ``keep``, ``threshold``)."""
+    reason: str = ""
+    """Why this protocol: as written, or what the placement implied."""
+    route: str = ""
+    """``local`` (same GPUs) | ``intra-node`` | ``inter-node``: how far the weights travel."""
+    transport: str = ""
+    """What moves the bytes: ``cuda``/``ray`` (in place), ``nccl``, ``gloo``, ``disk``."""
+    overlap: bool = False
+    """Packing and sending overlap the next generation (disaggregated engines only)."""
+    total_bytes: int = 0
+    """Bytes of one full copy of the weights, as the rollout engine holds them."""
+    buckets: int = 0
+    """Buckets per resync: ceil(total_bytes / bucket_bytes) (a tensor larger than a bucket is split)."""
+    largest_tensor: str = ""
+    largest_bytes: int = 0
+    seconds: float = 0.0
+    """Estimated time of one resync (gather + transfer), seconds."""
+    reshard: ReshardPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +203,107 @@ class PoolPlan:
     name: str
     gpus: int
     strategy: str
-    """Ray placement-group strategy: PACK, STRICT_PACK, SPREAD."""
+    """Ray placement-group strategy: STRICT_PACK (one node), PACK (several nodes), SPREAD."""
+    gpu_ids: tuple[int, ...] = ()
+    """Global index of each bundle's GPU (``node * gpus_per_node + local``)."""
+    nodes: tuple[int, ...] = ()
+    """The node of each bundle."""
+    engines: tuple[str, ...] = ()
+    """Engines placed on this pool (``policy.train``...)."""
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The modulo schedule: how many steps are in flight and how samples are buffered."""
+
+    in_flight: int
+    """Steps in flight = staleness: generation of step k reads the weights of step k - staleness."""
+    max_version_lag: int
+    """Most policy versions a trained sample may be behind: staleness - 1 + (every - 1)."""
+    buffer_samples: int
+    """Capacity of the versioned experience buffer (samples per step x steps in flight)."""
+    samples_per_step: int
+    requests_per_step: int
+    """Generation requests sent per step (> samples with partial rollout)."""
+    over_provision: float = 1.0
+    recycle: bool = False
+    """Unfinished generations resume in the next step (partial rollout)."""
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Estimated time of one op per step, and where it runs."""
+
+    id: str
+    kind: str
+    where: str
+    """``policy.train``, ``policy.rollout``, ``driver``, ``reward``..."""
+    seconds: float
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CostPlan:
+    """Estimates of the cost model and the simulator for this plan (seconds, GB, tokens)."""
+
+    profile: str
+    """The hardware profile used (``H100``, ``cpu``...) and its source."""
+    step_s: float
+    """Simulated seconds per step in steady state."""
+    samples_per_s: float
+    tokens_per_s: float
+    """Trained tokens (prompt + response) per second."""
+    bubble: float
+    """Fraction of GPU time not doing useful work (idle, or decoding below full batch)."""
+    breakdown: dict = field(default_factory=dict)
+    """Phase -> average seconds per step: generate, logprobs, update, resync, reward, ..."""
+    utilization: dict = field(default_factory=dict)
+    """Pool -> fraction of its GPU time busy."""
+    memory: dict = field(default_factory=dict)
+    """Pool -> peak GB per GPU (colocated engines time-share: the largest engine, plus the
+    contexts of the others) and its capacity: ``{"peak_gb": .., "capacity_gb": ..}``."""
+    ops: tuple[OpCost, ...] = ()
+    assumptions: dict = field(default_factory=dict)
+    """Workload assumed: prompt tokens, response-length distribution, steps simulated, seed."""
+    bounds: dict = field(default_factory=dict)
+    """Lower bounds on the step time: ``resource`` (busiest pool) and ``recurrence``
+    (the weight cycle's latency / staleness): the modulo-scheduling view of async RL."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule ``auto`` considered and ranked."""
+
+    rank: int
+    summary: str
+    """E.g. ``disaggregated gen 32 / train 32, megatron(tp=2, pp=1, dp=16), vllm(tp=1, dp=32), s=2, nccl``."""
+    step_s: float
+    samples_per_s: float
+    bubble: float
+    schedule: str
+    """The candidate as a manual schedule block (``flowrl`` syntax)."""
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    """What ``schedule auto`` searched, rejected and chose."""
+
+    considered: int
+    feasible: int
+    simulated: int
+    seconds: float
+    """Wall time of the search."""
+    staleness_limit: int
+    winner: Candidate
+    runners_up: tuple[Candidate, ...] = ()
+    rejected: dict = field(default_factory=dict)
+    """Reason (the diagnostic's message pattern) -> how many candidates it rejected."""
+    examples: dict = field(default_factory=dict)
+    """Reason -> one full message, with numbers."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +330,14 @@ class ExecutionPlan:
     run: RunPlan
     regions: dict = field(default_factory=dict)
     version: int = PLAN_VERSION
+    pipeline: PipelinePlan | None = None
+    """Steps in flight, buffer, partial rollout (from ``staleness`` and ``partial_rollout``)."""
+    estimate: CostPlan | None = None
+    """Cost model + simulator estimates (step time, breakdown, memory per GPU)."""
+    search: SearchReport | None = None
+    """For ``schedule ... auto``: the candidates and why the winner won."""
+    auto: bool = False
+    """The schedule was chosen by the compiler."""
 
     def model(self, mid: str) -> ModelPlan:
         return next(m for m in self.models if m.id == mid)

@@ -184,6 +184,9 @@ class FlowGraph:
     """``repeat`` loops: region id -> Region."""
     bindings: dict = field(default_factory=dict, compare=False)
     """Raw graphs only: node id -> the source name it binds (absent for call statements)."""
+    sched: object | None = field(default=None, compare=False, repr=False)
+    """What the schedule passes decided (``flowrl.compiler.sched.SchedState``): pools,
+    placements, layouts, staleness, sync protocols, estimates. None before assign_placement."""
 
     # -- nodes
     def add(self, node: Node) -> Node:
@@ -280,7 +283,8 @@ class FlowGraph:
     def copy(self) -> "FlowGraph":
         """A shallow copy: records are frozen, so sharing them is safe."""
         return FlowGraph(self.name, self.span, self.g.copy(), self.params, self.returns,
-                         self.schedule, self.sources, self.unit, dict(self.regions), dict(self.bindings))
+                         self.schedule, self.sources, self.unit, dict(self.regions), dict(self.bindings),
+                         self.sched)
 
     def users(self, node_id: str, kind: EdgeKind | None = None) -> list[str]:
         return [v for v, e in self.out_edges(node_id) if kind is None or e.kind == kind]

@@ -46,7 +46,19 @@ def test_sft_lowers_the_loss_deterministically(tiny_llama_dir):
     (losses, m1), (losses2, m2) = runs
     assert losses == losses2
     assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
-    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+
+
+def test_sft_stops_once_the_accuracy_target_is_reached(tiny_llama_dir):
+    rows = get_task("arith").rows("train")[:64]
+    tok = load_tokenizer(tiny_llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    # Any accuracy is >= 0: training stops at the first check.
+    cfg = SFTConfig(steps=100, batch_size=8, stop_at_accuracy=0.0, check_every=10, check_rows=16)
+    assert len(sft_train(model, tok, rows, cfg, max_new_tokens=5)) == 10
+    # An unreachable target: every step runs.
+    cfg = SFTConfig(steps=12, batch_size=8, stop_at_accuracy=1.01, check_every=5, check_rows=16)
+    assert len(sft_train(model, tok, rows, cfg, max_new_tokens=5)) == 12
 
 
 def test_sft_batch_larger_than_data_is_refused(tiny_llama_dir):
@@ -78,7 +90,7 @@ def test_warm_start_is_cached_by_key(tmp_path):
     other = warm_start("arith", sft=SHORT, seed=1, cache_dir=tmp_path)
     assert other.path != first.path
     info = json.loads((first.path / "warmstart.json").read_text())
-    assert info["sft"]["steps"] == 40 and info["task"] == "arith" and 0.0 <= info["test_accuracy"] <= 1.0
+    assert info["sft"]["steps"] == info["steps_taken"] == 40 and info["task"] == "arith" and 0.0 <= info["test_accuracy"] <= 1.0
     assert info["test_accuracy"] == evaluate_accuracy(first.path, get_task("arith").rows("test"), max_new_tokens=5)
     # No temp directories are left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.path.name, other.path.name])
@@ -90,6 +102,7 @@ def test_cache_key_depends_on_every_input():
     assert base != cache_key("arith", TinyModelConfig(hidden=64, heads=2, kv_heads=1), SHORT, 0)[0]
     assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=41, batch_size=32), 0)[0]
     assert base != cache_key("arith", TinyModelConfig(), SHORT, 1)[0]
+    assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=40, batch_size=32, stop_at_accuracy=0.3), 0)[0]
 
 
 def test_warm_start_output_is_reproducible(tmp_path):

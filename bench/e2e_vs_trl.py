@@ -1,0 +1,675 @@
+"""flowrl vs TRL's ``GRPOTrainer``: the same GRPO run, side by side, in one process.
+
+Both sides train the same warm-started tiny arithmetic model
+(``flowrl.models.warmstart.warm_start("arith")``) on the same train split with the same
+reward function, prompts per step (``--batch``), completions per prompt (``--group``),
+completion length (``--max-tokens``), learning rate, KL coefficient, clip range,
+temperature, micro-batch and number of optimizer steps:
+
+* **flowrl**: a temporary ``.flow`` file that imports ``stdlib.grpo`` with these settings
+  and ``hf("<checkpoint dir>")`` as the model, run through the normal runtime (Ray,
+  vLLM rollout, torch trainer, in-place weight sync), exactly like ``flowrl run``;
+* **TRL** (``trl==1.16.0``): ``GRPOTrainer`` with ``use_cpu=True, use_vllm=False``
+  (transformers ``generate`` for rollouts, the trainer's own process), configured so one
+  optimizer step consumes ``batch * group`` completions generated in one call
+  (``per_device_train_batch_size = micro_batch``, ``gradient_accumulation_steps =
+  steps_per_generation = batch * group / micro_batch``), loss ``dapo`` (token mean over
+  the whole step = flowrl's ``token-mean``), group-std reward scaling, ``beta = kl``
+  (k3 estimator, like flowrl's ``kl_kind = "k3"``), constant learning rate (flowrl's
+  AdamW has no schedule), fp32, gradient checkpointing off (flowrl does not recompute
+  activations either; on a 0.2M-parameter model it only costs time).
+
+Measured for each side (the step loop only, start-up separately):
+
+* generated tokens/s = completion tokens (EOS included) / wall seconds of the training
+  steps; seconds per step (mean and median);
+* start-up seconds: flowrl from compiling the flow to the start of step 1 (Ray, engines,
+  vLLM); TRL from ``import trl`` to the start of step 1 (model + reference load, trainer);
+* the step and the training seconds at which the mean reward, smoothed over the last
+  ``--window`` steps, first reaches the threshold (``--threshold``; ``auto``: halfway
+  from the common starting reward to the lower of the two final rewards, so both sides
+  reach it and the time says who learns faster in wall-clock terms);
+* first/final reward (means of the first/last ``--window`` steps);
+* held-out greedy accuracy before/after, with the same function for both:
+  ``flowrl.models.warmstart.evaluate_accuracy`` on the test split (flowrl's trained
+  weights are read back from its final checkpoint).
+
+Prints one table with both sides and the ratio flowrl / TRL, flowrl's per-op time
+breakdown (its ``time/<op>`` metrics) and TRL's generate/train split, and writes
+``bench/results/e2e_vs_trl.json`` (``--out``).
+
+Usage::
+
+    .venv/bin/python bench/e2e_vs_trl.py --quick          # ~2-3 minutes
+    .venv/bin/python bench/e2e_vs_trl.py                  # the default flow's settings, 60 steps
+    .venv/bin/python bench/e2e_vs_trl.py --steps 30 --batch 16 --group 8 --max-tokens 8
+
+Needs ``pip install -e '.[cpu,bench]'`` (TRL); the two sides run one after the other in
+this process, never concurrently, so they do not compete for the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_OUT = REPO / "bench" / "results" / "e2e_vs_trl.json"
+
+
+class BenchError(RuntimeError):
+    """A benchmark setting or prerequisite that cannot work (the message says how to fix it)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Settings shared by both sides (defaults: ``flows/arith_grpo.flow``)."""
+
+    steps: int = 60
+    """Optimizer steps (= generation rounds; on-policy, one update per batch)."""
+    batch: int = 32
+    """Prompts per step."""
+    group: int = 8
+    """Completions per prompt (GRPO group; TRL's ``num_generations``)."""
+    max_tokens: int = 8
+    """Longest completion, in tokens (TRL's ``max_completion_length``)."""
+    lr: float = 1e-3
+    """AdamW learning rate, constant."""
+    kl: float = 0.001
+    """KL-in-loss coefficient (k3 estimator; TRL's ``beta``)."""
+    clip: float = 0.2
+    """PPO ratio clip epsilon (TRL's ``epsilon``)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    micro_batch: int = 64
+    """Completions per forward/backward (TRL's ``per_device_train_batch_size``)."""
+    seed: int = 0
+    """Seed of both runs (data order and sampling differ between the two libraries anyway)."""
+    verifier: str = "exact"
+    """Reward: a name in ``flowrl.rewards.verifiers.VERIFIERS``, the same function on both sides."""
+    window: int = 3
+    """Steps the reward is smoothed over (trailing mean) for the threshold and first/final reward."""
+    threshold: float | None = None
+    """Smoothed reward to reach; None: ``auto`` (see the module docstring)."""
+
+    def check(self) -> None:
+        """Raise :class:`BenchError` for settings one of the two sides cannot run."""
+        rollouts = self.batch * self.group
+        if min(self.steps, self.batch, self.max_tokens, self.micro_batch, self.window) < 1:
+            raise BenchError(f"steps, batch, max_tokens, micro_batch and window must be >= 1, got {self}")
+        if self.group < 2:
+            raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
+        if rollouts % self.micro_batch:
+            raise BenchError(f"batch*group = {rollouts} is not a multiple of --micro-batch {self.micro_batch}; "
+                             "TRL accumulates whole micro-batches: pick e.g. --micro-batch "
+                             f"{_largest_divisor(rollouts, self.micro_batch)}")
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+@dataclass
+class SideResult:
+    """What one side measured. Times are wall-clock seconds; rewards are per-step means in [0, 1]."""
+
+    name: str
+    startup_s: float
+    """From the start of set-up (compile / import) to the start of step 1."""
+    step_s: list[float]
+    """Seconds of each step, [steps]; consecutive step ends, so between-step logging is included."""
+    rewards: list[float]
+    """Mean reward of each step's completions, [steps]."""
+    gen_tokens: list[int]
+    """Completion tokens generated in each step (EOS included), [steps]."""
+    acc_before: float | None = None
+    acc_after: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Mean seconds per step of each phase (flowrl: ``time/<op>``; TRL: generate vs the rest)."""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def train_s(self) -> float:
+        return sum(self.step_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.gen_tokens) / max(self.train_s, 1e-9)
+
+    def summary(self, cfg: BenchConfig, threshold: float | None) -> dict:
+        """The scalar results of this side (the table's column)."""
+        smooth = smoothed(self.rewards, cfg.window)
+        step, secs = first_crossing(self.rewards, self.step_s, threshold, cfg.window)
+        return {
+            "startup_s": self.startup_s,
+            "train_s": self.train_s,
+            "step_s_mean": statistics.fmean(self.step_s),
+            "step_s_median": statistics.median(self.step_s),
+            "gen_tokens": sum(self.gen_tokens),
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_incl_startup": sum(self.gen_tokens) / (self.train_s + self.startup_s),
+            "reward_first": smooth[0] if smooth else None,
+            "reward_final": smooth[-1] if smooth else None,
+            "threshold_step": step,
+            "threshold_train_s": secs,
+            "acc_before": self.acc_before,
+            "acc_after": self.acc_after,
+        }
+
+
+# ---- reward curves ------------------------------------------------------------------------------
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing means over full windows: entry ``k`` is ``mean(values[k : k + window])``.
+
+    ``[steps]`` in, ``[steps - window + 1]`` out (empty when there are fewer steps than
+    ``window``); entry ``k`` belongs to step ``k + window`` (1-based).
+    """
+    return [statistics.fmean(values[k:k + window]) for k in range(len(values) - window + 1)]
+
+
+def first_crossing(rewards: list[float], step_s: list[float], threshold: float | None,
+                   window: int) -> tuple[int | None, float | None]:
+    """(1-based step, training seconds up to the end of that step) where the smoothed reward
+    first reaches ``threshold``; ``(None, None)`` if it never does or there is no threshold."""
+    if threshold is None:
+        return None, None
+    for k, value in enumerate(smoothed(rewards, window)):
+        if value >= threshold:
+            step = k + window
+            return step, sum(step_s[:step])
+    return None, None
+
+
+def auto_threshold(a: list[float], b: list[float], window: int) -> float | None:
+    """Halfway from the common start to the lower of the two final rewards (smoothed).
+
+    Start = mean of both sides' first smoothed reward (same model, same task: they start
+    from the same point up to sampling noise). None when one side ends no higher than
+    the start (no learning to time).
+    """
+    sa, sb = smoothed(a, window), smoothed(b, window)
+    if not sa or not sb:
+        return None
+    start = (sa[0] + sb[0]) / 2
+    end = min(sa[-1], sb[-1])
+    return start + 0.5 * (end - start) if end > start else None
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+def task_rows() -> tuple[list[dict], list[dict], Path | None]:
+    """(train rows, test rows, shipped train.jsonl or None) of the arith task."""
+    from flowrl.tasks import get_task
+
+    task = get_task("arith")
+    shipped = task.data_dir / "train.jsonl"
+    return task.rows("train"), task.rows("test"), shipped if shipped.is_file() else None
+
+
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+FLOW_TEMPLATE = """\
+# Written by bench/e2e_vs_trl.py: flows/arith_grpo.flow with the benchmark's settings.
+import stdlib.grpo
+
+model policy = hf({model})
+dataset arith = jsonl({train}, prompt = "prompt", answer = "answer")
+reward score = verifier({verifier})
+
+flow main(steps: int = {steps}, eval_every: int = 0, seed: int = {seed}) {{
+  grpo(
+    policy,
+    arith,
+    score,
+    batch = {batch},
+    group = {group},
+    max_tokens = {max_tokens},
+    temperature = {temperature},
+    lr = {lr},
+    clip = {clip},
+    kl = {kl},
+    micro_batch = {micro_batch},
+    seed = seed,
+  )
+}}
+
+schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
+  colocate policy.train, policy.rollout, ref on all
+  policy.train = torch(dp = 1)
+  policy.rollout = vllm(tp = 1)
+  staleness 1
+  resync policy via inplace() every 1
+}}
+"""
+
+
+def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) -> Path:
+    """The flowrl side's program: ``stdlib.grpo`` called with ``cfg``'s settings."""
+    q = json.dumps  # a JSON string literal is a valid flow string literal (paths, names)
+    path.write_text(FLOW_TEMPLATE.format(
+        model=q(str(model_dir)), train=q(str(train_path)), verifier=q(cfg.verifier), steps=cfg.steps,
+        seed=cfg.seed, batch=cfg.batch, group=cfg.group, max_tokens=cfg.max_tokens,
+        temperature=_float(cfg.temperature), lr=_float(cfg.lr), clip=_float(cfg.clip), kl=_float(cfg.kl),
+        micro_batch=cfg.micro_batch))
+    return path
+
+
+def _float(x: float) -> str:
+    """A float literal the flow grammar reads as a float (``1.0``, not ``1``)."""
+    text = repr(float(x))
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def accuracy(model, tokenizer, rows: list[dict], cfg: BenchConfig) -> float:
+    """Held-out greedy exact-match accuracy in [0, 1] (the same function for both sides)."""
+    from flowrl.models.warmstart import evaluate_accuracy
+
+    return evaluate_accuracy(model, rows, tokenizer=tokenizer, max_new_tokens=cfg.max_tokens)
+
+
+# ---- flowrl ---------------------------------------------------------------------------------------
+
+
+def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: list[dict], work: Path,
+               stream=sys.stderr) -> SideResult:
+    """One ``flowrl run`` of the benchmark flow; returns its measurements.
+
+    ``build_plan`` + ``run_plan`` is what ``flowrl.runtime.api.run_file`` does for a fresh
+    run; calling them separately gives the instant the runtime starts, which the trace's
+    times are relative to (the Timeline is created first thing in ``run_plan``).
+    """
+    from flowrl.runtime.api import build_plan, check_installed
+    from flowrl.runtime.driver import run_plan
+
+    flow = write_flow(cfg, model_dir, train_path, work / "bench.flow")
+    out = work / "flowrl-run"
+    t0 = time.time()
+    check_installed()
+    plan = build_plan(str(flow), steps=cfg.steps, save_every=cfg.steps)
+    t_runtime = time.time()
+    result = run_plan(plan, out, stream=stream)
+    total = time.time() - t0
+    spans = step_spans(json.loads((out / "trace.json").read_text()))
+    if sorted(spans) != list(range(cfg.steps)):
+        raise BenchError(f"flowrl trace {out / 'trace.json'} has steps {sorted(spans)}, expected 0..{cfg.steps - 1}")
+    first_start = spans[0][0]
+    ends = [spans[s][1] for s in range(cfg.steps)]
+    step_s = [ends[0] - first_start] + [b - a for a, b in zip(ends, ends[1:])]
+    rows = sorted(result.rows, key=lambda r: r["step"])
+    # Per-op times only: the runtime also logs stage totals (time/producer, time/consumer,
+    # time/wait_rollout) that contain the ops' times; they go to `extra`.
+    op_ids = {op.id for op in plan.ops}
+    per_op = {k: _mean_key(rows, k) for k in sorted({k for r in rows for k in r if k.startswith("time/")})}
+    phases = {k: v for k, v in per_op.items() if k[5:] in op_ids}
+    stages = {k: v for k, v in per_op.items() if k[5:] not in op_ids}
+    side = SideResult(
+        name="flowrl", startup_s=(t_runtime - t0) + first_start, step_s=step_s,
+        rewards=[float(r["reward/mean"]) for r in rows], gen_tokens=[int(r["perf/gen_tokens"]) for r in rows],
+        phases=phases,
+        extra={"run_dir": str(out), "total_s": total, "flow": flow.read_text(),
+               "perf_step_s_mean": statistics.fmean(r["perf/step_s"] for r in rows),
+               "stages_mean_s": stages, "sync_seconds_mean": _mean_key(rows, "sync/seconds"),
+               "kl_ref_final": rows[-1].get("kl/ref"), "mismatch_abs_mean": _mean_key(rows, "mismatch/abs_mean")})
+    side.acc_after = flowrl_final_accuracy(out, model_dir, cfg, test_rows)
+    return side
+
+
+def _mean_key(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if key in r]
+    return statistics.fmean(vals) if vals else None
+
+
+def step_spans(trace: dict) -> dict[int, tuple[float, float]]:
+    """Per step, ``(start, end)`` seconds since the runtime started, from flowrl's trace.json.
+
+    A step's span runs from the start of its first op to the end of its last one (held-out
+    evaluations, which run between steps, are left out).
+    """
+    spans: dict[int, tuple[float, float]] = {}
+    for e in trace["traceEvents"]:
+        step = e.get("args", {}).get("step")
+        if e.get("ph") != "X" or step is None or step < 0 or e["name"] == "eval":
+            continue
+        start, end = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        lo, hi = spans.get(step, (start, end))
+        spans[step] = (min(lo, start), max(hi, end))
+    return spans
+
+
+def flowrl_final_accuracy(out: Path, model_dir: Path, cfg: BenchConfig, test_rows: list[dict]) -> float:
+    """Held-out accuracy of the policy in flowrl's final checkpoint (``--save-every steps``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.models.tiny import load_tokenizer
+
+    state_file = out / "checkpoints" / f"step_{cfg.steps:06d}" / "policy" / "engine_state.pt"
+    if not state_file.is_file():
+        raise BenchError(f"flowrl wrote no final checkpoint at {state_file}; the run did not finish")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.load_state_dict(torch.load(state_file, map_location="cpu", weights_only=True)["model"])
+    return accuracy(model, load_tokenizer(model_dir), test_rows, cfg)
+
+
+# ---- TRL ------------------------------------------------------------------------------------------
+
+
+def trl_config(cfg: BenchConfig, out_dir: Path):
+    """``GRPOConfig`` equivalent to the flowrl side (field names checked against trl 1.16.0)."""
+    from trl import GRPOConfig
+
+    rollouts = cfg.batch * cfg.group
+    accum = rollouts // cfg.micro_batch
+    return GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        use_vllm=False,
+        bf16=False,
+        fp16=False,
+        seed=cfg.seed,
+        max_steps=cfg.steps,
+        # One optimizer step = one generation round of batch*group completions, trained in
+        # micro-batches of micro_batch (flowrl: update(micro_batch=...), one minibatch, one epoch).
+        per_device_train_batch_size=cfg.micro_batch,
+        gradient_accumulation_steps=accum,
+        generation_batch_size=rollouts,
+        num_generations=cfg.group,
+        num_iterations=1,
+        max_completion_length=cfg.max_tokens,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=cfg.kl,
+        epsilon=cfg.clip,
+        loss_type="dapo",
+        scale_rewards="group",
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_num_workers=0,
+        model_init_kwargs={"dtype": "float32"},
+    )
+
+
+class _Recorder:
+    """The TRL side's reward function plus timing hooks (measurement only, no behaviour change)."""
+
+    def __init__(self, verifier):
+        self.verifier = verifier
+        self.rewards: list[float] = []
+        self.tokens: list[int] = []
+        self.gen_s: list[float] = []
+        self.step_begin: float | None = None
+        self.step_ends: list[float] = []
+        self.logs: list[dict] = []
+        self.__name__ = f"verifier_{getattr(verifier, '__name__', 'fn')}"  # TRL names metrics after it
+
+    def __call__(self, prompts, completions, completion_ids, answer, **_):
+        """TRL reward signature: lists over the step's completions; ``answer`` is the dataset column."""
+        scores = self.verifier(list(completions), [str(a) for a in answer])
+        self.rewards.append(sum(scores) / len(scores))
+        self.tokens.append(sum(len(ids) for ids in completion_ids))
+        return scores
+
+    def wrap_generate(self, trainer) -> None:
+        """Time TRL's rollout (``_generate_single_turn``: transformers ``generate``)."""
+        inner = trainer._generate_single_turn
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.gen_s.append(time.perf_counter() - t)
+
+        trainer._generate_single_turn = timed
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        rec = self
+
+        class StepTimes(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                if rec.step_begin is None:
+                    rec.step_begin = time.perf_counter()
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                # logging_steps=1: called once right after every optimizer step.
+                if logs and "loss" in logs:
+                    rec.step_ends.append(time.perf_counter())
+                    rec.logs.append(dict(logs))
+
+        return StepTimes()
+
+
+def run_trl(cfg: BenchConfig, model_dir: Path, train_rows: list[dict], test_rows: list[dict],
+            work: Path) -> SideResult:
+    """One ``GRPOTrainer.train()`` with the benchmark's settings; returns its measurements."""
+    t0 = time.perf_counter()
+    import transformers
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from flowrl.models.tiny import load_tokenizer
+    from flowrl.rewards.verifiers import get_verifier
+
+    transformers.logging.set_verbosity_error()
+    rec = _Recorder(get_verifier(cfg.verifier))
+    tokenizer = load_tokenizer(model_dir)
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=rec, args=trl_config(cfg, work / "trl-run"),
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows]),
+        processing_class=tokenizer, callbacks=[rec.callback()])
+    rec.wrap_generate(trainer)
+    trainer.train()
+    t_end = time.perf_counter()
+    if len(rec.step_ends) != cfg.steps or len(rec.rewards) != cfg.steps:
+        raise BenchError(f"TRL ran {len(rec.step_ends)} logged steps and {len(rec.rewards)} generation rounds, "
+                         f"expected {cfg.steps} of each: its batch settings do not match one generation per step")
+    ends = rec.step_ends
+    step_s = [ends[0] - rec.step_begin] + [b - a for a, b in zip(ends, ends[1:])]
+    gen = statistics.fmean(rec.gen_s)
+    side = SideResult(
+        name="trl", startup_s=rec.step_begin - t0, step_s=step_s, rewards=rec.rewards, gen_tokens=rec.tokens,
+        phases={"generate (transformers)": gen, "rest (score, ref/old logprobs, update)": statistics.fmean(step_s) - gen},
+        extra={"total_s": t_end - t0, "kl_final": rec.logs[-1].get("kl"),
+               "trl_reward_log": [lg.get("reward") for lg in rec.logs],
+               "torch_threads": _torch_threads()})
+    side.acc_after = accuracy(trainer.model, tokenizer, test_rows, cfg)
+    return side
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+ROWS = [
+    # (key, label, format, better: "lower" | "higher" | "")
+    ("startup_s", "start-up (s)", "{:.1f}", "lower"),
+    ("train_s", "training wall (s)", "{:.1f}", "lower"),
+    ("step_s_mean", "s / step (mean)", "{:.3f}", "lower"),
+    ("step_s_median", "s / step (median)", "{:.3f}", "lower"),
+    ("gen_tokens", "completion tokens", "{:.0f}", ""),
+    ("tokens_per_s", "gen tokens / s (steps)", "{:.0f}", "higher"),
+    ("tokens_per_s_incl_startup", "gen tokens / s (+start-up)", "{:.0f}", "higher"),
+    ("reward_first", "reward, first steps", "{:.3f}", ""),
+    ("reward_final", "reward, last steps", "{:.3f}", "higher"),
+    ("threshold_step", "step reaching threshold", "{:.0f}", "lower"),
+    ("threshold_train_s", "train s reaching threshold", "{:.1f}", "lower"),
+    ("acc_before", "held-out acc before", "{:.3f}", ""),
+    ("acc_after", "held-out acc after", "{:.3f}", "higher"),
+]
+
+
+def _fmt(fmt: str, value) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def ratios(a: dict, b: dict) -> dict:
+    """flowrl / TRL for every numeric entry present on both sides."""
+    return {k: a[k] / b[k] for k in a if isinstance(a.get(k), (int, float)) and isinstance(b.get(k), (int, float))
+            and b[k]}
+
+
+def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ratio: dict,
+           phases: dict[str, dict]) -> str:
+    """The table printed at the end (plain text)."""
+    head = (f"GRPO on arith: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
+            f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`; "
+            f"threshold {'-' if threshold is None else f'{threshold:.3f}'} (reward smoothed over {cfg.window} steps)")
+    names = list(sides)
+    lines = [head, "", f"{'':28}" + "".join(f"{n:>12}" for n in names) + f"{'flowrl/TRL':>12}  better"]
+    for key, label, fmt, better in ROWS:
+        cells = "".join(f"{_fmt(fmt, sides[n].get(key)):>12}" for n in names)
+        r = ratio.get(key)
+        lines.append(f"{label:28}{cells}{_fmt('{:.2f}x', r):>12}  {better}")
+    for name, table in phases.items():
+        lines += ["", f"{name}: mean seconds per step by phase"]
+        lines += [f"  {k:40} {v:8.3f}" for k, v in sorted(table.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import torch
+
+    versions = {}
+    for mod in ("torch", "transformers", "trl", "vllm", "ray"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as e:  # a missing optional module is reported, not fatal
+            versions[mod] = f"unavailable ({type(e).__name__})"
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "versions": versions}
+
+
+def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl")) -> dict:
+    """Run the requested sides one after the other and return the report (also written to ``out``)."""
+    from flowrl.models.tiny import load_tokenizer
+    from flowrl.models.warmstart import warm_start
+
+    cfg.check()
+    t = time.time()
+    ws = warm_start("arith")
+    model_dir = Path(ws.path)
+    print(f"model: {model_dir} ({'cached' if ws.cached else f'warm-started in {time.time() - t:.0f}s'})",
+          file=sys.stderr)
+    train_rows, test_rows, shipped = task_rows()
+    acc_before = accuracy(str(model_dir), load_tokenizer(model_dir), test_rows, cfg)
+    results: dict[str, SideResult] = {}
+    load: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="flowrl-bench-") as tmp:
+        work = Path(tmp)
+        train_path = shipped or write_jsonl(train_rows, work / "train.jsonl")
+        runners = {"flowrl": lambda: run_flowrl(cfg, model_dir, train_path, test_rows, work),
+                   "trl": lambda: run_trl(cfg, model_dir, train_rows, test_rows, work)}
+        for name in sides:
+            print(f"--- running {name} ---", file=sys.stderr)
+            before = os.getloadavg()[0]
+            results[name] = runners[name]()
+            results[name].acc_before = acc_before
+            load[name] = [before, os.getloadavg()[0]]
+    names = list(results)
+    threshold = cfg.threshold
+    if threshold is None and len(names) == 2:
+        threshold = auto_threshold(results[names[0]].rewards, results[names[1]].rewards, cfg.window)
+    summaries = {n: r.summary(cfg, threshold) for n, r in results.items()}
+    ratio = ratios(summaries["flowrl"], summaries["trl"]) if len(names) == 2 else {}
+    report = {
+        "config": asdict(cfg), "threshold": threshold, "model_dir": str(model_dir),
+        "data": {"train_rows": len(train_rows), "test_rows": len(test_rows),
+                 "train_file": str(shipped) if shipped else "generated by flowrl.tasks (data/arith absent)"},
+        "environment": environment(), "loadavg_1min_before_after": load,
+        "summary": summaries, "ratio_flowrl_over_trl": ratio,
+        "phases_mean_s_per_step": {n: r.phases for n, r in results.items()},
+        "per_step": {n: {"step_s": r.step_s, "reward": r.rewards, "gen_tokens": r.gen_tokens}
+                     for n, r in results.items()},
+        "extra": {n: r.extra for n, r in results.items()},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    print(render(cfg, threshold, summaries, ratio, {n: r.phases for n, r in results.items()}))
+    print(f"\nwrote {out}")
+    return report
+
+
+QUICK = {"steps": 12, "batch": 16}
+"""``--quick``: fewer steps and prompts (about 2-3 minutes in all on 2 CPU cores)."""
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[str, ...]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = BenchConfig()
+    p.add_argument("--steps", type=int, help=f"optimizer steps (default {d.steps}; --quick {QUICK['steps']})")
+    p.add_argument("--batch", type=int, help=f"prompts per step (default {d.batch}; --quick {QUICK['batch']})")
+    p.add_argument("--group", type=int, default=d.group, help="completions per prompt")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="longest completion (tokens)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--kl", type=float, default=d.kl)
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="completions per forward/backward")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--verifier", default=d.verifier, help="reward for both sides: exact (the task's) or math")
+    p.add_argument("--threshold", default="auto", help="smoothed reward to reach, or 'auto'")
+    p.add_argument("--window", type=int, default=d.window, help="steps the reward is smoothed over")
+    p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
+    p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
+    a = p.parse_args(argv)
+    base = QUICK if a.quick else {}
+    steps = a.steps if a.steps is not None else base.get("steps", d.steps)
+    batch = a.batch if a.batch is not None else base.get("batch", d.batch)
+    micro = min(a.micro_batch, batch * a.group)
+    try:
+        threshold = None if a.threshold == "auto" else float(a.threshold)
+    except ValueError:
+        p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
+    cfg = BenchConfig(steps=steps, batch=batch, group=a.group, max_tokens=a.max_tokens, lr=a.lr, kl=a.kl,
+                      micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold)
+    sides = (a.only,) if a.only else ("flowrl", "trl")
+    return cfg, a.out, sides
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, out, sides = parse_args(argv)
+    from flowrl.rewards.verifiers import UnknownVerifierError, get_verifier
+
+    try:
+        get_verifier(cfg.verifier)
+        run(cfg, out, sides)
+    except (BenchError, UnknownVerifierError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

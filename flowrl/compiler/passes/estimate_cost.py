@@ -1,0 +1,419 @@
+"""Estimate each op's time, each GPU's memory, and the step time, bubble and utilisation.
+
+Requires: select_sync_protocol (everything placed, laid out, staleness and protocols set).
+
+Guarantees: ``graph.sched.estimate`` is a :class:`~flowrl.compiler.plan.CostPlan`: the
+step's phases are turned into a :class:`~flowrl.cost.sim.SimSpec` (each op on the lane
+of GPUs its engine occupies; colocated engines share one lane) with per-op costs from
+``flowrl.cost.model``, and the discrete-event simulator runs it for a few steps with
+long-tailed response lengths (``ctx.options["sim_steps"]``, default 6; seed 0, so the
+estimate is deterministic). Reports no errors: infeasible schedules were rejected before.
+
+* ops of a ``repeat`` loop are unrolled, one copy per turn;
+* colocated train and rollout engines on GPUs pay for sleeping and waking each step
+  (weights, gradients and optimizer states to the host and back over PCIe);
+* a model whose shape is unknown is estimated as a tiny model (the plan says so).
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> g = compile_text('''
+... model m = tiny()
+... flow f(d: dataset) {
+...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
+...   update(m, r, group_advantage(r, group = 2), lp)
+... }''', "doc.flow", allow_missing=True)
+>>> est = g.sched.estimate
+>>> est.step_s > 0 and set(est.breakdown) >= {"generate", "update", "logprobs"}
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from flowrl.compiler.context import CompileContext
+from flowrl.compiler.model_info import ModelFacts, tiny_facts
+from flowrl.compiler.plan import CostPlan, EnginePlan, OpCost
+from flowrl.compiler.sched import SchedState
+from flowrl.compiler.workload import Workload, lengths, prompt_tokens, workload
+from flowrl.cost import model as cm
+from flowrl.cost.sim import GenPhase, Phase, SimSpec, simulate
+from flowrl.ir.graph import EdgeKind, FlowGraph, Node
+from flowrl.ir.ops import RESOURCE_KINDS, OpKind
+
+SIM_STEPS = 6
+MAX_UNROLL = 16
+"""Turns of a ``repeat`` loop unrolled in the simulation (longer loops are cut here)."""
+DRIVER_S = 1e-3
+"""A driver-side op's fixed cost (sampling prompts, advantage math setup)."""
+
+
+def estimate_cost(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    st: SchedState = graph.sched
+    steps = int(ctx.options.get("sim_steps", SIM_STEPS)) if ctx is not None else SIM_STEPS
+    est = estimate(graph, st, workload(graph), steps=steps)
+    return replace(graph, sched=replace(st, estimate=est))
+
+
+def estimate(graph: FlowGraph, st: SchedState, work: Workload, steps: int = SIM_STEPS, seed: int = 0) -> CostPlan:
+    """Simulate the plan ``st`` of ``graph`` and summarise it as a CostPlan."""
+    spec, costs, lane_pools, dists = build_sim(graph, st, work)
+    if not spec.phases:
+        return CostPlan(profile=_profile_label(st), step_s=0.0, samples_per_s=0.0, tokens_per_s=0.0, bubble=0.0)
+    res = simulate(spec, steps=steps, seed=seed)
+    ops = tuple(OpCost(oid, kind, where, round(res.by_phase.get(oid, secs), 6), toks)
+                for oid, kind, where, secs, toks in costs)
+    util = {}
+    for lane, frac in res.utilization.items():
+        if spec.lanes.get(lane):
+            util[lane_pools.get(lane, lane)] = round(frac, 4)
+    notes = list(st.notes)
+    unknown = sorted(m for m, f in st.facts.items() if f is None and any(k.startswith(m + ".") for k in st.engines))
+    if unknown:
+        notes.append(f"shape of {', '.join(unknown)} unknown: times are estimated as for a tiny model")
+    if st.staleness > 1 and _all_colocated(st):
+        notes.append(f"staleness {st.staleness} with colocated engines: they take turns on the same GPUs, "
+                     "so generation cannot overlap training")
+    assumptions = {"prompt_tokens": {g.op: prompt_tokens(st.facts.get(g.model)) for g in work.gens},
+                   "response_lengths": {op: d.to_dict() for op, d in dists.items()},
+                   "steps_simulated": res.steps, "warmup_steps": res.warmup, "seed": seed}
+    return CostPlan(
+        profile=_profile_label(st), step_s=round(res.step_s, 6), samples_per_s=round(res.samples_per_s, 4),
+        tokens_per_s=round(res.tokens_per_s, 3), bubble=round(res.bubble, 4),
+        breakdown={k: round(v, 6) for k, v in sorted(res.breakdown.items())}, utilization=util,
+        memory=pool_memory(st), ops=ops, assumptions=assumptions, bounds=_bounds(spec, res, st),
+        notes=tuple(notes))
+
+
+def _profile_label(st: SchedState) -> str:
+    return f"{st.hw.name}: {st.hw.source}"
+
+
+def _all_colocated(st: SchedState) -> bool:
+    return all(not e.gpus or set(e.gpus) & set(o.gpus) for e in st.engines.values() for o in st.engines.values())
+
+
+# ---- the simulator's input ------------------------------------------------------------------------------
+
+
+def lanes_of(st: SchedState) -> dict[str, str]:
+    """Engine key -> lane: engines whose GPUs overlap share a lane (they time-share)."""
+    keys = list(st.engines)
+    parent = {k: k for k in keys}
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if set(st.engines[a].gpus or (-1,)) & set(st.engines[b].gpus or (-1,)):
+                parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        groups.setdefault(find(k), []).append(k)
+    lane = {}
+    for members in groups.values():
+        pools = sorted({st.engines[m].pool for m in members}, key=lambda p: [q.name for q in st.pools].index(p)
+                       if p in [q.name for q in st.pools] else 0)
+        name = "+".join(pools)
+        for m in members:
+            lane[m] = name
+    return lane
+
+
+def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
+    """``(SimSpec, [(op id, kind, where, seconds, tokens)], lane -> pool label, generate id -> LengthDist)``."""
+    hw = st.hw
+    lane_of = lanes_of(st)
+    lane_gpus: dict[str, set] = {}
+    for key, lane in lane_of.items():
+        lane_gpus.setdefault(lane, set()).update(st.engines[key].gpus)
+    lanes = {lane: len(g) for lane, g in lane_gpus.items()}
+    lanes.update({"driver": 0, "reward": 0, "env": 0})
+    order = [n for n in graph.topo_order() if n.kind not in RESOURCE_KINDS]
+    gen_of = _generate_ancestors(graph, order)
+    tokens_est = _expected_tokens(st, work)
+    phases: list[Phase] = []
+    costs: list = []
+    dists = {}
+    turns_of = {rid: _turns(r) for rid, r in graph.regions.items()}
+    unrolled = _unroll(graph, order, turns_of)
+    for n, t, deps in unrolled:
+        pid = n.id if t is None else f"{n.id}@{t}"
+        ph, cost = _phase(graph, st, work, n, pid, deps, lane_of, gen_of, tokens_est, dists)
+        if ph is None:
+            continue
+        phases.append(ph)
+        costs.append(cost)
+        if n.kind == OpKind.GENERATE and hw.kind == "gpu":
+            sw = _switch(graph, st, n, pid, lane_of)
+            if sw is not None:
+                phases.append(sw)
+    valid = {p.id for p in phases}
+    phases = [replace(p, deps=tuple(d for d in p.deps if d in valid)) for p in phases]
+    spec = SimSpec(tuple(phases), lanes, staleness=st.staleness,
+                   over_provision=st.pipeline.over_provision if st.pipeline else 1.0,
+                   recycle=st.pipeline.recycle if st.pipeline else False)
+    pools_label = {lane: lane for lane in lanes}
+    return spec, costs, pools_label, dists
+
+
+def _turns(region) -> int:
+    c = region.count
+    v = getattr(c, "value", 1)
+    return max(1, min(int(v) if isinstance(v, int) else 1, MAX_UNROLL))
+
+
+def _unroll(graph: FlowGraph, order: list[Node], turns_of: dict) -> list[tuple[Node, int | None, tuple[str, ...]]]:
+    """Ops with their phase dependencies; ops of a ``repeat`` loop once per turn, turn t + 1 after turn t."""
+    ids = {n.id for n in order}
+    by_region: dict[str, list[Node]] = {}
+    for n in order:
+        if n.region:
+            by_region.setdefault(n.region, []).append(n)
+    last_turn = {rid: turns_of.get(rid, 1) - 1 for rid in by_region}
+    out, emitted = [], set()
+    deps_of = {n.id: n for n in order}
+
+    def phase_id(nid: str) -> str:
+        node = deps_of.get(nid)
+        if node is not None and node.region in by_region:
+            return f"{nid}@{last_turn[node.region]}"
+        return nid
+
+    for n in order:
+        if n.region in by_region:
+            if n.region in emitted:
+                continue
+            emitted.add(n.region)
+            members = by_region[n.region]
+            for t in range(last_turn[n.region] + 1):
+                for i, m in enumerate(members):
+                    deps = []
+                    for u in _preds(graph, m):
+                        if u not in ids:
+                            continue
+                        deps.append(f"{u}@{t}" if deps_of[u].region == n.region else phase_id(u))
+                    if i == 0 and t > 0:
+                        deps.append(f"{members[-1].id}@{t - 1}")
+                    out.append((m, t, tuple(deps)))
+            continue
+        out.append((n, None, tuple(phase_id(u) for u in _preds(graph, n) if u in ids)))
+    return out
+
+
+def _preds(graph: FlowGraph, n: Node) -> list[str]:
+    """Producers of ``n`` within the step (every distance-0 edge)."""
+    return sorted({u for u, e in graph.in_edges(n.id) if e.distance == 0})
+
+
+def _generate_ancestors(graph: FlowGraph, order: list[Node]) -> dict[str, str]:
+    """Op id -> the generate op whose completions it processes (nearest upstream generate)."""
+    out: dict[str, str] = {}
+    for n in order:
+        if n.kind == OpKind.GENERATE:
+            out[n.id] = n.id
+            continue
+        for u, e in graph.in_edges(n.id):
+            if e.kind == EdgeKind.DATA and e.distance == 0 and u in out:
+                out[n.id] = out[u]
+                break
+    return out
+
+
+def _facts(st: SchedState, model: str | None) -> ModelFacts:
+    f = st.facts.get(model) if model else None
+    return f if f is not None else tiny_facts({})
+
+
+def _expected_tokens(st: SchedState, work: Workload) -> dict[str, float]:
+    """Generate op id -> expected trained tokens per step (prompt + mean response, per sample)."""
+    out = {}
+    for g in work.gens:
+        d = lengths(g.max_tokens)
+        out[g.op] = g.samples * (prompt_tokens(st.facts.get(g.model)) + d.mean())
+    return out
+
+
+def _where(n: Node) -> str:
+    if n.kind == OpKind.GENERATE:
+        return f"{n.model}.rollout"
+    if n.kind in (OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE, OpKind.RESYNC) and n.model:
+        return f"{n.model}.train"
+    return {OpKind.SCORE: "reward", OpKind.ENV_STEP: "env"}.get(n.kind, "driver")
+
+
+def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, deps: tuple, lane_of: dict,
+           gen_of: dict, tokens_est: dict, dists: dict):
+    hw = st.hw
+    where = _where(n)
+    rows = work.samples.get(n.id, 0)
+    src_gen = gen_of.get(n.id, "")
+    if n.kind == OpKind.GENERATE:
+        e: EnginePlan = st.engines[where]
+        g = next((x for x in work.gens if x.op == n.id), None)
+        if g is None:
+            return None, None
+        f = _facts(st, n.model)
+        dist = lengths(g.max_tokens)
+        dists[n.id] = dist
+        ptoks = prompt_tokens(st.facts.get(n.model))
+        seq = ptoks + g.max_tokens
+        f_over = st.pipeline.over_provision if st.pipeline else 1.0
+        issued = math.ceil(g.samples * f_over)
+        per_rep = -(-issued // max(e.dp, 1))
+        conc = cm.concurrency(e.memory, seq, hw) if e.memory is not None else hw.max_num_seqs
+        conc = max(1, min(conc, per_rep)) if e.memory is not None else max(1, min(hw.max_num_seqs, per_rep))
+        iter_s = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=ptoks + dist.mean() / 2)
+        prefill = 2 * f.params / (e.tp * hw.tflops * 1e12 * hw.mfu_forward)
+        gp = GenPhase(replicas=max(e.dp, 1), gpus_per_replica=e.tp * e.pp, concurrency=conc, iter_s=iter_s,
+                      prefill_s=prefill, samples=g.samples, prompt_tokens=ptoks, lengths=dist)
+        est = iter_s * dist.quantile(1 - 1 / (g.samples + 1)) + prefill * ptoks
+        return (Phase(pid, "generate", lane_of[where], deps, gen=gp, label="generate"),
+                (pid, n.kind.value, where, est, int(tokens_est.get(n.id, 0))))
+    if n.kind in (OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE):
+        e = st.engines[where]
+        f = _facts(st, n.model)
+        toks = tokens_est.get(src_gen, rows * 64.0)
+        n_micro = max(1, rows // max(e.dp * int(e.options.get("micro_batch", work.micro_batch.get(n.model, 8))), 1))
+        if n.kind == OpKind.UPDATE:
+            fixed = cm.train_s(f, hw, kind=e.kind, tp=e.tp, pp=e.pp, dp=e.dp, cp=e.cp, tokens=0,
+                               epochs=work.epochs.get(n.model, 1), n_micro=n_micro,
+                               dp_inter_node=_spans_nodes(e, st))
+            full = cm.train_s(f, hw, kind=e.kind, tp=e.tp, pp=e.pp, dp=e.dp, cp=e.cp, tokens=toks,
+                              epochs=work.epochs.get(n.model, 1), n_micro=n_micro,
+                              dp_inter_node=_spans_nodes(e, st))
+        else:
+            fixed = hw.op_overhead_s
+            full = cm.forward_s(f, hw, world=e.world_size, tokens=toks, pp=e.pp, n_micro=n_micro)
+        per_tok = (full - fixed) / toks if toks else 0.0
+        return (Phase(pid, "work", lane_of[where], deps, seconds=fixed, per_token_s=per_tok,
+                      tokens_from=_gen_pid(graph, src_gen, pid), label=n.kind.value),
+                (pid, n.kind.value, where, full, int(toks)))
+    if n.kind == OpKind.RESYNC:
+        plan = st.resyncs.get(n.id)
+        secs = plan.seconds if plan is not None else 0.0
+        pack = secs if plan is None or not plan.overlap else min(secs, _pack_s(plan, st))
+        gates = tuple(u.id for u in graph.nodes() if u.kind == OpKind.GENERATE and u.model == n.model)
+        gate_ids = tuple(g2 for g in gates for g2 in _pids_of(graph, g))
+        return (Phase(pid, "resync", lane_of[where], deps, seconds=secs, block_s=pack, gates=gate_ids,
+                      label="resync", every=plan.every if plan is not None else 1),
+                (pid, n.kind.value, where, secs, 0))
+    if n.kind == OpKind.SCORE:
+        kind, workers = _reward_kind(graph, n)
+        secs = cm.reward_s(kind, rows, workers) + hw.op_overhead_s
+        return (Phase(pid, "work", "reward", deps, seconds=secs, label="reward"), (pid, n.kind.value, where, secs, 0))
+    if n.kind == OpKind.ENV_STEP:
+        secs = cm.ENV_S_PER_CALL * rows / 2 + hw.op_overhead_s
+        return (Phase(pid, "work", "env", deps, seconds=secs, label="env"), (pid, n.kind.value, where, secs, 0))
+    secs = DRIVER_S + cm.DRIVER_S_PER_SAMPLE * rows
+    return (Phase(pid, "work", "driver", deps, seconds=secs, label="driver"), (pid, n.kind.value, where, secs, 0))
+
+
+def _gen_pid(graph: FlowGraph, src_gen: str, pid: str) -> str:
+    if not src_gen:
+        return ""
+    region = graph.node(src_gen).region
+    if region is None:
+        return src_gen
+    turn = pid.split("@")[1] if "@" in pid else None
+    if turn is not None:
+        return f"{src_gen}@{turn}"
+    last = max(_turns(graph.regions[region]) - 1, 0) if region in graph.regions else 0
+    return f"{src_gen}@{last}"
+
+
+def _pids_of(graph: FlowGraph, nid: str) -> list[str]:
+    region = graph.node(nid).region
+    if region is None or region not in graph.regions:
+        return [nid]
+    return [f"{nid}@{t}" for t in range(_turns(graph.regions[region]))]
+
+
+def _pack_s(plan, st: SchedState) -> float:
+    """Seconds the trainer is busy packing buckets when sending overlaps generation (one HBM pass)."""
+    return plan.total_bytes / (st.hw.hbm_gbs * cm.GB * st.hw.bw_eff) + plan.buckets * st.hw.latency_s
+
+
+def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
+    per = int(st.spec.cluster["gpus_per_node"])
+    return len({g // per for g in e.gpus}) > 1
+
+
+def _reward_kind(graph: FlowGraph, n: Node) -> tuple[str, int]:
+    for u, e in graph.in_edges(n.id):
+        if e.kind == EdgeKind.RESOURCE:
+            r = graph.node(u)
+            if r.kind == OpKind.REWARD_FN:
+                w = getattr(r.attr("workers"), "value", 2)
+                return r.op, w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2
+    return "verifier", 2
+
+
+def _switch(graph: FlowGraph, st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:
+    """Colocated engines on GPUs: the rollout engine sleeps and the trainers wake after generation."""
+    lane = lane_of[f"{n.model}.rollout"]
+    shared = [k for k, l in lane_of.items() if l == lane and k.endswith(".train")]
+    if not shared:
+        return None
+    gb = 0.0
+    r = st.engines[f"{n.model}.rollout"].memory
+    if r is not None:
+        gb += 2 * r.weights_gb
+    for k in shared:
+        m = st.engines[k].memory
+        if m is not None:
+            gb += 2 * (m.weights_gb + m.grads_gb + m.optimizer_gb)
+    if gb <= 0:
+        return None
+    return Phase(f"{pid}.switch", "work", lane, (pid,), seconds=cm.offload_s(gb, st.hw), label="sleep/wake")
+
+
+def pool_memory(st: SchedState) -> dict:
+    """Pool -> peak GB per GPU (the largest engine on a GPU plus the others' contexts) and capacity."""
+    out = {}
+    for p in st.pools:
+        on = [e for e in st.engines.values() if set(e.gpus) & set(p.gpu_ids)]
+        totals = [e.memory.total_gb for e in on if e.memory is not None]
+        if not totals:
+            continue
+        peak = max(totals) + st.hw.context_gb * (len(on) - 1)
+        out[p.name] = {"peak_gb": round(peak, 3), "capacity_gb": round(st.hw.hbm_gb, 3),
+                       "engines": ", ".join(k for k, e in st.engines.items() if e in on)}
+    return out
+
+
+def _bounds(spec: SimSpec, res, st: SchedState) -> dict:
+    """The modulo-schedule lower bounds: busiest lane (resource) and weight cycle / staleness (recurrence)."""
+    busy: dict[str, float] = {}
+    for p in spec.phases:
+        busy[p.lane] = busy.get(p.lane, 0.0) + res.by_phase.get(p.id, 0.0) * (1 if p.kind != "resync" else
+                                                                                  (p.block_s / p.seconds if p.seconds else 0))
+    gpu_lanes = {l: b for l, b in busy.items() if spec.lanes.get(l)}
+    resource = max(gpu_lanes.values(), default=0.0)
+    cycle = _cycle_latency(spec, res)
+    return {"resource_s": round(resource, 6), "recurrence_s": round(cycle / max(st.staleness, 1), 6),
+            "cycle_s": round(cycle, 6)}
+
+
+def _cycle_latency(spec: SimSpec, res) -> float:
+    """Longest path (average phase times) from a generate through to the resync that feeds it."""
+    longest: dict[str, float] = {}
+    start = {p.id for p in spec.phases if p.kind == "generate"}
+    best = 0.0
+    for p in spec.phases:
+        base = max((longest[d] for d in p.deps if d in longest), default=None)
+        if p.id in start:
+            base = max(base or 0.0, 0.0)
+        if base is None:
+            continue
+        longest[p.id] = base + res.by_phase.get(p.id, 0.0)
+        if p.kind == "resync":
+            best = max(best, longest[p.id])
+    return best
+
+
+__all__ = ["estimate_cost", "estimate", "build_sim", "lanes_of", "pool_memory"]

@@ -1,0 +1,137 @@
+"""What one step of a flow asks of its engines: prompts, completions, tokens, micro-batches.
+
+The memory model and the cost model need the step's sizes; they come from the ops'
+options (``sample(size)``, ``generate(n, max_tokens)``, ``update(micro_batch, epochs)``,
+``repeat`` counts). Two things a flow does not say are assumptions, shown by
+``flowrl plan``:
+
+* prompt length: :func:`prompt_tokens` = a quarter of the model's context, at most 512;
+* response lengths: long-tailed, lognormal with median ``max_tokens / 4`` and log-space
+  sigma 1.0, capped at ``max_tokens`` (about 8% of responses hit the cap, as in
+  reasoning RL where some responses run to the limit).
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> g = compile_text('''
+... flow f(m: model, d: dataset) { b = sample(d, size = 4)  r = generate(m, b, n = 8, max_tokens = 32) }
+... ''', "doc.flow")
+>>> w = workload(g)
+>>> (w.gens[0].prompts, w.gens[0].samples, w.gens[0].max_tokens)
+(4, 32, 32)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flowrl.compiler.model_info import ModelFacts
+from flowrl.cost.sim import LengthDist
+from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node
+from flowrl.ir.ops import OPS, OpKind
+
+LENGTH_MEDIAN_FRACTION = 0.25
+LENGTH_SIGMA = 1.0
+MAX_PROMPT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class GenWork:
+    op: str
+    model: str
+    prompts: int
+    n: int
+    max_tokens: int
+    turns: int = 1
+    """``repeat`` count of the loop the generate is in (1 outside loops)."""
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.n
+
+
+@dataclass(frozen=True)
+class Workload:
+    gens: tuple[GenWork, ...]
+    samples: dict = field(default_factory=dict)
+    """Op id -> rows its result carries per step."""
+    micro_batch: dict = field(default_factory=dict)
+    """Model id -> sequences per micro-batch of its update (default 8)."""
+    epochs: dict = field(default_factory=dict)
+    max_tokens: dict = field(default_factory=dict)
+    """Model id -> the largest ``max_tokens`` of its generate ops (its training sequences' length)."""
+
+    def gen_of(self, model: str) -> GenWork | None:
+        return next((g for g in self.gens if g.model == model), None)
+
+
+def prompt_tokens(facts: ModelFacts | None) -> int:
+    """Assumed prompt length: a quarter of the model's context, at most 512 tokens."""
+    if facts is None:
+        return 128
+    return max(8, min(MAX_PROMPT_TOKENS, facts.max_len // 4))
+
+
+def lengths(max_tokens: int, kind: str = "lognormal", sigma: float = LENGTH_SIGMA,
+            median: float | None = None) -> LengthDist:
+    """The assumed response-length distribution for a generate with ``max_tokens``."""
+    return LengthDist(kind, median or max(1.0, max_tokens * LENGTH_MEDIAN_FRACTION), sigma=sigma,
+                      cap=max(int(max_tokens), 1))
+
+
+def seq_len(facts: ModelFacts | None, max_tokens: int) -> int:
+    """Tokens of one training sequence: prompt + the longest response."""
+    return prompt_tokens(facts) + max_tokens
+
+
+def _int(node: Node, key: str, default: int) -> int:
+    v = node.attr(key)
+    if isinstance(v, Const) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool):
+        return int(v.value)
+    spec = OPS.get(node.op)
+    if spec is not None and key in spec.kwargs and isinstance(spec.kwargs[key].default, int):
+        return int(spec.kwargs[key].default)
+    return default
+
+
+def workload(graph: FlowGraph) -> Workload:
+    """The step's sizes, from the ops of ``graph`` (abstract options take the catalogue's defaults)."""
+    samples: dict[str, int] = {}
+    for n in graph.topo_order():
+        samples[n.id] = _rows(graph, n, samples)
+    gens, micro, epochs, max_tok = [], {}, {}, {}
+    for n in graph.nodes():
+        if n.kind == OpKind.GENERATE and n.model:
+            prompts_in = _input(graph, n, "prompts")
+            prompts = samples.get(prompts_in, 64) if prompts_in else 64
+            turns = 1
+            if n.region and n.region in graph.regions:
+                c = graph.regions[n.region].count
+                turns = int(c.value) if isinstance(c, Const) and isinstance(c.value, int) else 1
+            g = GenWork(n.id, n.model, prompts, _int(n, "n", 1), _int(n, "max_tokens", 64), turns)
+            gens.append(g)
+            max_tok[n.model] = max(max_tok.get(n.model, 0), g.max_tokens)
+        elif n.kind == OpKind.UPDATE and n.model:
+            micro[n.model] = _int(n, "micro_batch", 8)
+            epochs[n.model] = _int(n, "epochs", 1)
+    return Workload(tuple(gens), samples, micro, epochs, max_tok)
+
+
+def _input(graph: FlowGraph, n: Node, arg: str) -> str | None:
+    for u, e in graph.in_edges(n.id):
+        if e.kind == EdgeKind.DATA and e.arg == arg and e.distance == 0:
+            return u
+    return None
+
+
+def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
+    if n.kind == OpKind.SAMPLE:
+        return _int(n, "size", 64)
+    if n.kind == OpKind.GENERATE:
+        src = _input(graph, n, "prompts")
+        return samples.get(src, 64) * _int(n, "n", 1) if src else 64
+    for u, e in graph.in_edges(n.id):  # rows follow the first data input
+        if e.kind == EdgeKind.DATA and e.distance == 0 and u in samples:
+            return samples[u]
+    return 0
+
+
+__all__ = ["Workload", "GenWork", "workload", "prompt_tokens", "lengths", "seq_len"]

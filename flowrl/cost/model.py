@@ -1,0 +1,269 @@
+"""Per-op time and memory estimates from model size, tokens, layout and a hardware profile.
+
+Units: seconds, bytes (memory records report GB = 1e9 bytes), tokens. ``P`` is the
+parameter count, ``wb`` the bytes per weight the engines hold (``Profile.weight_bytes``).
+
+Time
+  * **generate**: memory-bandwidth-bound decode: one iteration reads the weights shard
+    (``P wb / tp``) and the KV cache of every active sequence, at ``bw_eff`` of HBM peak,
+    or is compute-bound (``2 P b / tp`` FLOPs) at large batches; tensor parallelism adds
+    two all-reduces of ``b h wb`` bytes per layer. Prefill is compute:
+    ``2 P tokens / (tp peak mfu_forward)``.
+  * **train** (update): ``6 P tokens`` FLOPs per epoch at ``mfu_train`` over the engine's
+    GPUs, stretched by the pipeline bubble ``(pp - 1) / micro-batches``, plus the
+    data-parallel gradient all-reduce (ring: ``2 (dp-1)/dp`` of the gradient shard).
+  * **logprobs / values**: ``2 P tokens`` FLOPs at ``mfu_forward``.
+  * **resync**: bytes over the link the placement implies (same GPU: HBM copy; same node:
+    NVLink; across nodes: InfiniBand; checkpoint: the shared disk twice), plus a fixed
+    latency per bucket, plus the trainer-side gather of tensor/pipeline shards.
+
+Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam states)
+  * train engines: weights + gradients + optimizer states, sharded by the layout
+    (Megatron: weights and gradients by ``tp pp``, optimizer states also by ``dp``, the
+    distributed optimizer; FSDP: everything by ``dp``; ``offload`` moves gradients and
+    optimizer states to the host; plain torch: replicated), + activations of one
+    micro-batch (Megatron: selective recompute, ``34 s b h`` bytes per layer;
+    FSDP/torch: full activation checkpointing) + fp32 logits of one micro-batch;
+  * rollout engines: vLLM/SGLang reserve a fraction of the GPU; within it, the weight
+    shard, a workspace, and the KV cache (what is left), which bounds concurrency.
+
+>>> from flowrl.compiler.model_info import PRESETS
+>>> from flowrl.cost.profiles import get_profile
+>>> f, h100 = PRESETS["qwen/qwen2.5-7b"], get_profile("H100")
+>>> round(train_memory(f, h100, "megatron", tp=2, pp=1, dp=4, micro_batch=1, seq_len=4096).weights_gb, 2)
+7.62
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flowrl.compiler.model_info import ModelFacts
+from flowrl.cost.profiles import Profile
+
+GB = 1e9
+ROLLOUT_WORKSPACE_GB = {"gpu": 1.5, "cpu": 0.05}
+"""Activation workspace of a rollout engine (vLLM profiles ~1-2 GB on GPUs)."""
+REWARD_S_PER_SAMPLE = {"verifier": 2e-3, "python_reward": 1e-3}
+"""CPU seconds per scored sample (math-verify parses both answers; a Python reward is a call)."""
+ENV_S_PER_CALL = 5e-3
+"""CPU seconds per environment step of one conversation."""
+DRIVER_S_PER_SAMPLE = 2e-6
+"""Driver-side math (advantages) per sample."""
+DELTA_FRACTION = 0.5
+"""Bytes a delta resync sends, as a fraction of the full weights: RL updates leave most bf16
+weights unchanged from one step to the next (70-95% in published measurements); indices
+plus values of the changed ones come to about half of a dense copy."""
+ACT_BYTES_PER_LAYER = 34
+"""Activation bytes per token per hidden unit per layer with bf16 activations (Korthikanti et
+al. 2022, selective recompute with sequence parallelism)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Estimated memory of one engine on one of its GPUs, in GB (1e9 bytes)."""
+
+    weights_gb: float
+    grads_gb: float = 0.0
+    optimizer_gb: float = 0.0
+    activations_gb: float = 0.0
+    kv_cache_gb: float = 0.0
+    other_gb: float = 0.0
+    """Workspace, logits, CUDA context."""
+    reserved_gb: float = 0.0
+    """Rollout engines: what the engine takes up front (``gpu_memory_utilization`` x memory)."""
+    kv_tokens: int = 0
+    """Rollout engines: tokens the KV cache holds."""
+
+    @property
+    def total_gb(self) -> float:
+        parts = self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.kv_cache_gb \
+            + self.other_gb
+        return max(parts, self.reserved_gb)
+
+    def to_dict(self) -> dict:
+        return {"weights_gb": _r(self.weights_gb), "grads_gb": _r(self.grads_gb),
+                "optimizer_gb": _r(self.optimizer_gb), "activations_gb": _r(self.activations_gb),
+                "kv_cache_gb": _r(self.kv_cache_gb), "other_gb": _r(self.other_gb),
+                "reserved_gb": _r(self.reserved_gb), "total_gb": _r(self.total_gb), "kv_tokens": int(self.kv_tokens)}
+
+
+def _r(x: float) -> float:
+    return round(float(x), 4)
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+
+def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
+                 trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
+                 n_micro: int | None = None) -> Memory:
+    """Memory per GPU of a train engine (``kind`` megatron / fsdp / torch).
+
+    ``micro_batch`` is sequences per micro-batch, ``seq_len`` tokens per sequence (prompt +
+    response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count).
+    A frozen model (``trainable=False``) holds weights and one layer of activations only.
+    """
+    P, wb = f.params, hw.weight_bytes
+    master = 4 if wb < 4 else 0  # fp32 master weights exist only under mixed precision
+    if kind == "megatron":
+        w_shard, g_shard, o_shard = tp * pp, tp * pp, tp * pp * dp
+    elif kind == "fsdp":
+        w_shard = g_shard = o_shard = dp
+    else:  # torch: every rank holds everything
+        w_shard = g_shard = o_shard = 1
+    weights = P * wb / w_shard
+    if kind == "fsdp" and dp > 1:
+        weights += 2 * f.layer_params * wb  # two layers gathered at a time (prefetch)
+    grads = optim = 0.0
+    if trainable:
+        grads = P * 4 / g_shard
+        optim = P * (8 + master) / o_shard
+        if kind == "fsdp" and offload:
+            grads = optim = 0.0
+    s, b, h = seq_len, micro_batch, f.hidden
+    per_layer = ACT_BYTES_PER_LAYER * s * b * h * (wb / 2)
+    if not trainable:
+        act = per_layer / (tp * cp)
+    elif kind == "megatron":
+        in_flight = min(pp, n_micro or pp)
+        act = per_layer * (f.layers / pp) * in_flight / (tp * cp)
+    else:  # full activation checkpointing: each layer's input, plus one layer recomputed
+        act = (2 * s * b * h * (wb / 2) * f.layers + per_layer) / cp
+    logits = s * b * f.vocab * 4 / tp * (2 if trainable else 1)
+    return Memory(weights / GB, grads / GB, optim / GB, act / GB, other_gb=(logits / GB + hw.context_gb))
+
+
+def rollout_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, options: dict | None = None,
+                   seq_len: int = 1024, batch: int = 1) -> Memory:
+    """Memory per GPU of a rollout engine: its reservation, weight shard, workspace, KV cache.
+
+    vLLM reserves ``gpu_memory_utilization`` x memory (SGLang ``mem_fraction``); the KV cache
+    is what is left after weights and workspace. ``hf_generate`` reserves nothing and needs
+    the KV of its whole ``batch`` at ``seq_len`` tokens.
+    """
+    opts = options or {}
+    weights = f.params * hw.weight_bytes / tp / GB
+    work = ROLLOUT_WORKSPACE_GB[hw.kind] + hw.context_gb
+    kv_tok = kv_bytes_per_token_per_gpu(f, hw, tp)
+    if kind == "hf_generate":
+        kv = kv_tok * seq_len * batch / GB
+        return Memory(weights, kv_cache_gb=kv, other_gb=work, kv_tokens=seq_len * batch)
+    util = float(opts.get("gpu_memory_utilization", opts.get("mem_fraction", 0.5)))
+    reserved = util * hw.hbm_gb
+    kv = max(reserved - weights - work, 0.0)
+    return Memory(weights, kv_cache_gb=kv, other_gb=work, reserved_gb=reserved, kv_tokens=int(kv * GB / kv_tok))
+
+
+def kv_bytes_per_token_per_gpu(f: ModelFacts, hw: Profile, tp: int) -> float:
+    """KV bytes one token takes on one GPU: KV heads are split by tp (replicated when tp > heads)."""
+    heads_here = max(f.kv_heads / tp, 1.0)
+    return 2 * f.layers * heads_here * f.hd * hw.weight_bytes
+
+
+def concurrency(mem: Memory, seq_len: int, hw: Profile) -> int:
+    """Sequences a rollout replica can run at once: KV capacity / sequence length, capped."""
+    if seq_len <= 0:
+        return hw.max_num_seqs
+    return int(min(hw.max_num_seqs, mem.kv_tokens // seq_len))
+
+
+# ---- time ---------------------------------------------------------------------------------------
+
+
+def decode_iter_s(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: float) -> float:
+    """Seconds of one decode iteration of a replica with ``batch`` active sequences of
+    ``context`` tokens on average: max(memory time, compute time) + tensor-parallel
+    all-reduces + the engine's fixed per-iteration overhead."""
+    batch = max(batch, 1)
+    weight_bytes = f.params * hw.weight_bytes / tp
+    kv_bytes = batch * context * kv_bytes_per_token_per_gpu(f, hw, tp)
+    t_mem = (weight_bytes + kv_bytes) / (hw.hbm_gbs * GB * hw.bw_eff)
+    t_flops = 2 * f.params * batch / (tp * hw.tflops * 1e12 * hw.mfu_forward)
+    t_comm = 0.0
+    if tp > 1:
+        per_layer = batch * f.hidden * hw.weight_bytes * 2 * (tp - 1) / tp
+        t_comm = 2 * f.layers * (per_layer / (hw.nvlink_gbs * GB * hw.link_eff) + hw.latency_s)
+    return max(t_mem, t_flops) + t_comm + hw.iter_overhead_s
+
+
+def prefill_s(f: ModelFacts, hw: Profile, *, tp: int, tokens: float) -> float:
+    """Seconds to prefill ``tokens`` prompt tokens on one replica (compute-bound)."""
+    return 2 * f.params * tokens / (tp * hw.tflops * 1e12 * hw.mfu_forward)
+
+
+def pipeline_bubble(pp: int, n_micro: int) -> float:
+    """1F1B pipeline stretch factor: ``1 + (pp - 1) / micro-batches``."""
+    return 1.0 + (pp - 1) / max(n_micro, 1)
+
+
+def forward_s(f: ModelFacts, hw: Profile, *, world: int, tokens: float, pp: int = 1, n_micro: int = 1) -> float:
+    """Seconds of a forward pass over ``tokens`` tokens on ``world`` GPUs (log-probs, values)."""
+    t = 2 * f.params * tokens / (world * hw.tflops * 1e12 * hw.mfu_forward)
+    return t * pipeline_bubble(pp, n_micro) + hw.op_overhead_s
+
+
+def train_s(f: ModelFacts, hw: Profile, *, kind: str, tp: int, pp: int, dp: int, cp: int, tokens: float,
+            epochs: int = 1, n_micro: int = 1, dp_inter_node: bool = False) -> float:
+    """Seconds of one update (``epochs`` passes of forward+backward+optimizer over ``tokens``)."""
+    world = tp * pp * dp * cp
+    t = 6 * f.params * tokens * epochs / (world * hw.tflops * 1e12 * hw.mfu_train)
+    t *= pipeline_bubble(pp, n_micro)
+    if dp > 1:  # gradient all-reduce (ring) of each rank's gradient shard, once per step
+        shard = f.params * (2 if hw.kind == "gpu" else 4) / (tp * pp if kind == "megatron" else 1)
+        link = hw.ib_gbs if dp_inter_node else hw.nvlink_gbs
+        t += 2 * (dp - 1) / dp * shard / (link * GB * hw.link_eff) + 2 * hw.latency_s
+    return t + hw.op_overhead_s
+
+
+def gather_s(f: ModelFacts, hw: Profile, *, shards: int, inter_node: bool = False) -> float:
+    """Seconds to all-gather weights held in ``shards`` tensor/pipeline shards (before a resync)."""
+    if shards <= 1:
+        return 0.0
+    link = hw.ib_gbs if inter_node else hw.nvlink_gbs
+    return f.params * hw.weight_bytes * (shards - 1) / shards / (link * GB * hw.link_eff)
+
+
+ROUTE_LINK = {"local": "hbm_gbs", "intra-node": "nvlink_gbs", "inter-node": "ib_gbs"}
+"""Which profile figure bounds a transfer along each route."""
+
+
+def transfer_s(nbytes: float, hw: Profile, *, protocol: str, route: str, buckets: int) -> float:
+    """Seconds to move ``nbytes`` of weights trainer -> rollout engine (after any gather).
+
+    ``inplace``/``ipc`` copy on the device (or node); ``nccl``/``gloo``/``broadcast`` stream
+    over the route's link; ``checkpoint`` writes then reads the shared disk; ``delta`` sends
+    :data:`DELTA_FRACTION` of the bytes over the link.
+    """
+    if protocol == "checkpoint":
+        return 2 * nbytes / (hw.disk_gbs * GB) + buckets * hw.latency_s
+    bw = getattr(hw, ROUTE_LINK.get(route, "ib_gbs"))
+    eff = hw.bw_eff if route == "local" else hw.link_eff
+    if protocol == "delta":
+        nbytes = nbytes * DELTA_FRACTION  # diffing against the last sent copy is on-device: negligible
+    return nbytes / (bw * GB * eff) + buckets * hw.latency_s
+
+
+def offload_s(gb: float, hw: Profile) -> float:
+    """Seconds to move ``gb`` between device and host (colocated engines sleeping / waking)."""
+    return gb * GB / (hw.pcie_gbs * GB) if gb > 0 else 0.0
+
+
+def reward_s(kind: str, samples: int, workers: int = 2) -> float:
+    """CPU seconds to score ``samples`` completions with ``workers`` processes."""
+    return REWARD_S_PER_SAMPLE.get(kind, 1e-3) * samples / max(workers, 1)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def lognormal_mean(median: float, sigma: float) -> float:
+    """Mean of a lognormal with this median and log-space sigma."""
+    return median * math.exp(sigma * sigma / 2)
+
+
+__all__ = ["Memory", "train_memory", "rollout_memory", "concurrency", "decode_iter_s", "prefill_s",
+           "forward_s", "train_s", "gather_s", "transfer_s", "offload_s", "reward_s", "pipeline_bubble",
+           "kv_bytes_per_token_per_gpu", "GB"]

@@ -1,0 +1,427 @@
+"""transformers Llama / Qwen2 checkpoints <-> Megatron-core ``GPTModel`` state dicts.
+
+Pure tensor bookkeeping (no process groups, no Megatron import), in three layers:
+
+1. :func:`hf_to_megatron` / :func:`megatron_to_hf`: transformers naming <-> the *full*
+   (tp=1, pp=1) Megatron layout, with global layer indices.
+2. :func:`shard_state` / :func:`unshard_state`: the full Megatron layout <-> the local
+   state dict of one (tp_rank, pp_rank), with stage-local layer indices and the
+   vocabulary padded to a multiple of ``tp``.
+3. :func:`merge_tp` / :func:`split_tp`: one tensor's TP layout (used by the engine to
+   gather shards with ``all_gather``).
+
+Layouts (H hidden, d head_dim, nq query heads, nkv KV heads = query groups, F ffn):
+
+* ``linear_qkv.weight`` ``[(nq + 2 nkv) d, H]`` is interleaved *per query group*: for
+  each group g, its ``nq/nkv`` query heads, then k_g, then v_g. A TP shard is a
+  contiguous block of ``nkv/tp`` whole groups (so ``nkv % tp == 0``).
+* ``linear_fc1.weight`` ``[2F, H]`` is ``[gate; up]`` (SwiGLU: ``silu(gate) * up``);
+  a TP shard is ``[gate_r; up_r]`` of that rank's ``F/tp`` rows of each.
+* Column-parallel (split dim 0): qkv, fc1, word embeddings, output layer.
+  Row-parallel (split dim 1): ``linear_proj`` (o_proj), ``linear_fc2`` (down_proj).
+  Norms and the critic's value head are replicated.
+
+The conversion is a permutation and concatenation of whole rows/columns, so a round
+trip HF -> Megatron(tp, pp) -> HF is bit-exact (``tests/megatron/test_convert.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.engines.base import EngineConfigError
+
+StateDict = dict[str, torch.Tensor]
+
+
+class ConversionError(EngineConfigError):
+    """A checkpoint or layout the HF <-> Megatron conversion cannot handle (the message says why)."""
+
+
+_SUPPORTED_ARCHS = {"llama": False, "qwen2": True}
+"""model_type -> whether q/k/v projections carry a bias."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a Llama/Qwen2-style decoder, read from a transformers ``config.json``."""
+
+    arch: str
+    """``"llama"`` or ``"qwen2"``."""
+    vocab_size: int
+    """Vocabulary size of the checkpoint (before Megatron's TP padding)."""
+    hidden: int
+    """Hidden size H."""
+    layers: int
+    """Number of decoder layers."""
+    heads: int
+    """Query heads nq."""
+    kv_heads: int
+    """Key/value heads nkv (= Megatron's ``num_query_groups``)."""
+    head_dim: int
+    """Per-head size d (Megatron's ``kv_channels``)."""
+    ffn: int
+    """MLP intermediate size F."""
+    rms_eps: float
+    """RMSNorm epsilon."""
+    rope_theta: float
+    """Rotary base."""
+    max_position: int
+    """Longest sequence the rotary table covers."""
+    tie_embeddings: bool
+    """Whether ``lm_head`` shares the input embedding matrix."""
+    qkv_bias: bool
+    """Whether q/k/v projections have a bias (Qwen2)."""
+
+    @staticmethod
+    def from_hf_config(cfg: Mapping[str, Any]) -> "ModelSpec":
+        """Read a transformers config dict; raise :class:`ConversionError` for anything unsupported."""
+        arch = cfg.get("model_type")
+        if arch not in _SUPPORTED_ARCHS:
+            raise ConversionError(
+                f"model_type={arch!r} is not supported by the Megatron engine; use a {sorted(_SUPPORTED_ARCHS)} "
+                "checkpoint (Llama/Qwen2-style decoder)"
+            )
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if rope_type != "default":
+            raise ConversionError(f"rope_type={rope_type!r} is not supported; only plain RoPE ('default') is")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ConversionError(f"hidden_act={cfg['hidden_act']!r} is not supported; Llama/Qwen2 use 'silu'")
+        if cfg.get("mlp_bias") or (arch == "llama" and cfg.get("attention_bias")):
+            raise ConversionError("mlp_bias / attention_bias checkpoints are not supported; expected bias-free Llama")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        if head_dim * heads != hidden:
+            raise ConversionError(
+                f"head_dim={head_dim} * heads={heads} != hidden={hidden}; only head_dim = hidden/heads is supported"
+            )
+        return ModelSpec(
+            arch=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden=hidden,
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            ffn=int(cfg["intermediate_size"]),
+            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            max_position=int(cfg.get("max_position_embeddings", 2048)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=_SUPPORTED_ARCHS[arch],
+        )
+
+    @staticmethod
+    def from_pretrained(path: str | Path) -> "ModelSpec":
+        """Read ``path/config.json`` (a ``save_pretrained`` directory)."""
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise ConversionError(f"no config.json in {str(path)!r}; pass a transformers save_pretrained directory")
+        return ModelSpec.from_hf_config(json.loads(file.read_text()))
+
+    @property
+    def heads_per_group(self) -> int:
+        """Query heads sharing one KV head."""
+        return self.heads // self.kv_heads
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one rank sits: tensor- and pipeline-parallel sizes and ranks, and the vocabulary padding."""
+
+    tp_size: int = 1
+    tp_rank: int = 0
+    pp_size: int = 1
+    pp_rank: int = 0
+    vocab_divisible_by: int = 1
+    """The padded vocabulary is a multiple of ``vocab_divisible_by * tp_size`` (Megatron's
+    ``make_vocab_size_divisible_by``)."""
+
+
+def check_layout(spec: ModelSpec, tp: int, pp: int) -> None:
+    """Raise :class:`ConversionError` if the model cannot be split ``tp`` x ``pp`` ways."""
+    problems = (
+        (spec.heads % tp == 0, f"num_attention_heads={spec.heads} is not divisible by tp={tp}"),
+        (spec.kv_heads % tp == 0, f"num_key_value_heads={spec.kv_heads} is not divisible by tp={tp}"),
+        (spec.ffn % tp == 0, f"intermediate_size={spec.ffn} is not divisible by tp={tp}"),
+        (spec.layers % pp == 0, f"num_hidden_layers={spec.layers} is not divisible by pp={pp}"),
+    )
+    for ok, message in problems:
+        if not ok:
+            raise ConversionError(f"{message}; choose tp/pp that divide the model's heads, KV heads, MLP and layers")
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int, divisible_by: int = 1) -> int:
+    """Megatron's padded vocabulary: the next multiple of ``divisible_by * tp_size``.
+
+    >>> padded_vocab_size(17, 2)
+    18
+    >>> padded_vocab_size(17, 2, 128)
+    256
+    """
+    multiple = divisible_by * tp_size
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def layer_range(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """Global indices of the decoder layers pipeline stage ``pp_rank`` holds (even split).
+
+    >>> list(layer_range(4, 2, 1))
+    [2, 3]
+    """
+    per_stage = num_layers // pp_size
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
+# ------------------------------------------------------------ HF <-> full Megatron
+
+_LAYER_NORMS = {  # Megatron suffix -> HF suffix, inside a layer
+    "input_layernorm.weight": "input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+"""Layer tensors that map one to one (same layout)."""
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """HF q [nq d, ...], k/v [nkv d, ...] -> Megatron's per-group interleaved [(nq + 2 nkv) d, ...]."""
+    rest = q.shape[1:]
+    q = q.reshape(spec.kv_heads, spec.heads_per_group * spec.head_dim, *rest)
+    k = k.reshape(spec.kv_heads, spec.head_dim, *rest)
+    v = v.reshape(spec.kv_heads, spec.head_dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def _split_qkv(qkv: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`_fuse_qkv`."""
+    rest = qkv.shape[1:]
+    qd = spec.heads_per_group * spec.head_dim
+    groups = qkv.reshape(spec.kv_heads, qd + 2 * spec.head_dim, *rest)
+    q, k, v = torch.split(groups, [qd, spec.head_dim, spec.head_dim], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, role: str = "actor") -> StateDict:
+    """transformers state dict -> full (tp=1, pp=1) Megatron ``GPTModel`` state dict.
+
+    ``hf`` uses the names of ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (actor) or of
+    flowrl's critic (base model under ``model.`` plus ``value_head.weight [1, H]`` and
+    ``value_head.bias [1]``). Output tensors are the input tensors or concatenations of
+    them (no arithmetic). A tied checkpoint may omit ``lm_head.weight``.
+    """
+    _require(hf, ["model.embed_tokens.weight", "model.norm.weight"])
+    out: StateDict = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    for i in range(spec.layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for mg, name in _LAYER_NORMS.items():
+            out[dst + mg] = _get(hf, src + name)
+        attn = src + "self_attn."
+        out[dst + "self_attention.linear_qkv.weight"] = _fuse_qkv(
+            _get(hf, attn + "q_proj.weight"), _get(hf, attn + "k_proj.weight"), _get(hf, attn + "v_proj.weight"), spec
+        )
+        if spec.qkv_bias:
+            out[dst + "self_attention.linear_qkv.bias"] = _fuse_qkv(
+                _get(hf, attn + "q_proj.bias"), _get(hf, attn + "k_proj.bias"), _get(hf, attn + "v_proj.bias"), spec
+            )
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+            [_get(hf, src + "mlp.gate_proj.weight"), _get(hf, src + "mlp.up_proj.weight")], dim=0
+        )
+    if role == "critic":
+        out["output_layer.weight"] = _get(hf, "value_head.weight")
+        out["output_layer.bias"] = _get(hf, "value_head.bias")
+    elif not spec.tie_embeddings:
+        out["output_layer.weight"] = _get(hf, "lm_head.weight")
+    return out
+
+
+def megatron_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, role: str = "actor") -> StateDict:
+    """Megatron state dict (global layer numbers) -> transformers naming (inverse of :func:`hf_to_megatron`).
+
+    ``mg`` may hold only part of the model (one pipeline stage's tensors): each tensor
+    present is converted, nothing is required. An actor with tied embeddings gets
+    ``lm_head.weight`` = the embedding (what transformers' ``state_dict()`` shows and
+    vLLM accepts); a critic's output layer becomes ``value_head.*``.
+    """
+    out: StateDict = {}
+    if "embedding.word_embeddings.weight" in mg:
+        out["model.embed_tokens.weight"] = mg["embedding.word_embeddings.weight"]
+        if spec.tie_embeddings and role == "actor":
+            out["lm_head.weight"] = mg["embedding.word_embeddings.weight"]
+    if "decoder.final_layernorm.weight" in mg:
+        out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
+    for i in sorted({idx for idx in map(_layer_index, mg) if idx is not None}):
+        out.update(_layer_to_hf(mg, spec, i))
+    head = {"weight": "value_head.weight", "bias": "value_head.bias"} if role == "critic" else {
+        "weight": "lm_head.weight"}
+    for suffix, hf_name in head.items():
+        if f"output_layer.{suffix}" in mg:
+            out[hf_name] = mg[f"output_layer.{suffix}"]
+    return out
+
+
+def _layer_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, i: int) -> StateDict:
+    """Decoder layer ``i``'s tensors (all of them must be in ``mg``) in transformers naming."""
+    src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+    out = {dst + hf_name: _get(mg, src + name) for name, hf_name in _LAYER_NORMS.items()}
+    q, k, v = _split_qkv(_get(mg, src + "self_attention.linear_qkv.weight"), spec)
+    out.update({dst + "self_attn.q_proj.weight": q, dst + "self_attn.k_proj.weight": k,
+                dst + "self_attn.v_proj.weight": v})
+    if spec.qkv_bias:
+        qb, kb, vb = _split_qkv(_get(mg, src + "self_attention.linear_qkv.bias"), spec)
+        out.update({dst + "self_attn.q_proj.bias": qb, dst + "self_attn.k_proj.bias": kb,
+                    dst + "self_attn.v_proj.bias": vb})
+    gate, up = torch.chunk(_get(mg, src + "mlp.linear_fc1.weight"), 2, dim=0)
+    out[dst + "mlp.gate_proj.weight"] = gate
+    out[dst + "mlp.up_proj.weight"] = up
+    return out
+
+
+# ------------------------------------------------------------- TP / PP sharding
+
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_FC1 = "mlp.linear_fc1.weight"
+
+
+def tp_rule(name: str, role: str = "actor") -> str:
+    """How tensor ``name`` (Megatron naming) is split across TP ranks.
+
+    ``"vocab"`` (dim 0, padded vocabulary), ``"column"`` (dim 0), ``"row"`` (dim 1),
+    ``"fc1"`` (dim 0, gate and up halves split separately) or ``"replicated"``.
+    """
+    if name.startswith("output_layer.") and role == "critic":
+        return "replicated"  # the value head is a tiny Linear(H, 1), kept whole on every rank
+    if name in _VOCAB:
+        return "vocab"
+    if name.endswith(_FC1):
+        return "fc1"
+    if name.endswith(_COLUMN):
+        return "column"
+    if name.endswith(_ROW):
+        return "row"
+    return "replicated"
+
+
+def split_tp(name: str, full: torch.Tensor, spec: ModelSpec, layout: Layout, role: str = "actor") -> torch.Tensor:
+    """TP shard ``layout.tp_rank`` of one full Megatron tensor (a contiguous copy)."""
+    rule, tp, r = tp_rule(name, role), layout.tp_size, layout.tp_rank
+    if rule == "replicated" or (tp == 1 and rule != "vocab"):
+        return full.clone()
+    if rule == "vocab":
+        padded = padded_vocab_size(spec.vocab_size, tp, layout.vocab_divisible_by)
+        # Padding rows are zero: the engine masks their logits, so they never matter.
+        full = torch.cat([full, full.new_zeros(padded - full.shape[0], *full.shape[1:])])
+        return torch.chunk(full, tp, dim=0)[r].clone()
+    if rule == "fc1":
+        gate, up = torch.chunk(full, 2, dim=0)
+        return torch.cat([torch.chunk(gate, tp, dim=0)[r], torch.chunk(up, tp, dim=0)[r]]).clone()
+    return torch.chunk(full, tp, dim=1 if rule == "row" else 0)[r].clone()
+
+
+def merge_tp(name: str, shards: list[torch.Tensor], spec: ModelSpec, role: str = "actor") -> torch.Tensor:
+    """The full Megatron tensor from its TP shards in rank order (inverse of :func:`split_tp`)."""
+    rule = tp_rule(name, role)
+    if rule == "replicated":
+        return shards[0]
+    if rule == "vocab":
+        return torch.cat(shards, dim=0)[: spec.vocab_size]
+    if rule == "fc1":
+        halves = [torch.chunk(s, 2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(shards, dim=1 if rule == "row" else 0)
+
+
+def _layer_index(name: str) -> int | None:
+    """``decoder.layers.{i}.…`` -> i; None for tensors outside the layer stack."""
+    if not name.startswith("decoder.layers."):
+        return None
+    return int(name.split(".")[2])
+
+
+def _renumber(name: str, index: int) -> str:
+    parts = name.split(".")
+    parts[2] = str(index)
+    return ".".join(parts)
+
+
+def stage_owns(name: str, spec: ModelSpec, layout: Layout, role: str = "actor") -> bool:
+    """Whether pipeline stage ``layout.pp_rank`` holds full-model tensor ``name``."""
+    first, last = layout.pp_rank == 0, layout.pp_rank == layout.pp_size - 1
+    index = _layer_index(name)
+    if index is not None:
+        return index in layer_range(spec.layers, layout.pp_size, layout.pp_rank)
+    if name.startswith("embedding."):
+        return first
+    if name == "output_layer.weight" and spec.tie_embeddings and role == "actor":
+        return False  # tied: the output layer reads the embedding (pp=1 only)
+    return last  # final norm and output layer / value head
+
+
+def shard_state(full: Mapping[str, torch.Tensor], spec: ModelSpec, layout: Layout, role: str = "actor") -> StateDict:
+    """Full Megatron state dict -> the local state dict of one (tp_rank, pp_rank).
+
+    Layers are renumbered from 0 within the stage (Megatron's local numbering);
+    vocabulary tensors are padded to the TP multiple and split.
+    """
+    offset = layer_range(spec.layers, layout.pp_size, layout.pp_rank).start
+    out: StateDict = {}
+    for name, tensor in full.items():
+        if not stage_owns(name, spec, layout, role):
+            continue
+        index = _layer_index(name)
+        local = name if index is None else _renumber(name, index - offset)
+        out[local] = split_tp(name, tensor, spec, layout, role)
+    return out
+
+
+def to_global_names(local: Mapping[str, torch.Tensor], spec: ModelSpec, pp_size: int, pp_rank: int) -> StateDict:
+    """Stage-local layer numbering -> global (``decoder.layers.0`` of stage 1 of 2 in a 4-layer model -> 2)."""
+    offset = layer_range(spec.layers, pp_size, pp_rank).start
+    out: StateDict = {}
+    for name, tensor in local.items():
+        index = _layer_index(name)
+        out[name if index is None else _renumber(name, index + offset)] = tensor
+    return out
+
+
+def unshard_state(
+    shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]], spec: ModelSpec, tp: int, pp: int,
+    role: str = "actor",
+) -> StateDict:
+    """``{(tp_rank, pp_rank): local state dict}`` of every rank -> the full Megatron state dict."""
+    missing = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in shards]
+    if missing:
+        raise ConversionError(f"unshard_state: no shard for (tp_rank, pp_rank) in {missing}")
+    full: StateDict = {}
+    for p in range(pp):
+        names = [n for n in shards[(0, p)] if not n.endswith("._extra_state")]
+        stage = {n: merge_tp(n, [shards[(t, p)][n] for t in range(tp)], spec, role) for n in names}
+        full.update(to_global_names(stage, spec, pp, p))
+    return full
+
+
+def _require(sd: Mapping[str, torch.Tensor], names: list[str]) -> None:
+    for name in names:
+        _get(sd, name)
+
+
+def _get(sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in sd:
+        sample = ", ".join(sorted(sd)[:4])
+        raise ConversionError(f"checkpoint has no tensor {name!r} (it has e.g. {sample}); is it a Llama/Qwen2 model?")
+    return sd[name]

@@ -1,0 +1,422 @@
+"""The ``megatron`` :class:`~flowrl.engines.base.TrainEngine`: a group of Megatron rank processes.
+
+``MegatronTrainEngine`` is the driver-side handle. It spawns ``tp * pp * dp`` processes
+(``torch.multiprocessing``, spawn start method), each hosting one
+:class:`~flowrl.engines.megatron.worker.MegatronRank`; the ranks form one
+``torch.distributed`` group (gloo on CPU, NCCL on GPUs) with Megatron's
+``parallel_state`` laid out as (tp, pp, dp). Every Protocol call is broadcast to all
+ranks (each takes its data-parallel slice), and the answers are merged here:
+
+* ``forward``: per-token ``[B, T]`` outputs from the last pipeline stage's tp-rank-0
+  process of each dp rank, concatenated in dp order.
+* ``train_step``: Megatron's forward/backward schedule (pipelined when pp > 1) over
+  micro-batches, grad all-reduce / reduce-scatter over dp, Megatron's optimizer
+  (distributed optimizer when dp > 1), one step. Returns the summed loss and metrics.
+* ``named_weights``: each stage's weights all-gathered over TP and converted to
+  transformers names and layouts, stages concatenated (what a rollout resync sends).
+* ``save`` / ``load``: one file per rank (model shard, optimizer shard, step, RNG).
+
+Only the rank processes apply the CPU shims (:mod:`flowrl.engines.megatron.cpu_shims`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+import weakref
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, EngineNotInstalledError, LossFn
+from flowrl.engines.megatron.worker import RankOptions, StepRecord
+from flowrl.engines.torch_train import OptimConfig
+from flowrl.engines.types import TokenBatch
+
+META_FILE = "megatron_engine.json"
+"""Written by :meth:`MegatronTrainEngine.save` next to the per-rank files: layout, role and step."""
+
+INSTALL_HINT = "pip install --no-deps --ignore-requires-python megatron-core==0.19.2"
+
+
+class MegatronRankError(EngineError):
+    """A rank process raised or died; the engine's processes have been stopped.
+
+    ``remote_traceback`` holds the rank's traceback text.
+    """
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, init_method: str, options: RankOptions, inbox: Any, outbox: Any) -> None:
+    """Body of a rank process: build the rank, then serve ``(method, kwargs)`` until ``shutdown``."""
+    import cloudpickle
+
+    from flowrl.engines.megatron.worker import MegatronRank
+
+    def answer(call: Any) -> None:
+        try:
+            outbox.put((rank, True, call()))
+        except EngineError as exc:  # a user-facing error: send it as is (its type and message)
+            outbox.put((rank, False, (exc, traceback.format_exc())))
+        except BaseException as exc:  # anything else: its text
+            outbox.put((rank, False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+
+    holder: dict[str, Any] = {}
+    answer(lambda: holder.setdefault("rank", MegatronRank(rank, world, init_method, options)).coords)
+    if "rank" not in holder:
+        return
+    worker = holder["rank"]
+    while True:
+        method, kwargs = inbox.get()
+        if method == "shutdown":
+            worker.shutdown()
+            outbox.put((rank, True, None))
+            return
+        if "loss_fn" in kwargs:  # closures travel as cloudpickle bytes
+            kwargs = {**kwargs, "loss_fn": cloudpickle.loads(kwargs["loss_fn"])}
+        answer(lambda: getattr(worker, method)(**kwargs))
+
+
+_PRELOAD = (
+    "flowrl.engines.megatron.worker",
+    "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.optimizer",
+    "megatron.core.distributed",
+    "megatron.core.pipeline_parallel",
+)
+"""Modules the fork server imports once; every rank forked from it starts with them loaded
+(importing torch + Megatron costs ~10 s of CPU per process otherwise)."""
+
+
+def _context() -> Any:
+    """The ``forkserver`` multiprocessing context with :data:`_PRELOAD` (``spawn`` where unavailable).
+
+    Ranks are forked from a clean server process that has imported modules but never run
+    a torch op (so no OpenMP/thread pool is forked mid-flight); the server outlives one
+    engine, so later engines of the same driver start in about a second.
+    """
+    import torch.multiprocessing as mp
+
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(list(_PRELOAD))
+    return ctx
+
+
+class _RankGroup:
+    """The spawned rank processes and their queues (one inbox each, one shared outbox)."""
+
+    def __init__(self, options: RankOptions, start_timeout_s: float):
+        ctx = _context()
+        self.world = options.world_size
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(self.world)]
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.procs = [
+            ctx.Process(target=_rank_main, args=(r, self.world, init_method, options, self.inboxes[r], self.outbox),
+                        daemon=True, name=f"megatron-rank{r}")
+            for r in range(self.world)
+        ]
+        for proc in self.procs:
+            proc.start()
+        self.coords: list[dict[str, int]] = self._collect("start", start_timeout_s)
+
+    def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
+        """Run ``method(**kwargs)`` on every rank; the answers in rank order."""
+        for box in self.inboxes:
+            box.put((method, kwargs))
+        return self._collect(method, timeout_s)
+
+    def _collect(self, method: str, timeout_s: float, grace_s: float = 5.0) -> list[Any]:
+        results: dict[int, Any] = {}
+        errors: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        first_error = None
+        while len(results) + len(errors) < self.world:
+            try:
+                rank, ok, value = self.outbox.get(timeout=0.2)
+                (results if ok else errors)[rank] = value
+                if not ok and first_error is None:
+                    first_error = time.monotonic()
+                continue
+            except Exception:  # queue.Empty: check on the processes
+                pass
+            dead = [p for p in self.procs if p.exitcode is not None]
+            now = time.monotonic()
+            if dead or now > deadline or (first_error is not None and now - first_error > grace_s):
+                # Ranks blocked in a collective with a failed peer never return: stop them all.
+                self.kill()
+                raise self._failure(method, errors, dead, now > deadline)
+        if errors:
+            raise self._failure(method, errors, [], False)
+        return [results[r] for r in range(self.world)]
+
+    def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
+        if errors:
+            rank = min(errors)
+            exc, tb = errors[rank]
+            if isinstance(exc, EngineError):
+                return exc
+            return MegatronRankError(f"megatron rank {rank} failed in {method}: {exc}", tb)
+        if dead:
+            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
+            return MegatronRankError(f"megatron rank process died during {method} ({codes}); the engine was stopped")
+        return MegatronRankError(f"megatron ranks did not answer {method} in time; the engine was stopped")
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        if not any(p.is_alive() for p in self.procs):
+            return
+        try:
+            self.call("shutdown", timeout_s)
+        except EngineError:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=10)
+
+
+class MegatronTrainEngine:
+    """Train engine over Megatron-core with tensor, pipeline and data parallelism.
+
+    Args:
+        model_path: transformers checkpoint directory (Llama / Qwen2; config.json + safetensors).
+        role: ``"actor"`` (logprobs, entropy) or ``"critic"`` (values, Linear(H, 1) head
+            seeded like the torch engine's).
+        optim: AdamW / warm-up / clipping settings (shared with the torch engine).
+        temperature: logits are divided by it before log_softmax.
+        tp, pp, dp: tensor-, pipeline- and data-parallel sizes; ``tp * pp * dp`` processes.
+        dtype: parameter dtype (``"float32"``; bf16/fp16 need a GPU).
+        seed: Megatron's RNG seed and the critic head's init seed.
+        compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
+        distributed_optimizer: shard optimizer state over dp ranks when dp > 1.
+        vocab_divisible_by: pad the vocabulary to a multiple of this times ``tp``.
+        threads: torch threads per rank (default: CPU cores / world size).
+        timeout_s: longest wait for one call before the ranks are declared stuck.
+        device: accepted for signature compatibility with the torch engine; ranks use
+            CUDA when it is available, else the CPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        role: str = "actor",
+        optim: OptimConfig = OptimConfig(),
+        temperature: float = 1.0,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int = 1,
+        dtype: str = "float32",
+        seed: int = 0,
+        compute_entropy: bool = True,
+        distributed_optimizer: bool = True,
+        vocab_divisible_by: int = 1,
+        threads: int | None = None,
+        timeout_s: float = 600.0,
+        device: str | None = None,
+        **unused: Any,
+    ):
+        _check_installed()
+        _check_args(model_path, role, temperature, tp, pp, dp, dtype)
+        from flowrl.engines.megatron.convert import ModelSpec, check_layout
+
+        check_layout(ModelSpec.from_pretrained(model_path), tp, pp)  # fail before spawning anything
+        self.role = role
+        self.temperature = float(temperature)
+        self.timeout_s = float(timeout_s)
+        self.options = RankOptions(
+            model_path=str(model_path), tp=tp, pp=pp, dp=dp, role=role, temperature=float(temperature),
+            lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+            warmup_steps=optim.warmup_steps, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
+            distributed_optimizer=distributed_optimizer, vocab_divisible_by=vocab_divisible_by,
+            compute_entropy=compute_entropy, threads=threads,
+        )
+        self.step = 0
+        self._group = _RankGroup(self.options, self.timeout_s)
+        # Stop the rank processes if the engine is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, _RankGroup.kill, self._group)
+
+    @property
+    def layout(self) -> dict[str, int]:
+        """``{"tp": ..., "pp": ..., "dp": ...}``."""
+        return {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp}
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self, batch: TokenBatch, *, entropy: bool = False, values: bool = False, micro_batch_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Per-token outputs without grad, each ``[B, T]`` float32 on CPU (0 at position 0 and padding).
+
+        Actor: ``"logprobs"`` and, with ``entropy=True``, ``"entropy"`` (nats), from the
+        vocab-parallel logits divided by the temperature. Critic: ``"values"``
+        (``values[b, t]`` = value of ``input_ids[b, :t]``). ``micro_batch_size`` bounds the
+        rows each dp rank runs at once (default: all its rows).
+        """
+        if values and self.role != "critic":
+            raise EngineConfigError("values=True asked of an actor engine; build MegatronTrainEngine(role='critic')")
+        if entropy and self.role != "actor":
+            raise EngineConfigError("entropy=True asked of a critic engine; entropy comes from an actor")
+        if batch.size == 0:
+            raise EngineConfigError("forward got an empty batch (0 rows)")
+        size = micro_batch_size or batch.size
+        records: list[StepRecord] = self._group.call("forward", self.timeout_s, batch=batch, entropy=entropy,
+                                                     micro_batch_size=size)
+        parts = [r for r in self._output_records(records) if r.outputs]
+        return {key: torch.cat([r.outputs[key] for r in parts]) for key in parts[0].outputs}
+
+    def _output_records(self, records: list[StepRecord]) -> list[StepRecord]:
+        """Records of the last stage's tp-rank-0 processes, in dp order (they hold the outputs)."""
+        last = self.options.pp - 1
+        chosen = [r for r in records if r.coords["pp"] == last and r.coords["tp"] == 0]
+        return sorted(chosen, key=lambda r: r.coords["dp"])
+
+    # --------------------------------------------------------------- training
+
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int, denominator: Denominator | None = None,
+        capture_grads: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step over ``batch`` (see :meth:`TrainEngine.train_step`).
+
+        The batch is split into dp contiguous slices, each into micro-batches of
+        ``micro_batch_size`` rows. ``loss_fn(outputs, micro, denominator)`` runs on the
+        last pipeline stage with ``[b, t]`` outputs that carry grad; ``denominator``
+        (default: counts of the whole ``batch``) is global. Returns ``loss`` and the loss
+        function's metrics summed over all micro-batches of all dp ranks, ``grad_norm``
+        (global L2 before clipping), ``lr``, ``step`` and ``skipped``. With
+        ``capture_grads`` the synchronised, unclipped gradients are kept for
+        :meth:`last_gradients` (a testing and debugging aid; it costs a copy of the grads).
+        """
+        import cloudpickle
+
+        if micro_batch_size < 1:
+            raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if batch.size < self.options.dp:
+            raise EngineConfigError(
+                f"train_step got {batch.size} rows but dp={self.options.dp}; every data-parallel rank needs a row"
+            )
+        denominator = denominator or {"tokens": int(batch.response_mask.sum().item()), "sequences": batch.size}
+        records: list[StepRecord] = self._group.call(
+            "train_step", self.timeout_s, batch=batch, loss_fn=cloudpickle.dumps(loss_fn),
+            micro_batch_size=micro_batch_size, denominator=denominator, capture_grads=capture_grads,
+        )
+        self.step = int(records[0].stats["step"])
+        # dp ranks already summed their metrics; any last-stage record holds the totals.
+        return dict(self._output_records(records)[0].stats)
+
+    # ------------------------------------------------------------ weights & io
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` pairs in transformers naming and layout, full (TP-gathered) tensors.
+
+        Pipeline stages come in order (embeddings, layers, final norm, ``lm_head``). A
+        critic yields ``value_head.weight`` / ``value_head.bias`` instead of ``lm_head``.
+        """
+        yield from self._gather("weights")
+
+    def last_gradients(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, grad)`` of the last ``train_step(capture_grads=True)``: summed over
+        micro-batches and dp ranks, before clipping, in transformers naming and layout."""
+        yield from self._gather("grads")
+
+    def _gather(self, source: str) -> Iterator[tuple[str, torch.Tensor]]:
+        records = self._group.call("gather_hf_weights", self.timeout_s, source=source)
+        coords = self._group.coords
+        order = sorted(range(len(records)), key=lambda r: coords[r]["pp"])
+        for r in order:
+            for name, tensor in records[r].items():
+                yield name, tensor
+
+    def save(self, path: str) -> None:
+        """Write one ``mp_rank_{tp}_{pp}_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and ``megatron_engine.json``."""
+        os.makedirs(path, exist_ok=True)
+        self._group.call("save", self.timeout_s, path=str(path))
+        meta = {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path}
+        Path(path, META_FILE).write_text(json.dumps(meta, indent=1))
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote; the layout and role must match this engine's."""
+        meta_file = Path(path, META_FILE)
+        if not meta_file.is_file():
+            raise EngineError(f"no Megatron engine checkpoint at {str(path)!r} ({META_FILE} missing)")
+        meta = json.loads(meta_file.read_text())
+        if meta["layout"] != self.layout or meta["role"] != self.role:
+            raise EngineConfigError(
+                f"checkpoint {str(path)!r} holds a {meta['role']} with layout {meta['layout']}; this engine is a "
+                f"{self.role} with {self.layout}; build the engine with the checkpoint's layout to load it"
+            )
+        self._group.call("load", self.timeout_s, path=str(path))
+        self.step = int(meta["step"])
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        if self.role != "actor":
+            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
+        os.makedirs(path, exist_ok=True)
+        for file in Path(self.options.model_path).iterdir():
+            if file.is_file() and not file.name.endswith((".safetensors", ".bin")) and file.name != "model.safetensors.index.json":
+                shutil.copy(file, Path(path, file.name))
+        tensors = {name: t.contiguous().clone() for name, t in self.named_weights()}
+        save_file(tensors, str(Path(path, "model.safetensors")), metadata={"format": "pt"})
+
+    def shutdown(self) -> None:
+        """Stop the rank processes (the engine is unusable afterwards)."""
+        self._group.shutdown()
+        self._finalizer.detach()
+
+    def __enter__(self) -> "MegatronTrainEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _check_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise EngineNotInstalledError(f"the megatron train engine needs megatron-core; install it with: {INSTALL_HINT}")
+
+
+def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, dtype: str) -> None:
+    checks = (
+        (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
+        (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
+        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp)),
+         f"tp={tp!r}, pp={pp!r}, dp={dp!r}: each must be an integer >= 1"),
+        (dtype == "float32" or torch.cuda.is_available(),
+         f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
+        (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),
+        (os.path.isdir(model_path), f"model_path={model_path!r} is not a directory; pass a save_pretrained dir"),
+    )
+    for ok, message in checks:
+        if not ok:
+            raise EngineConfigError(message)

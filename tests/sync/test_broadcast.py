@@ -1,0 +1,91 @@
+"""``broadcast``: packed buckets over a standalone gloo group between real processes."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from flowrl.runtime.sync import BroadcastSync, Rendezvous, WeightSyncError
+from flowrl.runtime.weight_sync import pack_buckets
+from sync_testkit import broadcast_receiver, collect, digest, model_weights, start_children
+
+BUCKET = 512  # bytes: every sync spans several buckets
+
+
+def flip_first_tensor_of(index: int):
+    """Tamper hook: flip one byte of the first tensor of bucket ``index`` (after checksumming)."""
+
+    def tamper(bucket):
+        if bucket.index != index:
+            return bucket
+        data = bucket.data.copy()
+        data[bucket.tensors[0].offset] ^= 0xFF
+        return bucket._replace(data=data)
+
+    return tamper
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(tmp_path, overlap):
+    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, overlap=overlap, timeout_s=60)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 4, overlap, str(tmp_path)),
+                                                   (sender.rendezvous, 2, 4, overlap, None)])
+    # v1: a clean sync
+    stats = sender.send(model_weights(1), 1)
+    # v2: bucket 1 is damaged after checksumming: both receivers must name its first tensor
+    sender.tamper = flip_first_tensor_of(1)
+    sender.send(model_weights(2), 2)
+    sender.tamper = None
+    # v3: the sender fails half-way (a dtype the format cannot carry): receivers must not hang
+    bad = model_weights(3)[:4] + [("layers.9.complex", torch.zeros(2, dtype=torch.complex64))]
+    with pytest.raises(WeightSyncError, match="unsupported dtype"):
+        sender.send(bad, 3)
+    # v4: the group is still in step
+    sender.send(model_weights(4), 4)
+    sender.close()
+    results = collect(procs, q)
+
+    assert not dist.is_initialized()  # the sync never touched torch's default group
+    buckets, _ = pack_buckets(model_weights(2), BUCKET)
+    damaged = buckets[1].tensors[0].name
+    for outcomes, _ in results:
+        assert outcomes[0] == ("ok", 1, digest(model_weights(1)), stats.buckets)
+        assert outcomes[1][0] == "error" and f"tensor {damaged!r} in bucket 1 is corrupted" in outcomes[1][1]
+        assert outcomes[2][0] == "error" and "sender aborted version 3" in outcomes[2][1]
+        assert "unsupported dtype" in outcomes[2][1]
+        assert outcomes[3][:3] == ("ok", 4, digest(model_weights(4)))
+    assert results[0][1] is True  # the receiver's own default group (like vLLM's) still works
+    assert stats.buckets > 3 and stats.tensors == len(model_weights(1))
+    assert stats.wire_bytes > stats.bytes  # headers and metadata travel too
+
+
+def test_receiver_needs_rendezvous_and_valid_rank():
+    with pytest.raises(WeightSyncError, match="needs the sender's Rendezvous"):
+        BroadcastSync("receiver", rank=1)
+    with pytest.raises(WeightSyncError, match=r"rank=3; hint: ranks 1\.\.2"):
+        BroadcastSync("receiver", rendezvous=Rendezvous("127.0.0.1", 1, 3), rank=3)
+    with pytest.raises(WeightSyncError, match="world_size=1"):
+        BroadcastSync("sender", world_size=1)
+    with pytest.raises(WeightSyncError, match="backend='mpi'"):
+        BroadcastSync("sender", world_size=2, backend="mpi")
+
+
+def test_roles_are_enforced_and_close_is_idempotent():
+    sender = BroadcastSync("sender", world_size=2, backend="gloo")
+    assert sender.rendezvous.world_size == 2 and sender.rendezvous.port > 0
+    with pytest.raises(WeightSyncError, match="a sender cannot receive"):
+        sender.receive()
+    sender.close()
+    sender.close()
+    with pytest.raises(WeightSyncError, match="the group is unusable"):
+        sender.send(model_weights(1), 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank: 2 GPUs")
+def test_nccl_broadcast_between_two_gpus(tmp_path):
+    sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, backend="nccl", timeout_s=60)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 1, True, None, "nccl")])
+    sender.send(model_weights(1), 1)
+    sender.close()
+    (outcomes, _), = collect(procs, q)
+    assert outcomes[0][:3] == ("ok", 1, digest(model_weights(1)))
