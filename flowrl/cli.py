@@ -365,24 +365,74 @@ def _flow_args(p: argparse.ArgumentParser) -> None:
 def _plan_args(p: argparse.ArgumentParser) -> None:
     _flow_args(p)
     p.add_argument("--json", action="store_true", help="print the ExecutionPlan as JSON (for tools)")
+    p.add_argument("--explain", action="store_true",
+                   help="also show what `schedule auto` searched: the winner, the runners-up, what it rejected")
 
 
 def run_plan_cmd(args: argparse.Namespace) -> int:
     from flowrl.runtime.api import RunError, build_plan, describe_plan, parse_sets, plan_json
 
+    if args.json and args.explain:
+        raise UsageError("--json already holds the search report (`search`); drop --explain")
     try:
         plan = build_plan(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps)
     except RunError as e:
         raise CliError(str(e)) from None
-    _out().write(plan_json(plan) if args.json else describe_plan(plan))
+    _out().write(plan_json(plan) if args.json else describe_plan(plan, explain=args.explain))
     return 0
 
 
 register(Command(
-    "plan", "lower a flow to its execution plan: engines, placement, step order, weight sync",
+    "plan", "lower a flow to its execution plan: engines on GPUs, layouts, weight sync, estimated step time",
     "flowrl plan flows/arith_grpo.flow\n"
+    "flowrl plan flows/grpo_auto.flow --explain    # why `schedule auto` chose what it chose\n"
     "flowrl plan flows/arith_grpo.flow --json > plan.json",
     _plan_args, run_plan_cmd))
+
+
+# ---- flowrl profile ------------------------------------------------------------------------------
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write the profile (default: $FLOWRL_PROFILE, else ~/.cache/flowrl/profile.json)")
+    p.add_argument("--size", type=int, default=1024, metavar="N", help="matmul size N (N x N @ N x N, fp32)")
+    p.add_argument("--copy-mb", type=int, default=256, metavar="MB", help="memcpy size in MB")
+    p.add_argument("--allreduce-mb", type=int, default=64, metavar="MB", help="gloo allreduce size in MB")
+    p.add_argument("--repeat", type=int, default=3, metavar="K", help="best of K runs of each measurement")
+    p.add_argument("--no-allreduce", action="store_true", help="skip the 2-process gloo allreduce")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Measure this machine (matmul, memcpy, gloo allreduce) for the `cpu` cost profile."""
+    import importlib.util
+
+    from flowrl.cost import profiles
+
+    for name, value in (("--size", args.size), ("--copy-mb", args.copy_mb), ("--allreduce-mb", args.allreduce_mb),
+                        ("--repeat", args.repeat)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    if importlib.util.find_spec("torch") is None:
+        raise CliError("`flowrl profile` measures with torch, which is not installed: pip install torch==2.13.0")
+    prof = profiles.measure(args.size, args.copy_mb, args.allreduce_mb, args.repeat,
+                            with_allreduce=not args.no_allreduce)
+    try:
+        path = profiles.save_profile(prof, args.output)
+    except OSError as e:
+        raise CliError(f"cannot write the profile: {e.strerror or e}") from None
+    out = _out()
+    print(f"matmul {prof.tflops * 1e3:.1f} GFLOP/s, memcpy {prof.hbm_gbs:.2f} GB/s, "
+          f"gloo allreduce {prof.nvlink_gbs:.2f} GB/s, memory {prof.memory_total_gb:.1f} GB", file=out)
+    print(f"wrote {path} (used by `flowrl plan` for gpu = \"cpu\")", file=out)
+    return 0
+
+
+register(Command(
+    "profile", "measure this machine (matmul, memcpy, gloo allreduce) for the cost model's `cpu` profile",
+    "flowrl profile\n"
+    "flowrl profile -o profile.json --size 512 --no-allreduce",
+    _profile_args, run_profile))
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

@@ -1,8 +1,10 @@
 """Lower a checked FlowGraph and its schedule to an :class:`ExecutionPlan`.
 
-Requires: every pass in ``PASSES``. Without a ``schedule`` block the default schedule
-applies: one node with one (logical) GPU, every engine colocated on it, synchronous
-(staleness 1), in-place resync, ``torch`` training and ``vllm`` rollout.
+Requires: every pass in ``PASSES``. The schedule passes already decided pools, placements,
+layouts, staleness, protocols and estimates (``graph.sched``); lowering copies them and
+adds the step's ops, datasets, rewards and run settings. Without a ``schedule`` block the
+default schedule applies: one node with one (logical) GPU, every engine colocated on it,
+synchronous (staleness 1), in-place resync, ``torch`` training and ``vllm`` rollout.
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
@@ -17,104 +19,40 @@ applies: one node with one (logical) GPU, every engine colocated on it, synchron
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-from flowrl.compiler.plan import (DatasetPlan, EnginePlan, ExecutionPlan, ModelPlan, OpPlan, PoolPlan,
-                                  RewardPlan, RunPlan, ResyncPlan)
+from flowrl.compiler.plan import DatasetPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
+from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
-from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, plain
+from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Symbol, plain
 from flowrl.ir.ops import RESOURCE_KINDS, OpKind
-from flowrl.ir.schedule_catalog import PROTOCOLS
 from flowrl.syntax import ast
 
 RUN_PARAMS = ("steps", "seed", "eval_every", "save_every")
 """Entry-flow parameters the runtime reads as run settings (``--set steps=100`` overrides)."""
 
-DEFAULT_TRAIN = "torch"
-DEFAULT_ROLLOUT = "vllm"
-
-
-@dataclass
-class _Layouts:
-    """The schedule's statements, gathered by what they configure."""
-
-    cluster: dict
-    layouts: dict  # target "m.train" / "m.rollout" / "m" -> ast.Call
-    staleness: int
-    resync: dict  # model id -> ast.Resync
-    colocated: list  # ast.Colocate
 
 
 def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
+    """The execution plan of a graph that went through every pass of ``PASSES``."""
+    st: SchedState | None = graph.sched
+    if st is None or st.estimate is None:
+        raise ValueError(f"lower() needs a graph that went through every pass (flow `{graph.name}` stopped "
+                         "before estimate_cost); compile it without `until`")
     errors = Collector(graph.sources or SourceMap())
-    sched = _gather(graph)
-    models = _models(graph, sched, errors)
+    models = _models(graph, st, errors)
     datasets, rewards = _resources(graph, errors)
     ops = tuple(_op(n) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS)
-    resyncs = tuple(_resync(graph, n, sched) for n in graph.nodes() if n.kind == OpKind.RESYNC)
-    gpus = sched.cluster["nodes"] * sched.cluster["gpus_per_node"]
+    resyncs = tuple(st.resyncs[n.id] for n in graph.nodes() if n.kind == OpKind.RESYNC)
     errors.raise_if_any()
     return ExecutionPlan(
-        flow=graph.name, source=graph.span.path, cluster=sched.cluster,
-        pools=(PoolPlan("all", gpus, "PACK" if sched.cluster["nodes"] == 1 else "SPREAD"),),
+        flow=graph.name, source=graph.span.path, cluster=dict(st.spec.cluster), pools=st.pools,
         models=models, datasets=datasets, rewards=rewards, ops=ops, resyncs=resyncs,
-        staleness=sched.staleness, run=_run(graph, run_overrides or {}),
-        regions={rid: {"count": plain(r.count), "until": r.until} for rid, r in graph.regions.items()})
+        staleness=st.staleness, run=_run(graph, run_overrides or {}),
+        regions={rid: {"count": plain(r.count), "until": r.until} for rid, r in graph.regions.items()},
+        pipeline=st.pipeline, estimate=st.estimate, search=st.search, auto=st.spec.auto)
 
 
-def _gather(graph: FlowGraph) -> _Layouts:
-    s: ast.ScheduleDef | None = graph.schedule
-    cluster = {"nodes": 1, "gpus_per_node": 1, "gpu": "cpu"}
-    out = _Layouts(cluster, {}, 1, {}, [])
-    if s is None:
-        return out
-    if s.cluster is not None:
-        for kw in s.cluster.kwargs:
-            if isinstance(kw.value, ast.Literal):
-                cluster[kw.name] = kw.value.value
-    models = {n.id for n in graph.nodes() if n.kind == OpKind.MODEL}
-    for st in s.body:
-        if isinstance(st, ast.Layout):
-            out.layouts[_target_key(st.target, models)] = st.engine
-        elif isinstance(st, ast.Staleness) and not st.bound_only:
-            out.staleness = st.value
-        elif isinstance(st, ast.Resync):
-            out.resync[_match(st.model, models)] = st
-        elif isinstance(st, ast.Colocate):
-            out.colocated.append(st)
-    return out
-
-
-def _match(name: str, ids: set[str]) -> str:
-    if name in ids:
-        return name
-    hits = sorted(i for i in ids if i.endswith("." + name))
-    return hits[0] if hits else name
-
-
-def _target_key(t: ast.Target, ids: set[str]) -> str:
-    mid = _match(t.model, ids)
-    return f"{mid}.{t.role or 'train'}"
-
-
-def _engine(call: ast.Call | None, default: str, role: str, colocated_with: int) -> EnginePlan:
-    opts = {}
-    if call is not None:
-        for kw in call.kwargs:
-            if isinstance(kw.value, ast.Literal):
-                opts[kw.name] = kw.value.value
-    par = {k: int(opts.pop(k, 1)) for k in ("tp", "pp", "dp", "cp")}
-    world = par["tp"] * par["pp"] * par["dp"] * par["cp"]
-    return EnginePlan(kind=call.func if call is not None else default, role=role, options=opts,
-                      bundles=tuple(range(world)), gpus_per_rank=round(1.0 / max(colocated_with, 1), 6), **par)
-
-
-def _models(graph: FlowGraph, sched: _Layouts, errors: Collector) -> tuple[ModelPlan, ...]:
-    readers: dict[str, set[str]] = {}
-    for n in graph.nodes():
-        if n.model and n.kind != OpKind.MODEL:
-            readers.setdefault(n.model, set()).add("rollout" if n.kind == OpKind.GENERATE else "train")
-    n_engines = sum(len(r) for r in readers.values()) or 1  # all colocated on one GPU (default placement)
+def _models(graph: FlowGraph, st: SchedState, errors: Collector) -> tuple[ModelPlan, ...]:
     optims = {n.model: {k: plain(n.attr(k)) for k in ("lr", "weight_decay", "grad_clip")}
               for n in graph.nodes() if n.kind == OpKind.UPDATE}
     out = []
@@ -130,13 +68,10 @@ def _models(graph: FlowGraph, sched: _Layouts, errors: Collector) -> tuple[Model
         args = {k: plain(v) for k, v in n.attrs}
         if n.op == "hf" and n.args and isinstance(n.args[0], Const):
             args["path"] = _abspath(graph, n, str(n.args[0].value))
-        uses = readers.get(n.id, set())
-        train = _engine(sched.layouts.get(f"{n.id}.train"), DEFAULT_TRAIN, "train", n_engines) \
-            if "train" in uses else None
-        rollout = _engine(sched.layouts.get(f"{n.id}.rollout"), DEFAULT_ROLLOUT, "rollout", n_engines) \
-            if "rollout" in uses else None
-        out.append(ModelPlan(n.id, n.op, args, n.role or "trainable", base, train, rollout,
-                             optims.get(n.id, {}), str(n.span)))
+        facts = st.facts.get(n.id)
+        out.append(ModelPlan(n.id, n.op, args, n.role or "trainable", base, st.engines.get(f"{n.id}.train"),
+                             st.engines.get(f"{n.id}.rollout"), optims.get(n.id, {}), str(n.span),
+                             facts.to_dict() if facts is not None else {}))
     return tuple(out)
 
 
@@ -190,21 +125,6 @@ def _opt(v):
     if isinstance(v, Symbol):
         return None
     return plain(v)
-
-
-def _resync(graph: FlowGraph, n: Node, sched: _Layouts) -> ResyncPlan:
-    after = next(u for u, e in graph.in_edges(n.id) if e.kind == EdgeKind.WEIGHTS)
-    st = sched.resync.get(n.model)
-    protocol, every = "inplace", 1
-    bucket = PROTOCOLS["inplace"]["bucket"].default
-    if st is not None:
-        protocol = st.protocol.func
-        every = st.every or 1
-        bucket = PROTOCOLS[protocol].get("bucket").default if "bucket" in PROTOCOLS[protocol] else 0
-        for kw in st.protocol.kwargs:
-            if kw.name == "bucket" and isinstance(kw.value, ast.Literal):
-                bucket = int(kw.value.value)
-    return ResyncPlan(n.id, n.model, after, protocol, int(bucket), every, str(n.span))
 
 
 def _run(graph: FlowGraph, overrides: dict) -> RunPlan:

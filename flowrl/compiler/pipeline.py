@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Callable
 
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.passes.assign_placement import assign_placement
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_roles import check_roles
 from flowrl.compiler.passes.check_schedule import check_schedule
+from flowrl.compiler.passes.estimate_cost import estimate_cost
 from flowrl.compiler.passes.insert_resyncs import insert_resyncs
+from flowrl.compiler.passes.plan_layouts import plan_layouts
 from flowrl.compiler.passes.resolve_names import resolve_names
+from flowrl.compiler.passes.resolve_staleness import resolve_staleness
+from flowrl.compiler.passes.select_sync_protocol import select_sync_protocol
 from flowrl.compiler.unit import Unit, read_source as _read_source
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span, did_you_mean
 from flowrl.ir.build import build_flow
@@ -34,6 +39,11 @@ PASSES: tuple[Pass, ...] = (
     check_roles,
     insert_resyncs,
     check_schedule,
+    assign_placement,
+    plan_layouts,
+    resolve_staleness,
+    select_sync_protocol,
+    estimate_cost,
 )
 PASS_NAMES = tuple(p.__name__ for p in PASSES)
 

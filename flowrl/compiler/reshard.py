@@ -33,6 +33,7 @@ destination layout built directly (tests/schedule/test_reshard.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flowrl.compiler.model_info import ModelFacts
 from flowrl.compiler.plan import ReshardPiece, ReshardPlan, ReshardTensor
@@ -169,6 +170,7 @@ def _action(src_engine: str, dst_engine: str, key: str, src_tp: int, dst_tp: int
     return "gather" if src_tp > dst_tp else "split"
 
 
+@lru_cache(maxsize=512)
 def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_engine: str, dst_tp: int) -> ReshardPlan:
     """The plan moving ``f``'s weights from ``src_engine(tp=src_tp, pp=src_pp)`` to ``dst_engine(tp=dst_tp)``.
 

@@ -64,6 +64,8 @@ class ResyncSpec:
     """Options as written (``bucket``, ``overlap``, ``dir``...)."""
     every: int
     span: Span
+    chosen: str = ""
+    """Set when ``schedule auto`` chose this protocol: why."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class SchedState:
     search: SearchReport | None = None
     notes: tuple[str, ...] = ()
     """Advice the plan display shows (not errors)."""
+    lengths: dict = field(default_factory=dict)
+    """Response-length model overrides for the estimates (``kind``, ``median``, ``sigma``), from
+    ``ctx.options["lengths"]``; empty: the workload's default (flowrl.compiler.workload.lengths)."""
 
 
 # ---- engines of a flow -----------------------------------------------------------------------------

@@ -66,12 +66,14 @@ class LengthDist:
     cap: int = 1024
 
     def sample(self, rng: random.Random) -> int:
-        if self.kind == "pareto":
-            xm = self.median / 2 ** (1 / self.alpha)
-            x = xm * rng.paretovariate(self.alpha)
-        else:
-            x = rng.lognormvariate(math.log(max(self.median, 1e-9)), self.sigma)
-        return int(min(max(round(x), 1), self.cap))
+        """One length: inverse-CDF sampling from a table of :data:`TABLE` quantiles (fast, and the
+        extreme tail is capped at ``max_tokens`` anyway)."""
+        return _table(self)[int(rng.random() * TABLE)]
+
+    def draw(self, rng: random.Random, n: int) -> list[int]:
+        """``n`` lengths."""
+        t, r = _table(self), rng.random
+        return [t[int(r() * TABLE)] for _ in range(n)]
 
     def quantile(self, q: float) -> float:
         """The q-quantile (0 < q < 1) of the capped distribution, tokens."""
@@ -91,6 +93,15 @@ class LengthDist:
         d = {"kind": self.kind, "median": self.median, "cap": self.cap}
         d.update({"sigma": self.sigma} if self.kind == "lognormal" else {"alpha": self.alpha})
         return d
+
+
+TABLE = 16384
+"""Quantiles per length table (the largest is the 1 - 1/32768 quantile)."""
+
+
+@lru_cache(maxsize=256)
+def _table(d: LengthDist) -> list[int]:
+    return [int(min(max(round(d.quantile((i + 0.5) / TABLE)), 1), d.cap)) for i in range(TABLE)]
 
 
 @lru_cache(maxsize=4096)
@@ -173,7 +184,8 @@ class SimSpec:
     phases: tuple[Phase, ...]
     """In dependency order (deps refer to earlier phases of the same step)."""
     lanes: dict
-    """Lane -> GPUs in it (0 for driver / CPU lanes, which do not count towards the bubble)."""
+    """Lane -> GPUs in it. Lanes of 0 GPUs (driver, reward and environment workers on CPUs) run
+    their ops as soon as they are ready and do not count towards the bubble."""
     staleness: int = 1
     over_provision: float = 1.0
     recycle: bool = False
@@ -305,7 +317,9 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                 timeline.append((ph.lane, ph.label or ph.id, k, start, done))
             else:
                 dur = ph.seconds + ph.per_token_s * tokens.get(ph.tokens_from, 0)
-                start = max(ready, lane_free[ph.lane])
+                # CPU lanes (driver, reward workers) do not hold a step's ops back behind the previous
+                # step's: the driver samples step k+1's prompts while step k trains.
+                start = max(ready, lane_free[ph.lane]) if spec.lanes.get(ph.lane) else ready
                 lane_free[ph.lane] = start + dur
                 end[ph.id] = start + dur
                 if measuring:
@@ -344,28 +358,40 @@ def _generate(ph: Phase, g: GenPhase, reps: list[_Replica], recycled: dict, rele
     """One step of a generate phase; returns (end time, trained tokens, busy GPU-s, generated, wasted)."""
     partial = spec.over_provision > 1.0
     issued = math.ceil(g.samples * spec.over_provision) if partial else g.samples
+    b = max(g.concurrency, 1)
+    n_rep = len(reps)
+    pre0, pre_tok, it = g.prompt_tokens * g.prefill_s, g.prefill_s, g.iter_s
+    pop, push = heapq.heappop, heapq.heappush
+    if not partial:  # the common case, kept lean: lengths straight from the table
+        t_end, tokens, rep_i = release, 0, 0
+        heaps = [r.slots for r in reps]
+        lens = g.lengths.draw(rng, g.samples)
+        for length in lens:
+            slots = heaps[rep_i]
+            rep_i = rep_i + 1 if rep_i + 1 < n_rep else 0
+            free = pop(slots)
+            fin = (release if release > free else free) + pre0 + length * it
+            push(slots, fin)
+            if fin > t_end:
+                t_end = fin
+            tokens += length
+        n = len(lens)
+        used = (n * pre0 + tokens * it) / b * g.gpus_per_replica
+        return t_end, n * g.prompt_tokens + tokens, used, tokens, 0
     reqs = recycled[ph.id]
     recycled[ph.id] = []
     fresh = max(issued - len(reqs), 0)
-    reqs = reqs + [_Req(l, l) for l in (g.lengths.sample(rng) for _ in range(fresh))]
+    reqs = reqs + [_Req(l, l) for l in g.lengths.draw(rng, fresh)]
     # (finish, start, prefill, request, replica index)
     runs: list[tuple[float, float, float, _Req, int]] = []
-    n_rep = len(reps)
     for i, req in enumerate(reqs):
-        rep = reps[i % n_rep]
-        pre = (g.prompt_tokens + req.done) * g.prefill_s
-        free = heapq.heappop(rep.slots)
-        start = max(release, free)
-        fin = start + pre + req.remaining * g.iter_s
-        heapq.heappush(rep.slots, fin)
+        slots = reps[i % n_rep].slots
+        pre = pre0 + req.done * pre_tok
+        free = pop(slots)
+        start = release if release > free else free
+        fin = start + pre + req.remaining * it
+        push(slots, fin)
         runs.append((fin, start, pre, req, i % n_rep))
-    b = max(g.concurrency, 1)
-    if not partial:
-        t_end = max((r[0] for r in runs), default=release)
-        toks = sum(g.prompt_tokens + r[3].total for r in runs)
-        gen = sum(r[3].remaining for r in runs)
-        used = sum(r[2] + r[3].remaining * g.iter_s for r in runs) / b * g.gpus_per_replica
-        return t_end, toks, used, gen, 0
     runs.sort(key=lambda r: r[0])
     need = min(g.samples, len(runs))
     t_end = runs[need - 1][0] if need else release

@@ -104,32 +104,11 @@ def run_file(path: str, *, flow: str | None = None, sets: dict | None = None, st
                     stream=stream or sys.stderr)
 
 
-def describe_plan(plan: ExecutionPlan) -> str:
-    """The human summary of ``flowrl plan``: what runs where, and how."""
-    c = plan.cluster
-    lines = [f"plan for flow `{plan.flow}` ({plan.source})",
-             f"cluster: {c['nodes']} node(s) x {c['gpus_per_node']} GPU(s) ({c['gpu']}); "
-             f"staleness {plan.staleness} ({'synchronous' if plan.staleness == 1 else 'async'})",
-             "", "engines:"]
-    for m in plan.models:
-        for e in (m.train_engine, m.rollout_engine):
-            if e is None:
-                continue
-            lines.append(f"  {m.id + '.' + e.role:<24} {e.kind:<10} tp={e.tp} pp={e.pp} dp={e.dp} "
-                         f"on pool `{e.pool}` bundles {list(e.bundles)} ({e.gpus_per_rank:g} GPU/rank)  [{m.role}]")
-    lines += ["", "step (in order):"]
-    for op in plan.ops:
-        where = f"{op.model}.{'rollout' if op.engine == 'rollout' and op.kind != 'resync' else 'train'}" \
-            if op.model and op.engine in ("rollout", "train") else (op.engine or "driver")
-        lines.append(f"  {op.id:<28} {op.op:<16} on {where}")
-    if plan.resyncs:
-        lines += ["", "weight sync:"]
-        for r in plan.resyncs:
-            lines.append(f"  {r.model}: {r.protocol} after `{r.after}` every {r.every} step(s), "
-                         f"buckets of {r.bucket_bytes / 2**20:g} MiB, checksummed")
-    lines += ["", f"run: steps={plan.run.steps} seed={plan.run.seed} eval_every={plan.run.eval_every} "
-                  f"save_every={plan.run.save_every}"]
-    return "\n".join(lines) + "\n"
+def describe_plan(plan: ExecutionPlan, explain: bool = False) -> str:
+    """The human summary of ``flowrl plan`` (see :mod:`flowrl.compiler.explain`)."""
+    from flowrl.compiler.explain import describe_plan as describe
+
+    return describe(plan, explain=explain)
 
 
 def plan_json(plan: ExecutionPlan) -> str:

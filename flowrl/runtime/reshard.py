@@ -67,13 +67,17 @@ class LlamaDims:
     def from_config(cls, config: Any) -> "LlamaDims":
         """From a transformers ``LlamaConfig`` / ``Qwen2Config`` (or its ``to_dict()``)."""
         c = config if isinstance(config, dict) else config.to_dict()
+        qkv_bias = c.get("model_type") == "qwen2"
+        if (c.get("attention_bias") and not qkv_bias) or c.get("mlp_bias"):
+            raise ReshardError(f"{c.get('model_type')}: attention_bias on o_proj / mlp_bias are not planned; "
+                               "hint: resharding supports Llama without biases and Qwen2 (q/k/v biases)")
         heads = int(c["num_attention_heads"])
         return cls(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=heads,
                    kv_heads=int(c.get("num_key_value_heads") or heads),
                    head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
                    intermediate=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
                    tied=bool(c.get("tie_word_embeddings", False)),
-                   attention_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")))
+                   attention_bias=qkv_bias)
 
 
 @dataclass(frozen=True)
@@ -264,8 +268,11 @@ class ReshardPlan:
 
     def to_dict(self) -> dict:
         """JSON-able form (for the execution plan and ``flowrl plan --json``)."""
-        return {"dims": asdict(self.dims), "src": asdict(self.src), "dst": asdict(self.dst),
-                "moves": [asdict(m) for m in self.moves]}
+        import json
+
+        plain = {"dims": asdict(self.dims), "src": asdict(self.src), "dst": asdict(self.dst),
+                 "moves": [asdict(m) for m in self.moves]}
+        return json.loads(json.dumps(plain))  # tuples -> lists: the dict equals its JSON round trip
 
     def describe(self) -> str:
         """One line per move: ``group: sources -> targets: steps``, deterministic (for golden tests)."""

@@ -16,7 +16,7 @@ from flowrl.runtime.reshard import (
 )
 from sync_testkit import canonical_llama, collect, reference_shards, reshard_worker, start_children
 
-DIMS = LlamaDims(layers=2, hidden=32, heads=8, kv_heads=4, head_dim=8, intermediate=64, vocab=64,
+DIMS = LlamaDims(layers=2, hidden=32, heads=8, kv_heads=4, head_dim=4, intermediate=64, vocab=64,
                  attention_bias=True)
 """GQA (2 query heads per group), biases on q/k/v, every size divisible by tp 1, 2 and 4."""
 
@@ -42,6 +42,8 @@ def test_state_dict_round_trip_and_names_match_transformers():
     state = transformers.Qwen2ForCausalLM(cfg).state_dict()
     dims = LlamaDims.from_config(cfg)
     assert dims == DIMS
+    with pytest.raises(ReshardError, match="mlp_bias are not planned"):
+        LlamaDims.from_config(transformers.LlamaConfig(mlp_bias=True))
     for layout in LAYOUTS:
         shards = shard_state_dict(state, dims, layout)
         back = unshard_state_dict(shards, dims, layout)

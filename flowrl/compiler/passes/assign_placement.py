@@ -58,7 +58,8 @@ def assign_placement(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     errors = Collector(ctx.sources)
     errors.items.extend(problems)
     errors.raise_if_any()
-    state = SchedState(spec, facts, hw, needed, pools, engines, staleness=spec.staleness, search=search)
+    state = SchedState(spec, facts, hw, needed, pools, engines, staleness=spec.staleness, search=search,
+                       lengths=dict(ctx.options.get("lengths", {})) if ctx is not None else {})
     return replace(graph, sched=state)
 
 

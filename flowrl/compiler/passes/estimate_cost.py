@@ -233,7 +233,7 @@ def _expected_tokens(st: SchedState, work: Workload) -> dict[str, float]:
     """Generate op id -> expected trained tokens per step (prompt + mean response, per sample)."""
     out = {}
     for g in work.gens:
-        d = lengths(g.max_tokens)
+        d = lengths(g.max_tokens, **st.lengths)
         out[g.op] = g.samples * (prompt_tokens(st.facts.get(g.model)) + d.mean())
     return out
 
@@ -258,7 +258,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         if g is None:
             return None, None
         f = _facts(st, n.model)
-        dist = lengths(g.max_tokens)
+        dist = lengths(g.max_tokens, **st.lengths)
         dists[n.id] = dist
         ptoks = prompt_tokens(st.facts.get(n.model))
         seq = ptoks + g.max_tokens

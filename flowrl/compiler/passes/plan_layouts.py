@@ -6,15 +6,15 @@ Guarantees: each engine in ``graph.sched.engines`` has its engine kind, ``tp``/`
 options, one GPU per rank (tp fastest, then cp, dp, pp: a tensor-parallel group is
 contiguous) and its estimated memory per GPU; the layout
 
-* uses exactly its pool: ``tp x pp x dp x cp = pool GPUs`` (E425); a ``dp`` that is not
+* uses exactly its pool: ``tp x pp x dp x cp = pool GPUs`` (E424); a ``dp`` that is not
   written fills the pool;
-* fits the model, when its shape is known: tp divides the attention heads (E426) and
-  the KV heads (E427; vLLM/SGLang also accept tp a multiple of them, replicating KV heads),
-  pp divides the layers (E428);
-* keeps each tensor-parallel group on one node (E431);
-* fits in memory (E429): weights, gradients, optimizer states, activations (train
+* fits the model, when its shape is known: tp divides the attention heads (E425) and
+  the KV heads (E426; vLLM/SGLang also accept tp a multiple of them, replicating KV heads),
+  pp divides the layers (E427);
+* keeps each tensor-parallel group on one node (E429);
+* fits in memory (E428): weights, gradients, optimizer states, activations (train
   engines), or weights + workspace inside the rollout engine's reservation, with room
-  for at least one sequence of KV cache (E432).
+  for at least one sequence of KV cache (E430).
 
 An engine without a layout gets one: a frozen model or critic colocated with its base's
 trainer shares that trainer's engine and layout (as veRL does for the reference); a
@@ -63,16 +63,21 @@ def plan_layouts(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     pools = {p.name: p for p in st.pools}
     engines = dict(st.engines)
     bases = _bases(graph)
+    failed: set[str] = set()
     for key in st.engines_needed:
         placed = engines[key]
         lspec = st.spec.layouts.get(key)
         span = _span_of(st, key)
-        if lspec is None:
-            lspec = _inherited(key, bases, engines, st) or None
+        inherited = lspec is None and _inherited(key, bases, engines, st)
+        if inherited:
+            lspec = inherited
         plan, problems = layout_engine(key, placed, lspec, st.facts.get(model_of(key)), st.hw, pools[placed.pool],
                                        work, model_of(key) in trained, span, chosen=key not in st.spec.layouts,
                                        strict=st.spec.written)
-        errors.items.extend(problems)
+        if problems:
+            failed.add(key)
+            if not (inherited and f"{bases.get(model_of(key))}.train" in failed):
+                errors.items.extend(problems)  # a layout borrowed from a failing base is reported once, there
         engines[key] = plan
     errors.raise_if_any()
     return replace(graph, sched=replace(st, engines=engines))
@@ -129,7 +134,7 @@ def layout_engine(key: str, placed: EnginePlan, lspec: LayoutSpec | None, facts:
     if not dp_written:
         if pool.gpus % inner:
             problems.append(Diagnostic(
-                "E425", f"`{key}` = {_label(kind, par, None)}: tp x pp x cp = {inner} does not divide the "
+                "E424", f"`{key}` = {_label(kind, par, None)}: tp x pp x cp = {inner} does not divide the "
                         f"{pool.gpus} GPUs of pool `{pool.name}`", span,
                 f"choose tp x pp x cp dividing {pool.gpus}, or place `{key}` on a pool of a multiple of {inner} GPUs"))
             dp = 1
@@ -137,7 +142,7 @@ def layout_engine(key: str, placed: EnginePlan, lspec: LayoutSpec | None, facts:
             dp = pool.gpus // inner
     elif inner * dp != pool.gpus:
         problems.append(Diagnostic(
-            "E425", f"`{key}` = {_label(kind, par, dp)} uses {inner * dp} GPUs (tp x pp x dp x cp), but pool "
+            "E424", f"`{key}` = {_label(kind, par, dp)} uses {inner * dp} GPUs (tp x pp x dp x cp), but pool "
                     f"`{pool.name}` has {pool.gpus}", span,
             _fill_hint(pool.gpus, inner, key, pool.name)))
     plan = replace(placed, kind=kind, options=opts, dp=dp, chosen=chosen, origin=str(span), **par)
@@ -178,7 +183,7 @@ def shape_problems(key: str, kind: str, tp: int, pp: int, facts: ModelFacts | No
         return []
     out, model = [], model_of(key)
     if facts.heads % tp:
-        out.append(Diagnostic("E426", f"tp = {tp} does not divide the {facts.heads} attention heads of `{model}` "
+        out.append(Diagnostic("E425", f"tp = {tp} does not divide the {facts.heads} attention heads of `{model}` "
                                       f"({facts.name})", span,
                               f"tp must divide {facts.heads}: {', '.join(map(str, _divisors(facts.heads, 64)))}"))
     elif facts.kv_heads % tp and not (kind in KV_REPLICATES and tp % facts.kv_heads == 0):
@@ -188,11 +193,11 @@ def shape_problems(key: str, kind: str, tp: int, pp: int, facts: ModelFacts | No
             why = f"{kind} needs tp to divide the {facts.kv_heads} KV heads or be a multiple of them"
         else:
             why = f"{kind} splits the {facts.kv_heads} KV-head groups across tensor-parallel ranks"
-        out.append(Diagnostic("E427", f"tp = {tp} does not divide the {facts.kv_heads} KV heads of `{model}` "
+        out.append(Diagnostic("E426", f"tp = {tp} does not divide the {facts.kv_heads} KV heads of `{model}` "
                                       f"({facts.name})", span,
                               f"{why}: tp in {', '.join(map(str, ok))}"))
     if facts.layers % pp:
-        out.append(Diagnostic("E428", f"pp = {pp} does not divide the {facts.layers} layers of `{model}` "
+        out.append(Diagnostic("E427", f"pp = {pp} does not divide the {facts.layers} layers of `{model}` "
                                       f"({facts.name})", span,
                               f"pp must divide {facts.layers}: {', '.join(map(str, _divisors(facts.layers, 64)))}"))
     return out
@@ -208,7 +213,7 @@ def node_problems(key: str, plan: EnginePlan, pool: PoolPlan, span: Span) -> lis
         if len(set(group)) > 1:
             here = sum(1 for n in pool.nodes if n == group[0])
             return [Diagnostic(
-                "E431", f"a tensor-parallel group of `{key}` spans nodes {group[0]} and {group[-1]}: tp = {tp}, "
+                "E429", f"a tensor-parallel group of `{key}` spans nodes {group[0]} and {group[-1]}: tp = {tp}, "
                         f"but pool `{pool.name}` has {here} GPUs on node {group[0]}", span,
                 "tensor parallelism needs the fast links inside a node: keep tp within a node's GPUs "
                 "and use pp or dp across nodes")]
@@ -248,7 +253,7 @@ def memory_problems(key: str, kind: str, role: str, plan: EnginePlan, mem: Memor
             share = plan.options.get("gpu_memory_utilization", plan.options.get("mem_fraction", 0.5))
             knob = "mem_fraction" if kind == "sglang" else "gpu_memory_utilization"
             return [Diagnostic(
-                "E429", f"`{key}` = {label} needs {mem.weights_gb:.1f} GB of weights + {mem.other_gb:.1f} GB "
+                "E428", f"`{key}` = {label} needs {mem.weights_gb:.1f} GB of weights + {mem.other_gb:.1f} GB "
                         f"workspace per GPU, more than {knob} {share:g} x {cap:g} GB = {mem.reserved_gb:.1f} GB",
                 span, f"raise tp (tp = {_min_tp(facts, hw, mem, plan)} would fit) or {knob}")]
         if kind == "hf_generate" and mem.total_gb > cap:
@@ -257,7 +262,7 @@ def memory_problems(key: str, kind: str, role: str, plan: EnginePlan, mem: Memor
         seq = seq_len(facts, max_tokens)
         if kind != "hf_generate" and mem.kv_tokens < seq:
             return [Diagnostic(
-                "E432", f"the KV cache of `{key}` = {label} holds {mem.kv_tokens} tokens per GPU, less than one "
+                "E430", f"the KV cache of `{key}` = {label} holds {mem.kv_tokens} tokens per GPU, less than one "
                         f"sequence of {seq} tokens (prompt {prompt_tokens(facts)} + max_tokens {max_tokens})", span,
                 "raise gpu_memory_utilization or tp, or lower max_tokens")]
         return []
@@ -272,7 +277,7 @@ def _too_big(key: str, label: str, mem: Memory, hw: Profile, span: Span, hint: s
     parts = [("weights", mem.weights_gb), ("grads", mem.grads_gb), ("optimizer", mem.optimizer_gb),
              ("activations", mem.activations_gb), ("KV cache", mem.kv_cache_gb), ("other", mem.other_gb)]
     detail = " + ".join(f"{name} {gb:.1f}" for name, gb in parts if gb >= 0.05)
-    return Diagnostic("E429", f"`{key}` = {label} needs {mem.total_gb:.1f} GB per GPU ({detail}), but "
+    return Diagnostic("E428", f"`{key}` = {label} needs {mem.total_gb:.1f} GB per GPU ({detail}), but "
                               f"{'an' if hw.name[0] in 'AH' else 'a'} {hw.name} GPU has {hw.hbm_gb:g} GB", span, hint)
 
 

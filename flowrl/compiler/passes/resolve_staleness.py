@@ -10,7 +10,7 @@ sample can have (``s - 1 + every - 1``), the versioned buffer's capacity and, wi
 ``partial_rollout(over_provision = f)``, the requests sent per step (f x samples).
 
 ``partial_rollout(recycle = true)`` resumes unfinished generations under newer weights,
-so their samples mix policy versions: it needs ``staleness >= 2`` (E433).
+so their samples mix policy versions: it needs ``staleness >= 2`` (E431).
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
@@ -64,7 +64,7 @@ def staleness_problems(spec: ScheduleSpec, s: int) -> list[Diagnostic]:
     p = spec.partial
     if p is not None and p.recycle and p.over_provision > 1.0 and s < 2:
         return [Diagnostic(
-            "E433", f"partial_rollout(recycle = true) resumes unfinished generations under newer weights, so their "
+            "E431", f"partial_rollout(recycle = true) resumes unfinished generations under newer weights, so their "
                     f"samples are up to 1 version stale, but staleness {s} allows none", p.span,
             "write `staleness 2` (one-step-off), or `recycle = false` to drop unfinished generations")]
     return []

@@ -14,11 +14,11 @@ Chosen protocols: colocated engines -> ``inplace``; disaggregated -> ``nccl`` on
 
 Checked (the schedule's ``resync`` line):
 
-* ``inplace`` needs the rollout engine on the trainer's GPUs (E436);
-* ``ipc`` (CUDA IPC handles) needs both engines on the same node(s) (E437);
+* ``inplace`` needs the rollout engine on the trainer's GPUs (E432);
+* ``ipc`` (CUDA IPC handles) needs both engines on the same node(s) (E433);
 * ``overlap = true`` sends while the rollout engine generates, which needs separate
-  GPUs: colocated engines take turns (E438);
-* ``checkpoint`` across nodes needs a shared ``dir`` (E439).
+  GPUs: colocated engines take turns (E434);
+* ``checkpoint`` across nodes needs a shared ``dir`` (E435).
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
@@ -105,8 +105,8 @@ def sync_plan(rid: str, model: str, after: str, st: SchedState, origin: str) -> 
     route = route_of(train, rollout, per_node)
     written: ResyncSpec | None = spec.resyncs.get(model)
     if written is not None:
-        protocol, reason, opts, every, span = written.protocol, "as written", dict(written.options), written.every, \
-            written.span
+        protocol, reason, opts, every, span = written.protocol, written.chosen or "as written", \
+            dict(written.options), written.every, written.span
     else:
         protocol, reason = choose_protocol(route, st.hw)
         opts, every, span = {}, 1, spec.span
@@ -147,22 +147,22 @@ def protocol_problems(protocol: str, opts: dict, route: str, train: EnginePlan, 
     where = f"`{model}.rollout` is on pool `{rollout.pool}` (GPUs {ranges(rollout.gpus)}) and `{model}.train` " \
             f"on pool `{train.pool}` (GPUs {ranges(train.gpus)})"
     if protocol == "inplace" and route != "local":
-        return [Diagnostic("E436", f"`inplace` resync of `{model}` needs its rollout engine on the trainer's GPUs, "
+        return [Diagnostic("E432", f"`inplace` resync of `{model}` needs its rollout engine on the trainer's GPUs, "
                                    f"but {where}", span,
                            "use `nccl` (or `broadcast`) between separate pools, or colocate the engines")]
     if protocol == "ipc" and route == "inter-node":
-        return [Diagnostic("E437", f"`ipc` resync of `{model}` shares memory handles within a node, but {where}, "
+        return [Diagnostic("E433", f"`ipc` resync of `{model}` shares memory handles within a node, but {where}, "
                                    f"on different nodes", span,
                            "use `nccl` across nodes, or put both pools on the same node(s)")]
     if opts.get("overlap") is True and route == "local":
-        return [Diagnostic("E438", f"`overlap = true` sends `{model}`'s weights while its rollout engine generates, "
+        return [Diagnostic("E434", f"`overlap = true` sends `{model}`'s weights while its rollout engine generates, "
                                    f"which needs separate GPUs, but `{model}.train` and `{model}.rollout` share "
                                    f"GPUs {ranges(set(train.gpus) & set(rollout.gpus))} and take turns", span,
                            "remove `overlap = true`, or place the engines on separate pools")]
     if protocol == "checkpoint" and not opts.get("dir") and len({g // int(cluster["gpus_per_node"]) for g in
                                                                  train.gpus + rollout.gpus}) > 1:
         nodes = len({g // int(cluster["gpus_per_node"]) for g in train.gpus + rollout.gpus})
-        return [Diagnostic("E439", f"`checkpoint` resync of `{model}` crosses {nodes} nodes, so it needs a directory "
+        return [Diagnostic("E435", f"`checkpoint` resync of `{model}` crosses {nodes} nodes, so it needs a directory "
                                    f"every node sees, but `dir` is empty", span,
                            'give a shared directory: `checkpoint(dir = "/shared/ckpt")`')]
     return []

@@ -215,6 +215,8 @@ class MegatronTrainEngine:
         vocab_divisible_by: pad the vocabulary to a multiple of this times ``tp``.
         threads: torch threads per rank (default: CPU cores / world size).
         timeout_s: longest wait for one call before the ranks are declared stuck.
+        skip_cpu_shims: names of :data:`~flowrl.engines.megatron.cpu_shims.SHIMS` not to
+            apply (tests show with it that each shim is needed).
         device: accepted for signature compatibility with the torch engine; ranks use
             CUDA when it is available, else the CPU.
     """
@@ -236,6 +238,7 @@ class MegatronTrainEngine:
         vocab_divisible_by: int = 1,
         threads: int | None = None,
         timeout_s: float = 600.0,
+        skip_cpu_shims: tuple[str, ...] = (),
         device: str | None = None,
         **unused: Any,
     ):
@@ -252,7 +255,7 @@ class MegatronTrainEngine:
             lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             warmup_steps=optim.warmup_steps, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
             distributed_optimizer=distributed_optimizer, vocab_divisible_by=vocab_divisible_by,
-            compute_entropy=compute_entropy, threads=threads,
+            compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )
         self.step = 0
         self._group = _RankGroup(self.options, self.timeout_s)

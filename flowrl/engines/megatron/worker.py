@@ -79,6 +79,8 @@ class RankOptions:
     """torch intra-op threads per rank; None = cpu_count // world_size."""
     backend: str | None = None
     """torch.distributed backend; None = "nccl" with CUDA, else "gloo"."""
+    skip_cpu_shims: tuple[str, ...] = ()
+    """Names of CPU shims *not* to apply (tests use it to show each shim is needed)."""
 
     @property
     def world_size(self) -> int:
@@ -203,7 +205,7 @@ class MegatronRank:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-        apply_cpu_shims()  # no-op when a GPU is visible
+        apply_cpu_shims(skip=self.options.skip_cpu_shims)  # no-op when a GPU is visible
         from megatron.core import parallel_state, tensor_parallel
 
         parallel_state.initialize_model_parallel(
@@ -538,13 +540,18 @@ class MegatronRank:
         return self.checkpoint_file(path)
 
     def _optimizer_state(self) -> list[dict[str, Any]]:
-        states = []
-        for opt in _chained(self.optimizer):
-            entry = {"state_dict": opt.state_dict()}
-            if hasattr(opt, "get_parameter_state_dp_reshardable"):
-                entry["param_state"] = opt.get_parameter_state_dp_reshardable()
-            states.append(entry)
-        return states
+        """The inner torch optimizer's state of each (chained) Megatron optimizer.
+
+        With the distributed optimizer the inner AdamW holds only this dp rank's shard
+        of the main parameters, so each rank saves exactly its shard. (Megatron's
+        sharded ``dist_checkpointing`` format would allow changing the layout on load,
+        but its writer forks a manager process and its gathers call ``.cuda()``; see
+        docs/engines.md.)
+        """
+        return [
+            {"inner": opt.optimizer.state_dict(), "main_params": [p.detach().clone() for p in _inner_params(opt)]}
+            for opt in _chained(self.optimizer)
+        ]
 
     def load(self, path: str) -> None:
         """Restore what :meth:`save` wrote for this rank (same tp/pp/dp layout required)."""
@@ -563,9 +570,12 @@ class MegatronRank:
         self.load_local(state["model"])
         if state["optimizer"] is not None:
             for opt, entry in zip(_chained(self.optimizer), state["optimizer"]):
-                opt.load_state_dict(entry["state_dict"])
-                if "param_state" in entry:
-                    opt.load_parameter_state_from_dp_reshardable(entry["param_state"])
+                opt.optimizer.load_state_dict(entry["inner"])
+                # The inner optimizer's params are the fp32 main params (the dp shard of
+                # them with the distributed optimizer): exact resume in bf16 too.
+                with torch.no_grad():
+                    for param, saved in zip(_inner_params(opt), entry["main_params"]):
+                        param.copy_(saved)
         self.step = int(state["step"])
         torch.set_rng_state(state["rng_cpu"])
         get_cuda_rng_tracker().set_states(state["rng_tracker"])
@@ -579,6 +589,11 @@ class MegatronRank:
             dist.destroy_process_group()
 
 
+def _inner_params(opt: Any) -> list[torch.Tensor]:
+    """The parameters the inner torch optimizer updates (main params / their dp shard), in order."""
+    return [p for group in opt.optimizer.param_groups for p in group["params"]]
+
+
 def _chained(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
@@ -587,3 +602,4 @@ def _split_loss(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     from flowrl.engines.torch_train import _split_loss as check
 
     return check(result)
+

@@ -28,8 +28,9 @@ receivers never wait for buckets that will not come.
 
 Overlap: with ``overlap=True`` a background thread packs bucket i+1 (copy + CRC,
 both release the GIL) while bucket i is on the wire, and on the receiver a thread
-receives bucket i+1 while bucket i is verified and loaded. Peak extra memory is
-about three buckets per side.
+receives bucket i+1 while bucket i is verified and loaded. Buffers are reused
+(:mod:`flowrl.runtime.sync.packing`): the sender keeps about three buckets, a
+receiver one model's worth, between syncs.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import torch
 import torch.distributed as dist
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version
-from flowrl.runtime.weight_sync import Bucket, TensorMeta, WeightSyncError, iter_buckets, unpack_bucket
+from flowrl.runtime.sync.packing import BucketPacker, BufferPool
+from flowrl.runtime.weight_sync import Bucket, TensorMeta, WeightSyncError, unpack_bucket
 
 BUCKET, END, ABORT = 1, 2, 3
 """Frame kinds in the header's first field."""
@@ -192,6 +194,8 @@ class BroadcastSync:
         self._group = None
         self._device = torch.device("cpu")
         self._broken: str | None = None
+        self._packer = BucketPacker(bucket_bytes) if role == "sender" else None
+        self._pool = BufferPool()
         if role == "sender":
             self._open_sender(world_size, host, port)
         else:
@@ -276,7 +280,7 @@ class BroadcastSync:
         header = self._bcast(torch.empty(HEADER_LEN, dtype=torch.int64, device=self._device)).tolist()
         kind, version, index, data_bytes, meta_bytes = header
         meta = self._recv_blob(meta_bytes) if meta_bytes else np.empty(0, np.uint8)
-        data = self._recv_blob(data_bytes) if data_bytes else np.empty(0, np.uint8)
+        data = self._recv_blob(data_bytes, pooled=True) if data_bytes else np.empty(0, np.uint8)
         wire = HEADER_LEN * 8 + meta_bytes + data_bytes
         if kind == BUCKET:
             return _Frame(kind, version, _bucket_from(index, meta, data)), wire
@@ -288,9 +292,11 @@ class BroadcastSync:
         raise WeightSyncError(f"broadcast: rank {self.rank} got a frame of unknown kind {kind} (header {header}); "
                               "hint: every rank must run the same flowrl version")
 
-    def _recv_blob(self, nbytes: int) -> np.ndarray:
+    def _recv_blob(self, nbytes: int, pooled: bool = False) -> np.ndarray:
         if self._device.type == "cpu":
-            out = np.empty(nbytes, dtype=np.uint8)  # received straight into numpy memory: no copy
+            # Straight into numpy memory (no copy); bucket data into pooled buffers, already
+            # touched: fresh ones page-fault on every 4 KiB page, slower than the wire.
+            out = self._pool.take(nbytes) if pooled else np.empty(nbytes, dtype=np.uint8)
             self._bcast(torch.from_numpy(out))
             return out
         return self._bcast(torch.empty(nbytes, dtype=torch.uint8, device=self._device)).cpu().numpy()
@@ -303,12 +309,15 @@ class BroadcastSync:
         self._connect()
         self.stats = stats = ProtocolStats(protocol=self.name, version=version)
         with Timer(stats):
-            buckets = iter_buckets(named_tensors, self.bucket_bytes, stats)
+            buckets = self._packer.pack(named_tensors, stats)
             source = _Prefetch(buckets) if self.overlap else None
             try:
                 for bucket in source if source is not None else buckets:
-                    bucket = self.tamper(bucket) if self.tamper else bucket
-                    stats.wire_bytes += self._send_frame(BUCKET, version, bucket.index, _meta_of(bucket), bucket.data)
+                    sent = self.tamper(bucket) if self.tamper else bucket
+                    try:
+                        stats.wire_bytes += self._send_frame(BUCKET, version, sent.index, _meta_of(sent), sent.data)
+                    finally:
+                        self._packer.release(bucket)  # its buffer packs a later bucket
             except WeightSyncError:
                 if self._broken:  # the wire itself failed: nobody can be told
                     raise
@@ -343,7 +352,8 @@ class BroadcastSync:
 
         The iterator always takes every frame of the sync off the wire, even when it
         raises (corrupted bucket) or is abandoned, so the group stays in step for the
-        next sync.
+        next sync. The tensors are views of receive buffers that the next ``receive()``
+        reuses: load (copy) them before the next sync, as ``update_weights`` does.
         """
         check_role(self.name, self.role, "receiver")
         return self._receive()
@@ -358,6 +368,7 @@ class BroadcastSync:
 
     def _receive(self) -> Iterator[tuple[str, torch.Tensor]]:
         self._connect()
+        self._pool.new_sync()
         self.stats = stats = ProtocolStats(protocol=self.name)
         with Timer(stats):
             frames = self._frames(stats)

@@ -1,0 +1,45 @@
+"""The protocol table: every schedule protocol name dispatches; options and names are checked."""
+
+import pytest
+
+from flowrl.ir.schedule_catalog import PROTOCOLS as SCHEDULE_PROTOCOLS
+from flowrl.runtime.sync import PROTOCOLS, BroadcastSync, WeightSync, WeightSyncError, is_collective, make_sync, \
+    protocol_class
+
+
+def test_every_protocol_the_compiler_accepts_has_a_component():
+    assert set(SCHEDULE_PROTOCOLS) == set(PROTOCOLS)
+
+
+@pytest.mark.parametrize("name, collective", [("inplace", False), ("ipc", False), ("broadcast", True),
+                                              ("gloo", True), ("nccl", True), ("checkpoint", False),
+                                              ("delta", False)])
+def test_collective_flag(name, collective):
+    assert is_collective(name) is collective
+
+
+def test_delta_inherits_its_inner_protocols_flag():
+    assert is_collective("delta", inner="broadcast") is True
+    assert is_collective("delta", inner="checkpoint") is False
+
+
+def test_every_end_implements_the_weight_sync_protocol(tmp_path):
+    ends = [make_sync("inplace", "sender"), make_sync("checkpoint", "receiver", directory=tmp_path),
+            make_sync("delta", "receiver"), make_sync("gloo", "sender", world_size=2)]
+    for end in ends:
+        assert isinstance(end, WeightSync)
+        end.close()
+    assert protocol_class("gloo") is BroadcastSync and ends[-1].backend == "gloo"
+
+
+@pytest.mark.parametrize("name, role, options, message", [
+    ("brodcast", "sender", {}, r"unknown weight-sync protocol 'brodcast'; hint: did you mean `broadcast`\?"),
+    ("rsync", "sender", {}, r"unknown weight-sync protocol 'rsync'; hint: protocols: broadcast, checkpoint"),
+    ("inplace", "sender", {"bucket": 1}, r"protocol `inplace` has no option 'bucket'; hint: its options are "
+                                         r"bucket_bytes"),
+    ("inplace", "trainer", {}, r"inplace: role='trainer'; hint: use one of \('sender', 'receiver'\)"),
+    ("checkpoint", "sender", {"directory": "/tmp/x", "bucket_bytes": 0}, r"bucket_bytes=0"),
+])
+def test_bad_names_and_options_are_clear_errors(name, role, options, message):
+    with pytest.raises(WeightSyncError, match=message):
+        make_sync(name, role, **options)
