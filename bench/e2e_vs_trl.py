@@ -101,12 +101,18 @@ class BenchConfig:
     """Steps the reward is smoothed over (trailing mean) for the threshold and first/final reward."""
     threshold: float | None = None
     """Smoothed reward to reach; None: ``auto`` (see the module docstring)."""
+    threads: int = 0
+    """torch intra-op threads per process on both sides (flowrl: ``FLOWRL_THREADS`` for each
+    engine actor; TRL: ``torch.set_num_threads``); 0 keeps each library's default (one per
+    core). On a loaded machine, threads beyond the free cores spin-wait and slow every
+    step many times over, so pinning both sides to 1 measures the libraries, not the load."""
 
     def check(self) -> None:
         """Raise :class:`BenchError` for settings one of the two sides cannot run."""
         rollouts = self.batch * self.group
-        if min(self.steps, self.batch, self.max_tokens, self.micro_batch, self.window) < 1:
-            raise BenchError(f"steps, batch, max_tokens, micro_batch and window must be >= 1, got {self}")
+        if min(self.steps, self.batch, self.max_tokens, self.micro_batch, self.window) < 1 or self.threads < 0:
+            raise BenchError(f"steps, batch, max_tokens, micro_batch and window must be >= 1 and threads >= 0, "
+                             f"got {self}")
         if self.group < 2:
             raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
         if rollouts % self.micro_batch:
@@ -323,6 +329,7 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
         rewards=[float(r["reward/mean"]) for r in rows], gen_tokens=[int(r["perf/gen_tokens"]) for r in rows],
         phases=phases,
         extra={"run_dir": str(out), "total_s": total, "flow": flow.read_text(),
+               "actor_threads": int(os.environ.get("FLOWRL_THREADS") or 0) or os.cpu_count(),
                "perf_step_s_mean": statistics.fmean(r["perf/step_s"] for r in rows),
                "stages_mean_s": stages, "sync_seconds_mean": _mean_key(rows, "sync/seconds"),
                "kl_ref_final": rows[-1].get("kl/ref"), "mismatch_abs_mean": _mean_key(rows, "mismatch/abs_mean")})
@@ -544,7 +551,8 @@ def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ra
            phases: dict[str, dict]) -> str:
     """The table printed at the end (plain text)."""
     head = (f"GRPO on arith: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
-            f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`; "
+            f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`, "
+            f"threads {cfg.threads or 'default'}; "
             f"threshold {'-' if threshold is None else f'{threshold:.3f}'} (reward smoothed over {cfg.window} steps)")
     names = list(sides)
     lines = [head, "", f"{'':28}" + "".join(f"{n:>12}" for n in names) + f"{'flowrl/TRL':>12}  better"]
@@ -556,6 +564,15 @@ def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ra
         lines += ["", f"{name}: mean seconds per step by phase"]
         lines += [f"  {k:40} {v:8.3f}" for k, v in sorted(table.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines)
+
+
+def apply_threads(threads: int) -> None:
+    """Pin torch threads for the side about to run (0: leave the defaults alone)."""
+    if threads:
+        import torch
+
+        os.environ["FLOWRL_THREADS"] = str(threads)  # read by flowrl's engine actors at start-up
+        torch.set_num_threads(threads)
 
 
 def environment() -> dict:
@@ -571,8 +588,12 @@ def environment() -> dict:
             "platform": platform.platform(), "versions": versions}
 
 
-def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl")) -> dict:
-    """Run the requested sides one after the other and return the report (also written to ``out``)."""
+def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"), keep: Path | None = None) -> dict:
+    """Run the requested sides one after the other and return the report (also written to ``out``).
+
+    ``keep``: a directory for the runs' files (the flow, flowrl's run directory with its
+    ``metrics.jsonl`` and ``trace.json``, TRL's output dir); None uses a temporary one.
+    """
     from flowrl.models.tiny import load_tokenizer
     from flowrl.models.warmstart import warm_start
 
@@ -587,12 +608,14 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"))
     results: dict[str, SideResult] = {}
     load: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-") as tmp:
-        work = Path(tmp)
+        work = Path(keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         train_path = shipped or write_jsonl(train_rows, work / "train.jsonl")
         runners = {"flowrl": lambda: run_flowrl(cfg, model_dir, train_path, test_rows, work),
                    "trl": lambda: run_trl(cfg, model_dir, train_rows, test_rows, work)}
         for name in sides:
             print(f"--- running {name} ---", file=sys.stderr)
+            apply_threads(cfg.threads)
             before = os.getloadavg()[0]
             results[name] = runners[name]()
             results[name].acc_before = acc_before
@@ -625,7 +648,7 @@ QUICK = {"steps": 12, "batch": 16}
 """``--quick``: fewer steps and prompts (about 2-3 minutes in all on 2 CPU cores)."""
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[str, ...]]:
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[str, ...], Path | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = BenchConfig()
@@ -640,9 +663,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     p.add_argument("--verifier", default=d.verifier, help="reward for both sides: exact (the task's) or math")
     p.add_argument("--threshold", default="auto", help="smoothed reward to reach, or 'auto'")
     p.add_argument("--window", type=int, default=d.window, help="steps the reward is smoothed over")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="torch threads per process on both sides (0: library defaults, one per core)")
     p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
     p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="keep the runs' files here (flowrl's metrics.jsonl and trace.json, TRL's output)")
     a = p.parse_args(argv)
     base = QUICK if a.quick else {}
     steps = a.steps if a.steps is not None else base.get("steps", d.steps)
@@ -653,18 +680,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     except ValueError:
         p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
     cfg = BenchConfig(steps=steps, batch=batch, group=a.group, max_tokens=a.max_tokens, lr=a.lr, kl=a.kl,
-                      micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold)
+                      micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold,
+                      threads=a.threads)
     sides = (a.only,) if a.only else ("flowrl", "trl")
-    return cfg, a.out, sides
+    return cfg, a.out, sides, a.keep
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, out, sides = parse_args(argv)
+    cfg, out, sides, keep = parse_args(argv)
     from flowrl.rewards.verifiers import UnknownVerifierError, get_verifier
 
     try:
         get_verifier(cfg.verifier)
-        run(cfg, out, sides)
+        run(cfg, out, sides, keep)
     except (BenchError, UnknownVerifierError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -85,13 +85,17 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 def ppo_clip_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float,
+    n_tokens: float,
 ) -> torch.Tensor:
-    """Token-level PPO-clip. ``logprobs``/``old_logprobs``/``mask``: ``[B, T]``; ``advantages``: ``[B]``. Scalar."""
+    """Token-level PPO-clip, summed and divided by ``n_tokens`` (response tokens in the whole batch).
+
+    ``logprobs``/``old_logprobs``/``mask``: ``[B, T]``; ``advantages``: ``[B]``. Scalar.
+    """
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages[:, None]
     per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
-    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    return (per_token * mask).sum() / max(n_tokens, 1.0)
 
 
 @torch.no_grad()
@@ -149,14 +153,18 @@ def grpo(model, tokenizer, train, test, s: GRPOSettings, *, seed: int, max_new_t
         rewards = torch.tensor(exact_match(texts, answers))
         rewards_window.append(float(rewards.mean()))
         adv = group_advantages(rewards, s.group, s.eps)
-        keep = adv.abs() > 0  # groups with all-equal rewards carry no signal: skip their compute
+        # Rows with zero advantage (groups whose rewards are all equal) add exactly 0 to the
+        # loss: skip their forward/backward, but divide by the whole batch's token count so
+        # the loss is the plain token mean over the full batch.
+        n_tokens = float(rmask.sum())
+        keep = adv.abs() > 0
         if keep.any():
             ids, attn, rmask, adv = ids[keep], attn[keep], rmask[keep], adv[keep]
             with torch.no_grad():
                 old = token_logprobs(model, ids, attn)
             model.train()
             for _ in range(s.updates):
-                loss = ppo_clip_loss(token_logprobs(model, ids, attn), old, adv, rmask, s.clip)
+                loss = ppo_clip_loss(token_logprobs(model, ids, attn), old, adv, rmask, s.clip, n_tokens)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -221,7 +229,8 @@ def parse_args(argv=None):
     ap.add_argument("--temperature", type=float, default=d_rl.temperature)
     ap.add_argument("--updates", type=int, default=d_rl.updates)
     ap.add_argument("--eval-every", type=int, default=d_rl.eval_every)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="model init and warm-start seed")
+    ap.add_argument("--rl-seed", type=int, default=None, help="RL sampling seed (default: --seed)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1: tiny ops gain little from 2, and on a busy machine "
                          "spinning OpenMP threads waste CPU)")
@@ -249,12 +258,13 @@ def main(argv=None) -> dict:
     print(f"warm start: {sft_steps} steps, {sft_seconds:.1f} s ({sft_cpu:.1f} CPU s), test acc {acc0:.3f}", flush=True)
 
     t1, c1 = time.perf_counter(), time.process_time()
-    log = grpo(model, tokenizer, train, test, rl, seed=a.seed, max_new_tokens=max_new)
+    rl_seed = a.seed if a.rl_seed is None else a.rl_seed
+    log = grpo(model, tokenizer, train, test, rl, seed=rl_seed, max_new_tokens=max_new)
     rl_wall, rl_cpu = time.perf_counter() - t1, time.process_time() - c1
     acc1 = log[-1]["test_acc"]
     result = {
         "task": asdict(spec), "n_train": len(train), "n_test": len(test), "model": asdict(model_cfg),
-        "sft": asdict(sft), "grpo": asdict(rl), "seed": a.seed, "threads": a.threads,
+        "sft": asdict(sft), "grpo": asdict(rl), "seed": a.seed, "rl_seed": rl_seed, "threads": a.threads,
         "sft_steps_taken": sft_steps, "sft_seconds": round(sft_seconds, 1), "sft_cpu_seconds": round(sft_cpu, 1), "acc_after_sft": acc0,
         "rl_seconds": log[-1]["seconds"], "rl_wall_seconds_with_evals": round(rl_wall, 1),
         "rl_cpu_seconds_with_evals": round(rl_cpu, 1),

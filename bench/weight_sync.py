@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -202,6 +203,7 @@ def build_syncs(rank: int, world: int, cfg: dict, rendezvous: dict | None, ckpt_
 
 
 def receiver_main(rank: int, world: int, cfg: dict, raw_port: int, rendezvous: dict, ckpt_dir: str, q) -> None:
+    faulthandler.dump_traceback_later(cfg["watchdog"], exit=True)
     torch.set_num_threads(1)
     if cfg["backend"] == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -276,6 +278,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
     parser.add_argument("--no-ray", action="store_true", help="skip the object-store rows")
+    parser.add_argument("--watchdog", type=float, default=1200,
+                        help="seconds after which every process prints its stacks and exits (a hang is a bug)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "weight_sync.json"))
     args = parser.parse_args()
 
@@ -286,7 +290,8 @@ def main() -> None:
     total = nbytes(model)
     world = 1 + args.receivers
     cfg = {"shapes": shapes, "dtype": args.dtype, "bucket": int(args.bucket_mb * 2**20), "reps": args.reps,
-           "backend": backend}
+           "backend": backend, "watchdog": args.watchdog}
+    faulthandler.dump_traceback_later(args.watchdog, exit=True)
     shm = Path("/dev/shm")
     ckpt_dir = Path(tempfile.mkdtemp(prefix="flowrl-sync-bench-", dir=shm if shm.is_dir() else None))
     print(f"model: {len(shapes)} tensors, {total / 2**20:.0f} MiB {args.dtype}; bucket {args.bucket_mb} MB; "

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from flowrl.compiler.model_info import ModelFacts
 from flowrl.compiler.passes.assign_placement import base_models, place
 from flowrl.compiler.passes.plan_layouts import layout_engine
 from flowrl.compiler.passes.resolve_staleness import pipeline_plan, staleness_problems
@@ -112,59 +111,79 @@ def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profi
                     f"version(s) stale before any pipelining, over the limit `staleness <= {limit}`", r.span,
             f"raise the limit to `staleness <= {every}`, or resync more often")], ctx.sources if ctx else None)
     stal = tuple(s for s in opts.get("staleness", range(1, s_max + 1)) if 1 <= s <= s_max) or (1,)
-    counts: dict[str, int] = {}
-    examples: dict[str, str] = {}
-    considered = feasible = 0
-    pool: list[_Choice] = []
-    states: dict = {}
+    found = _enumerate(prob, stal, opts)
+    if not found.pool:
+        raise FlowError([_nothing_fits(prob, found.considered, found.counts, found.examples)],
+                        ctx.sources if ctx else None)
+    results = _rank(prob, _pick(found.pool, int(opts.get("simulate", SIMULATE))), opts)
+    cands = [_candidate(prob, i + 1, c, st, est, results[0][2]) for i, (c, st, est) in enumerate(results)]
+    report = SearchReport(considered=found.considered, feasible=found.feasible, simulated=len(results),
+                          seconds=round(time.perf_counter() - t0, 4), staleness_limit=limit, winner=cands[0],
+                          runners_up=tuple(cands[1:]),
+                          rejected=dict(sorted(found.counts.items(), key=lambda kv: -kv[1])), examples=found.examples)
+    return _spec(prob, *_spec_args(results[0][0])), report
+
+
+@dataclass
+class _Found:
+    pool: list
+    """Feasible candidates that survived layout pruning, with analytic step times."""
+    considered: int = 0
+    feasible: int = 0
+    counts: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)
+
+
+def _enumerate(prob: _Problem, stal: tuple, opts: dict) -> _Found:
+    """Every placement x layout x staleness x protocol: count, reject with reasons, keep the best layouts."""
+    out = _Found([])
+    cache: dict = {}
     for placement in _placements(prob, opts):
-        pspec = _spec(prob, placement, ("torch", 1, 1), 1, 1, "")
-        pools, engines, problems = place(pspec, needed, prob.bases)
+        pools, engines, problems = place(_spec(prob, placement, ("torch", 1, 1), 1, 1, ""), prob.needed, prob.bases)
         if problems:
             continue
         trains, t_rej = _train_layouts(prob, placement, pools, engines)
         rolls, r_rej = _rollout_layouts(prob, placement, pools, engines)
         sps = [(s, p) for s in stal for p in _protocols(prob, placement)]
-        n_t, n_r = len(trains) + len(t_rej), len(rolls) + len(r_rej)
-        considered += max(n_t, 1) * max(n_r, 1) * len(sps)
-        for d in t_rej:
-            _count(counts, examples, d, max(n_r, 1) * len(sps))
+        # a role the flow does not have counts as one (empty) choice
+        t_ok = len(trains) if _train_keys(prob) else 1
+        r_ok = len(rolls) if _rollout_keys(prob) else 1
+        out.considered += (t_ok + len(t_rej)) * (r_ok + len(r_rej)) * len(sps)
+        for d in t_rej:  # first failing reason: train layout, then rollout layout, then staleness/protocol
+            _count(out.counts, out.examples, d, (r_ok + len(r_rej)) * len(sps))
         for d in r_rej:
-            _count(counts, examples, d, len(trains) * len(sps))
-        if (trains or not _train_keys(prob)) and (rolls or not _rollout_keys(prob)):
-            for s, proto in sps:
-                d = _sp_problem(prob, placement, pools, engines, s, proto)
-                if d is not None:
-                    _count(counts, examples, d, max(len(trains), 1) * max(len(rolls), 1))
-                    continue
-                feasible += max(len(trains), 1) * max(len(rolls), 1)
-                for tl in trains[:KEEP_LAYOUTS] or [("torch", 1, 1, 0.0)]:
-                    for rl in rolls[:KEEP_LAYOUTS] or [(1, 0.0)]:
-                        ch = _Choice(placement, tl[:3], rl[0], s, proto)
-                        ch.analytic = _analytic(prob, ch, tl[3], rl[1], states)
-                        pool.append(ch)
-    if not pool:
-        raise FlowError([_nothing_fits(prob, considered, counts, examples)], ctx.sources if ctx else None)
-    picked = _pick(pool, int(opts.get("simulate", SIMULATE)))
+            _count(out.counts, out.examples, d, t_ok * len(sps))
+        if not (t_ok and r_ok):
+            continue
+        for s, proto in sps:
+            d = _sp_problem(prob, placement, pools, engines, s, proto)
+            if d is not None:
+                _count(out.counts, out.examples, d, t_ok * r_ok)
+                continue
+            out.feasible += t_ok * r_ok
+            for tl in trains[:KEEP_LAYOUTS] or [("torch", 1, 1, 0.0)]:
+                for rl in rolls[:KEEP_LAYOUTS] or [(1, 0.0)]:
+                    ch = _Choice(placement, tl[:3], rl[0], s, proto)
+                    ch.analytic = _analytic(prob, ch, tl[3], rl[1], cache)
+                    out.pool.append(ch)
+    return out
+
+
+def _rank(prob: _Problem, picked: list[_Choice], opts: dict) -> list[tuple]:
+    """Simulate the picked candidates; best first (ties within :data:`TIE` go to the less stale, simpler one)."""
     from flowrl.compiler.passes.estimate_cost import estimate
 
     results = []
     for c in picked:
         st = _state(prob, c)
-        est = estimate(graph, st, prob.work, steps=int(opts.get("sim_steps", SEARCH_SIM_STEPS)))
-        results.append((c, st, est))
+        results.append((c, st, estimate(prob.graph, st, prob.work, steps=int(opts.get("sim_steps",
+                                                                                         SEARCH_SIM_STEPS)))))
     results.sort(key=lambda r: (-r[2].samples_per_s, r[0].staleness, _simplicity(r[0])))
     top = results[0][2].samples_per_s
     ties = [r for r in results if r[2].samples_per_s >= top * (1 - TIE)]
     winner = min(ties, key=lambda r: (r[0].staleness, _simplicity(r[0])))
     results.remove(winner)
-    results.insert(0, winner)
-    cands = [_candidate(prob, i + 1, c, st, est, results[0][2]) for i, (c, st, est) in enumerate(results)]
-    report = SearchReport(considered=considered, feasible=feasible, simulated=len(results),
-                          seconds=round(time.perf_counter() - t0, 4), staleness_limit=limit, winner=cands[0],
-                          runners_up=tuple(cands[1:]), rejected=dict(sorted(counts.items(), key=lambda kv: -kv[1])),
-                          examples=examples)
-    return _spec(prob, *_spec_args(results[0][0])), report
+    return [winner] + results
 
 
 def _pick(pool: list[_Choice], k: int) -> list[_Choice]:
@@ -455,7 +474,7 @@ def summary(st: SchedState) -> str:
         where = f"disaggregated: gen {pools['gen']} GPUs {', '.join(rolls)} | train {pools['train']} GPUs " \
                 f"{', '.join(trains)}"
     else:
-        where = f"colocated on {pools.get('all', 0)} GPUs: {', '.join(trains + rolls)}"
+        where = f"colocated on {pools.get('all', 0)} GPUs: {', '.join(trains + rolls) or 'no engines'}"
     protos = sorted({r.protocol for r in st.resyncs.values()})
     return f"{where}; staleness {st.staleness}" + (f"; {', '.join(protos)}" if protos else "")
 

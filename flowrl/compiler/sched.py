@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flowrl.compiler.model_info import ModelFacts
-from flowrl.compiler.plan import CostPlan, EnginePlan, PipelinePlan, PoolPlan, ResyncPlan, SearchReport
+from flowrl.compiler.plan import CostPlan, EnginePlan, PipelinePlan, PoolPlan, SearchReport
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Span
 from flowrl.ir.graph import FlowGraph

@@ -5,7 +5,7 @@ absent fails only when it is built, with an install hint
 (:class:`~flowrl.engines.base.EngineNotInstalledError`).
 
 >>> sorted(ROLLOUT_ENGINES), sorted(TRAIN_ENGINES)
-(['torch', 'vllm'], ['torch'])
+(['torch', 'vllm'], ['megatron', 'torch'])
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def _torch_train(**kwargs: Any) -> TrainEngine:
     return TorchTrainEngine(**kwargs)
 
 
+def _megatron_train(**kwargs: Any) -> TrainEngine:
+    from flowrl.engines.megatron.engine import MegatronTrainEngine
+
+    return MegatronTrainEngine(**kwargs)
+
+
 ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {
     "vllm": _vllm_rollout,
     "torch": _torch_rollout,
@@ -45,13 +51,13 @@ ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {
 
 TRAIN_ENGINES: dict[str, Callable[..., TrainEngine]] = {
     "torch": _torch_train,
+    "megatron": _megatron_train,
 }
 """Train engine name -> factory(**options)."""
 
 _TABLES = {"rollout": ROLLOUT_ENGINES, "train": TRAIN_ENGINES}
 
 PLANNED_ENGINES: dict[str, str] = {
-    "megatron": "Megatron-core train engine (tensor/pipeline parallel); not in this build yet",
     "fsdp": "PyTorch FSDP2 train engine (sharded data parallel); not in this build yet",
     "sglang": "SGLang rollout engine; not in this build yet",
 }

@@ -10,6 +10,7 @@ name (``get_verifier("math")``); a flow names them the same way.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Callable
 
@@ -47,11 +48,26 @@ def math_equivalence(completions: list[str], answers: list[str]) -> list[float]:
 
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     out = []
+    golds: dict[str, object] = {}
     for completion, answer in zip(completions, answers):
-        gold = parse(str(answer), parsing_timeout=timeout)
+        c, a = completion.strip(), str(answer).strip()
+        # Fast paths that math_verify would decide the same way (~1 ms per call saved):
+        # identical text is equal; two plain integers are equal exactly when their values are.
+        if c == a:
+            out.append(1.0)
+            continue
+        if _INT.fullmatch(c) and _INT.fullmatch(a):
+            out.append(float(int(c) == int(a)))
+            continue
+        if a not in golds:
+            golds[a] = parse(a, parsing_timeout=timeout)
+        gold = golds[a]
         pred = parse(completion, parsing_timeout=timeout)
         out.append(float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)))
     return out
+
+
+_INT = re.compile(r"[-+]?\d+")
 
 
 VERIFIERS: dict[str, Verifier] = {

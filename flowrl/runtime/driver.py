@@ -160,18 +160,24 @@ class Runtime:
                          log_to_driver=False, configure_logging=False)
         from ray.util.placement_group import placement_group
 
-        pool = self.plan.pools[0]
-        self.pg = placement_group([{"GPU": 1}] * pool.gpus, strategy=pool.strategy)
-        ray.get(self.pg.ready())
+        # One placement group per node, one bundle per GPU: an engine rank planned on global
+        # GPU g runs in bundle g % gpus_per_node of node g // gpus_per_node's group, so pools
+        # (colocated or disaggregated, on one node or several) land where the plan put them.
+        per_node = int(self.plan.cluster["gpus_per_node"])
+        self.gpus_per_node = per_node
+        self.pgs = [placement_group([{"GPU": 1}] * per_node, strategy="STRICT_PACK")
+                    for _ in range(int(self.plan.cluster["nodes"]))]
+        ray.get([pg.ready() for pg in self.pgs])
 
     def _actor(self, cls, engine, rank: int, *args, **kwargs):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = engine.bundles[rank] if engine.bundles else 0
+        gpu = (engine.gpus or engine.bundles or (0,))[rank]  # the global GPU id the plan gave this rank
+        pg = self.pgs[gpu // self.gpus_per_node]
         remote = ray.remote(cls).options(
             num_cpus=0, num_gpus=engine.gpus_per_rank,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=gpu % self.gpus_per_node),
             runtime_env={"env_vars": {k: os.environ[k] for k in _ACTOR_ENV if k in os.environ}})
         return remote.remote(*args, **kwargs)
 

@@ -50,6 +50,8 @@ def _one(m: ModelPlan, paths: dict[str, Path], log) -> Path:
                               heads=int(a.get("heads", 4)), kv_heads=int(a.get("kv_heads", 2)))
         sft = SFTConfig(steps=int(a.get("warm_start", SFTConfig().steps)))
         t0 = time.time()
+        log(f"model `{m.id}`: preparing the tiny {a.get('task', 'arith')} model "
+            "(built and warm-started by SFT on first use, then cached)...")
         result = warm_start(str(a.get("task", "arith")), model_cfg=cfg, sft=sft, seed=int(a.get("seed", 0)))
         acc = result.info.get("test_accuracy")
         how = "cached" if result.cached else f"built and warm-started in {time.time() - t0:.0f}s"

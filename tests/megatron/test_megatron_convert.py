@@ -46,7 +46,8 @@ def _hf_state(spec: ModelSpec, seed: int = 0, role: str = "actor") -> dict[str, 
             p + "mlp.down_proj.weight": r(h, spec.ffn),
         })
         if spec.qkv_bias:
-            sd.update({p + "self_attn.q_proj.bias": r(spec.heads * d), p + "self_attn.k_proj.bias": r(spec.kv_heads * d),
+            sd.update({p + "self_attn.q_proj.bias": r(spec.heads * d),
+                       p + "self_attn.k_proj.bias": r(spec.kv_heads * d),
                        p + "self_attn.v_proj.bias": r(spec.kv_heads * d)})
     if role == "critic":
         sd.update({"value_head.weight": r(1, h), "value_head.bias": r(1)})

@@ -366,7 +366,7 @@ def test_arith_grpo_is_the_default_program():
     assert attr(data, "eval") == "../data/arith/test.jsonl"
     assert g.node("exact").op == "verifier" and g.node("exact").args[0].value == "math"
     # main's parameter defaults flow into the inlined GRPO
-    assert attr(g.node("grpo.prompt_batch"), "size") == 32
+    assert attr(g.node("grpo.prompt_batch"), "size") == 64
     assert attr(g.node("grpo.rollouts"), "n") == attr(g.node("grpo.adv"), "group") == 8
     assert attr(g.node("grpo.rollouts"), "max_tokens") == 8
     assert [n.id for n in nodes(g, OpKind.RESYNC)] == ["resync.policy"]
@@ -384,7 +384,7 @@ def test_arith_grpo_is_the_default_program():
 
 def test_arith_grpo_main_parameters_are_tunable():
     text = (ROOT / "flows/arith_grpo.flow").read_text()
-    g = compile_text(text.replace("group: int = 8", "group: int = 4").replace("lr: float = 1e-3", "lr: float = 3e-4"),
+    g = compile_text(text.replace("group: int = 8", "group: int = 4").replace("lr: float = 5e-4", "lr: float = 3e-4"),
                      "flows/arith_grpo.flow")
     assert attr(g.node("grpo.rollouts"), "n") == attr(g.node("grpo.adv"), "group") == 4
     assert attr(g.node("grpo.update"), "lr") == 3e-4
@@ -399,7 +399,8 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     (data,) = plan.datasets
     assert Path(data.path) == ROOT / "data/arith/train.jsonl"
     assert Path(data.eval_path) == ROOT / "data/arith/test.jsonl"
-    assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == (60, 10, 0)
+    expected = (100, 20, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
+    assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
 
 def test_arith_variants_use_their_algorithm():

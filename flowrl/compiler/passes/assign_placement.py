@@ -25,7 +25,8 @@ Errors (E422, E423) point at the pool line, with the numbers.
 ... flow f(m: model, d: dataset) { b = sample(d)  r = generate(m, b) }
 ... schedule f on cluster(nodes = 2, gpus_per_node = 4) { pool gen = gpus(gpus = 6, nodes = 2)  place m.rollout on gen }
 ... ''', "doc.flow", until="assign_placement")
->>> g.sched.pools[1].gpu_ids, g.sched.pools[1].strategy
+>>> gen = next(p for p in g.sched.pools if p.name == "gen")
+>>> gen.gpu_ids, gen.strategy
 ((0, 1, 2, 4, 5, 6), 'PACK')
 """
 

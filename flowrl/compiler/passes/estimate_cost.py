@@ -17,9 +17,10 @@ estimate is deterministic). Reports no errors: infeasible schedules were rejecte
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
 ... model m = tiny()
+... reward v = verifier("exact")
 ... flow f(d: dataset) {
 ...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
-...   update(m, r, group_advantage(r, group = 2), lp)
+...   update(m, r, group_advantage(v(r), group = 2), lp)
 ... }''', "doc.flow", allow_missing=True)
 >>> est = g.sched.estimate
 >>> est.step_s > 0 and set(est.breakdown) >= {"generate", "update", "logprobs"}
@@ -376,13 +377,12 @@ def pool_memory(st: SchedState) -> dict:
     """Pool -> peak GB per GPU (the largest engine on a GPU plus the others' contexts) and capacity."""
     out = {}
     for p in st.pools:
-        on = [e for e in st.engines.values() if set(e.gpus) & set(p.gpu_ids)]
-        totals = [e.memory.total_gb for e in on if e.memory is not None]
+        on = [k for k, e in st.engines.items() if set(e.gpus) & set(p.gpu_ids)]
+        totals = [st.engines[k].memory.total_gb for k in on if st.engines[k].memory is not None]
         if not totals:
             continue
         peak = max(totals) + st.hw.context_gb * (len(on) - 1)
-        out[p.name] = {"peak_gb": round(peak, 3), "capacity_gb": round(st.hw.hbm_gb, 3),
-                       "engines": ", ".join(k for k, e in st.engines.items() if e in on)}
+        out[p.name] = {"peak_gb": round(peak, 3), "capacity_gb": round(st.hw.hbm_gb, 3), "engines": ", ".join(on)}
     return out
 
 

@@ -46,7 +46,6 @@ from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Collector, Diagnostic, Span
 from flowrl.ir.graph import FlowGraph
 from flowrl.ir.ops import OpKind
-from flowrl.ir.schedule_catalog import ENGINES
 
 PARALLEL = {"megatron": ("tp", "pp", "dp", "cp"), "vllm": ("tp", "dp"), "sglang": ("tp", "dp"),
             "fsdp": ("dp",), "torch": ("dp",), "hf_generate": ("dp",)}
@@ -306,11 +305,6 @@ def _choose_rollout(key: str, placed: EnginePlan, facts, hw, pool: PoolPlan, wor
         return layout_engine(key, placed, LayoutSpec(kind, {"tp": 1}, span), facts, hw, pool, work, False, span,
                              chosen=True, strict=False)
     return first
-
-
-def engine_kinds(role: str) -> list[str]:
-    """Engines serving ``role`` (the catalogue's)."""
-    return sorted(k for k, e in ENGINES.items() if e.serves == role)
 
 
 __all__ = ["plan_layouts", "layout_engine", "shape_problems", "node_problems", "memory_problems", "engine_memory",

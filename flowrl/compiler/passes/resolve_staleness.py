@@ -15,9 +15,10 @@ so their samples mix policy versions: it needs ``staleness >= 2`` (E431).
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
 ... model m = tiny()
+... reward v = verifier("exact")
 ... flow f(d: dataset) {
 ...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
-...   update(m, r, group_advantage(r, group = 2), lp)
+...   update(m, r, group_advantage(v(r), group = 2), lp)
 ... }
 ... schedule f on cluster() { staleness 3 }''', "doc.flow", until="resolve_staleness", allow_missing=True)
 >>> [(u, v, e.distance) for u, v, e in g.edges() if u == "resync.m"]

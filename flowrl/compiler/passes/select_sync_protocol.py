@@ -23,9 +23,10 @@ Checked (the schedule's ``resync`` line):
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
 ... model m = tiny()
+... reward v = verifier("exact")
 ... flow f(d: dataset) {
 ...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
-...   update(m, r, group_advantage(r, group = 2), lp)
+...   update(m, r, group_advantage(v(r), group = 2), lp)
 ... }''', "doc.flow", until="select_sync_protocol", allow_missing=True)
 >>> r = g.sched.resyncs["resync.m"]
 >>> (r.protocol, r.route, r.buckets)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 import traceback
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _cloudpickle() -> Any:
+    """cloudpickle (pickles closures and lambdas by value); Ray's vendored copy if the package is absent."""
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - cloudpickle comes with vLLM; Ray vendors it
+        from ray import cloudpickle
+    return cloudpickle
+
+
 def _rank_main(rank: int, world: int, init_method: str, options: RankOptions, inbox: Any, outbox: Any) -> None:
     """Body of a rank process: build the rank, then serve ``(method, kwargs)`` until ``shutdown``."""
-    import cloudpickle
-
+    cloudpickle = _cloudpickle()
     from flowrl.engines.megatron.worker import MegatronRank
 
     def answer(call: Any) -> None:
@@ -104,6 +112,9 @@ _PRELOAD = (
 (importing torch + Megatron costs ~10 s of CPU per process otherwise)."""
 
 
+_MAIN_ENV = "_FLOWRL_FORKSERVER_MAIN"
+
+
 def _context() -> Any:
     """The ``forkserver`` multiprocessing context with :data:`_PRELOAD` (``spawn`` where unavailable).
 
@@ -111,6 +122,8 @@ def _context() -> Any:
     a torch op (so no OpenMP/thread pool is forked mid-flight); the server outlives one
     engine, so later engines of the same driver start in about a second.
     """
+    import multiprocessing.forkserver as forkserver
+
     import torch.multiprocessing as mp
 
     try:
@@ -118,7 +131,30 @@ def _context() -> Any:
     except ValueError:
         return mp.get_context("spawn")
     ctx.set_forkserver_preload(list(_PRELOAD))
+    main_file = getattr(sys.modules["__main__"], "__file__", None)
+    if main_file:
+        # Python 3.11's fork server never imports the parent's main script, so every child
+        # re-runs it (multiprocessing.spawn._fixup_main_from_path) - seconds per rank when it
+        # imports transformers or pytest. The server records the path instead (see
+        # _adopt_parent_main); ranks need nothing from __main__ (loss functions travel
+        # by value through cloudpickle).
+        os.environ[_MAIN_ENV] = os.path.normpath(os.path.abspath(main_file))
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(_MAIN_ENV, None)
     return ctx
+
+
+def _adopt_parent_main() -> None:
+    """In the fork server only: make ``__main__`` claim the parent's main file, so forked ranks skip re-running it."""
+    path = os.environ.get(_MAIN_ENV)
+    main = sys.modules.get("__main__")
+    if path and main is not None and getattr(main, "__file__", None) is None:
+        main.__file__ = path
+
+
+_adopt_parent_main()
 
 
 class _RankGroup:
@@ -314,8 +350,7 @@ class MegatronTrainEngine:
         ``capture_grads`` the synchronised, unclipped gradients are kept for
         :meth:`last_gradients` (a testing and debugging aid; it costs a copy of the grads).
         """
-        import cloudpickle
-
+        cloudpickle = _cloudpickle()
         if micro_batch_size < 1:
             raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
         if batch.size < self.options.dp:
@@ -355,7 +390,8 @@ class MegatronTrainEngine:
                 yield name, tensor
 
     def save(self, path: str) -> None:
-        """Write one ``mp_rank_{tp}_{pp}_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and ``megatron_engine.json``."""
+        """Write one ``mp_rank_{tp}_{pp}_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and
+        ``megatron_engine.json`` (layout, role, step) into directory ``path``."""
         os.makedirs(path, exist_ok=True)
         self._group.call("save", self.timeout_s, path=str(path))
         meta = {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path}
@@ -369,8 +405,8 @@ class MegatronTrainEngine:
         meta = json.loads(meta_file.read_text())
         if meta["layout"] != self.layout or meta["role"] != self.role:
             raise EngineConfigError(
-                f"checkpoint {str(path)!r} holds a {meta['role']} with layout {meta['layout']}; this engine is a "
-                f"{self.role} with {self.layout}; build the engine with the checkpoint's layout to load it"
+                f"checkpoint {str(path)!r} holds role={meta['role']!r} with layout {meta['layout']}; this engine has "
+                f"role={self.role!r} with {self.layout}; build the engine with the checkpoint's layout to load it"
             )
         self._group.call("load", self.timeout_s, path=str(path))
         self.step = int(meta["step"])
@@ -385,7 +421,8 @@ class MegatronTrainEngine:
             raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
         os.makedirs(path, exist_ok=True)
         for file in Path(self.options.model_path).iterdir():
-            if file.is_file() and not file.name.endswith((".safetensors", ".bin")) and file.name != "model.safetensors.index.json":
+            weights = file.name.endswith((".safetensors", ".bin")) or file.name.endswith(".index.json")
+            if file.is_file() and not weights:  # config, tokenizer and generation files
                 shutil.copy(file, Path(path, file.name))
         tensors = {name: t.contiguous().clone() for name, t in self.named_weights()}
         save_file(tensors, str(Path(path, "model.safetensors")), metadata={"format": "pt"})

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -53,20 +52,29 @@ class RankOptions:
     model_path: str
     """transformers checkpoint directory (config.json + *.safetensors)."""
     tp: int = 1
+    """Tensor-parallel size (splits heads, MLP and vocabulary)."""
     pp: int = 1
+    """Pipeline-parallel size (splits the layers into stages)."""
     dp: int = 1
+    """Data-parallel size (splits the batch rows)."""
     role: str = "actor"
     """``"actor"`` (logprobs / entropy) or ``"critic"`` (values from a Linear(H, 1) head)."""
     temperature: float = 1.0
     """Logits are divided by this before log_softmax."""
     lr: float = 1e-5
+    """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates."""
     eps: float = 1e-8
+    """AdamW epsilon."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay, applied to every parameter (like the torch engine)."""
     warmup_steps: int = 0
+    """Linear warm-up steps (the torch engine's schedule)."""
     max_grad_norm: float | None = 1.0
+    """Global L2 clip; None disables clipping (the norm is still reported)."""
     seed: int = 0
+    """Megatron's RNG seed and the critic head's init seed."""
     dtype: str = "float32"
     """Parameter dtype; on CPU only float32 is supported."""
     distributed_optimizer: bool = True
@@ -84,6 +92,7 @@ class RankOptions:
 
     @property
     def world_size(self) -> int:
+        """Number of rank processes: tp * pp * dp."""
         return self.tp * self.pp * self.dp
 
 
@@ -92,8 +101,11 @@ class StepRecord:
     """What one rank reports after a schedule call (merged by the engine)."""
 
     coords: dict[str, int]
+    """``{"rank", "tp", "pp", "dp"}`` of the reporting rank."""
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """forward: per-token ``[rows, T]`` float32 outputs of this rank's dp slice (last stage only)."""
     stats: dict[str, float] = field(default_factory=dict)
+    """train_step: summed loss/metrics (last stage) and grad_norm, lr, step, skipped."""
 
 
 class ValueHead(torch.nn.Module):
@@ -440,6 +452,7 @@ class MegatronRank:
         want_entropy = self.options.role == "actor" and self.options.compute_entropy
 
         def loss_func(micro: TokenBatch, output: torch.Tensor) -> tuple:
+            micro = _to_device(micro, output.device)  # the loss mixes outputs with the batch's extras
             loss, metrics = _split_loss(loss_fn(self._token_outputs(output, micro, entropy=want_entropy),
                                                 micro, denominator))
             reported = {"loss": float(loss.detach())}
@@ -587,6 +600,15 @@ class MegatronRank:
         if dist.is_initialized():
             self.ps.destroy_model_parallel()
             dist.destroy_process_group()
+
+
+def _to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:
+    """``batch`` with every tensor on ``device`` (a no-op on CPU)."""
+    if device.type == "cpu":
+        return batch
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return TokenBatch(move(batch.input_ids), move(batch.attention_mask), move(batch.response_mask),
+                      {k: move(v) for k, v in batch.extras.items()})
 
 
 def _inner_params(opt: Any) -> list[torch.Tensor]:

@@ -104,6 +104,7 @@ class _Prefetch:
     def __init__(self, iterator: Iterable, depth: int = 1):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._ended = False
         self._thread = threading.Thread(target=self._run, args=(iterator,), daemon=True, name="flowrl-sync-prefetch")
         self._thread.start()
 
@@ -127,11 +128,14 @@ class _Prefetch:
         self._put(self._DONE)
 
     def __iter__(self) -> Iterator:
-        while True:
+        # Iterating again after the end (a drain in a ``finally``) must not wait for a thread that is gone.
+        while not self._ended:
             item = self._queue.get()
             if item is self._DONE:
+                self._ended = True
                 return
             if isinstance(item, _Failure):
+                self._ended = True
                 raise item.error
             yield item
 
@@ -360,7 +364,11 @@ class BroadcastSync:
 
     def _frames(self, stats: ProtocolStats) -> Iterator[_Frame]:
         while True:
-            frame, wire = self._recv_frame()
+            try:
+                frame, wire = self._recv_frame()
+            except Exception as error:  # the rest of this sync is still on the wire: the group is out of step
+                self._broken = self._broken or f"rank {self.rank} stopped receiving: {type(error).__name__}: {error}"
+                raise
             stats.wire_bytes += wire
             yield frame
             if frame.kind != BUCKET:

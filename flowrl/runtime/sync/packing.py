@@ -96,10 +96,9 @@ class BucketPacker:
 
     def _acquire(self, nbytes: int) -> np.ndarray:
         with self._lock:
-            fits = [b for b in self._free if b.nbytes >= nbytes]
-            if fits:
-                self._free.remove(fits[0])
-                return fits[0]
+            for i, buf in enumerate(self._free):
+                if buf.nbytes >= nbytes:
+                    return self._free.pop(i)  # by position: list.remove would compare arrays elementwise
         # First use, or an oversized tensor: allocate (and touch) once, then reuse.
         return np.empty(max(nbytes, self.bucket_bytes), np.uint8)
 
@@ -180,9 +179,10 @@ class BufferPool:
     def take(self, nbytes: int) -> np.ndarray:
         """A ``[nbytes]`` uint8 array (a view of a pooled buffer at least that large)."""
         with self._lock:
-            fits = [b for b in self._free if b.nbytes >= nbytes]
-            buf = min(fits, key=lambda b: b.nbytes) if fits else np.empty(nbytes, np.uint8)
-            if fits:
-                self._free.remove(buf)
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+            if fits:  # the smallest that fits; popped by position (list.remove compares arrays elementwise)
+                buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+            else:
+                buf = np.empty(nbytes, np.uint8)
             self._used.append(buf)
         return buf[:nbytes]
