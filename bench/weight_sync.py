@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from flowrl.runtime.sync import BroadcastSync, CheckpointSync, DeltaSync, InPlaceSync, make_sync  # noqa: E402
+from flowrl.runtime.sync import BroadcastSync, CheckpointSync, DeltaSync, InPlaceSync  # noqa: E402
 from flowrl.runtime.sync.broadcast import BACKENDS, default_backend  # noqa: E402
 
 ROWS = ["raw broadcast", "per-tensor broadcast", "broadcast packed+overlap", "broadcast packed, serial",
@@ -342,9 +342,10 @@ def report(seconds: dict, total: int, delta_wire: int, args, backend: str, tenso
         print(f"{row:28} {s:9.3f} {rate / 1e9:7.2f} {rate / raw:16.0%} {own_text}")
     packed = total / seconds["broadcast packed+overlap"] / raw
     print(f"\npacked broadcast reaches {packed:.0%} of the raw broadcast (target >= 80%); "
-          f"delta sent {delta_wire / 2**20:.1f} MiB of {total / 2**20:.0f} MiB")
+          f"delta sent {delta_wire / 2**20:.1f} MiB of {total / 2**20:.0f} MiB; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     result = {"benchmark": "weight_sync", "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "torch": torch.__version__, "backend": backend, "model_bytes": total,
+              "cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0], "torch": torch.__version__, "backend": backend, "model_bytes": total,
               "tensors": tensors, "dtype": args.dtype, "bucket_bytes": int(args.bucket_mb * 2**20),
               "receivers": args.receivers, "reps": args.reps, "rows": rows,
               "packed_vs_raw": packed, "delta_wire_bytes": delta_wire,

@@ -27,6 +27,7 @@ from pathlib import Path
 from flowrl.compiler.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
 from flowrl.runtime.pipeline import StepPipeline
+from flowrl.runtime.workers import MULTI_RANK_TRAIN
 
 
 _ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
@@ -96,7 +97,8 @@ class Runtime:
         for m in self.plan.models:
             if m.train_engine is not None and m.train_engine.kind not in TRAIN_ENGINES:
                 raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(m.train_engine.kind, 'train')}")
-            if m.train_engine is not None and m.train_engine.world_size > 1:
+            if m.train_engine is not None and m.train_engine.world_size > 1 \
+                    and m.train_engine.kind not in MULTI_RANK_TRAIN:
                 raise RuntimeFlowError(f"{m.origin}: the `{m.train_engine.kind}` train engine runs on one rank; "
                                        f"tp*pp*dp*cp = {m.train_engine.world_size} needs megatron or fsdp")
             if m.rollout_engine is not None:
@@ -192,9 +194,10 @@ class Runtime:
             path = str(self.model_paths[m.id])
             if m.train_engine is not None:
                 role = "critic" if m.role == "critic" else "actor"
-                actor = self._actor(TrainWorker, m.train_engine, 0, m.train_engine.kind, path, role=role,
+                e = m.train_engine
+                actor = self._actor(TrainWorker, e, 0, e.kind, path, role=role,
                                     optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
-                                    seed=self.seed)
+                                    seed=self.seed, layout={"tp": e.tp, "pp": e.pp, "dp": e.dp})
                 self.train_groups[m.id] = [actor]
                 pending.append(actor.ready.remote())
             if m.rollout_engine is not None:

@@ -417,7 +417,8 @@ def shard_state_dict(state: dict[str, torch.Tensor], dims: LlamaDims, layout: La
     return reshard_local(plan, [state])
 
 
-def unshard_state_dict(shards: list[dict[str, torch.Tensor]], dims: LlamaDims, layout: Layout) -> dict[str, torch.Tensor]:
+def unshard_state_dict(shards: list[dict[str, torch.Tensor]], dims: LlamaDims,
+                       layout: Layout) -> dict[str, torch.Tensor]:
     """Every rank's tensors in ``layout`` -> one transformers state dict."""
     return reshard_local(plan_reshard(dims, layout, Layout("hf", 1)), shards)[0]
 

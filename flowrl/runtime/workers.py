@@ -63,11 +63,15 @@ def rollout_engine_args(kind: str, options: dict, seed: int) -> tuple[str, dict]
     return kind, {"seed": seed, **options}
 
 
+MULTI_RANK_TRAIN = frozenset({"megatron"})
+"""Train engines that run tp*pp*dp ranks themselves (a process group started by the engine)."""
+
+
 class TrainWorker:
     """Hosts a TrainEngine (one rank). Methods return plain data."""
 
     def __init__(self, kind: str, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
-                 threads: int | None = None):
+                 layout: dict | None = None, threads: int | None = None):
         _threads(threads)
         import torch
 
@@ -77,8 +81,9 @@ class TrainWorker:
         torch.manual_seed(seed)
         cfg = OptimConfig(lr=optim.get("lr", 1e-5), weight_decay=optim.get("weight_decay", 0.0),
                           max_grad_norm=optim.get("grad_clip", 1.0) or None)
+        extra = dict(layout or {}) if kind in MULTI_RANK_TRAIN else {}  # the engine spawns its own ranks
         self.engine = make_train_engine(kind, model_path=model_path, role=role, optim=cfg,
-                                        temperature=temperature, seed=seed)
+                                        temperature=temperature, seed=seed, **extra)
 
     def ready(self) -> bool:
         return True

@@ -1,10 +1,11 @@
 """The protocol table: every schedule protocol name dispatches; options and names are checked."""
 
 import pytest
+import torch
 
 from flowrl.ir.schedule_catalog import PROTOCOLS as SCHEDULE_PROTOCOLS
 from flowrl.runtime.sync import PROTOCOLS, BroadcastSync, WeightSync, WeightSyncError, is_collective, make_sync, \
-    protocol_class
+    options_from_schedule, protocol_class
 
 
 def test_every_protocol_the_compiler_accepts_has_a_component():
@@ -43,3 +44,20 @@ def test_every_end_implements_the_weight_sync_protocol(tmp_path):
 def test_bad_names_and_options_are_clear_errors(name, role, options, message):
     with pytest.raises(WeightSyncError, match=message):
         make_sync(name, role, **options)
+
+
+def test_every_schedule_keyword_maps_to_a_component_argument(tmp_path):
+    examples = {"bucket": 1 << 20, "overlap": False, "dir": str(tmp_path), "keep": 2, "threshold": 0.5}
+    for name, spec in SCHEDULE_PROTOCOLS.items():
+        options = options_from_schedule({key: examples[key] for key in spec})
+        if is_collective(name):
+            options["world_size"] = 2
+        if name == "nccl" and not torch.cuda.is_available():
+            with pytest.raises(WeightSyncError, match="backend='nccl' needs CUDA"):
+                make_sync(name, "sender", **options)
+            continue
+        end = make_sync(name, "sender", **options)  # raises on an option the component lacks
+        end.close()
+    assert options_from_schedule({"bucket": 1024, "dir": ""}) == {"bucket_bytes": 1024}
+    with pytest.raises(WeightSyncError, match="option 'compress' has no component argument"):
+        options_from_schedule({"compress": True})

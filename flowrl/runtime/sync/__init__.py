@@ -42,6 +42,28 @@ PROTOCOLS: dict[str, Callable[..., WeightSync]] = {
 """Schedule protocol name -> class (or class with a fixed backend); call it as ``cls(role, **options)``."""
 
 
+SCHEDULE_OPTIONS: dict[str, str] = {"bucket": "bucket_bytes", "overlap": "overlap", "dir": "directory",
+                                    "keep": "keep", "threshold": "threshold"}
+"""Keyword of ``resync policy via PROTOCOL(...)`` in a flow -> constructor argument of the component."""
+
+
+def options_from_schedule(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A schedule's protocol keywords (``bucket = 512MB``, ``dir``, ``keep``, ...) as :func:`make_sync` options.
+
+    An empty ``dir`` (the schedule's default) is dropped: the driver then picks a
+    directory under the run directory.
+    """
+    out = {}
+    for key, value in kwargs.items():
+        if key not in SCHEDULE_OPTIONS:
+            raise WeightSyncError(f"schedule protocol option {key!r} has no component argument; hint: known "
+                                  f"options are {', '.join(sorted(SCHEDULE_OPTIONS))}")
+        if key == "dir" and not value:
+            continue
+        out[SCHEDULE_OPTIONS[key]] = value
+    return out
+
+
 def protocol_class(name: str) -> type:
     """The class behind ``PROTOCOLS[name]`` (for ``collective``), or :class:`WeightSyncError` with a suggestion."""
     factory = _lookup(name)
@@ -49,7 +71,7 @@ def protocol_class(name: str) -> type:
 
 
 def is_collective(name: str, **options: Any) -> bool:
-    """Whether protocol ``name`` (with ``options``: ``delta`` inherits its ``inner``'s) runs sender and receivers together."""
+    """Whether sender and receivers of protocol ``name`` run together (``delta``: as its ``inner`` does)."""
     cls = protocol_class(name)
     if cls is DeltaSync:
         return is_collective(options.get("inner", "inplace"))
@@ -90,6 +112,6 @@ def _lookup(name: str) -> Callable[..., WeightSync]:
 
 __all__ = [
     "PROTOCOLS", "BroadcastSync", "CheckpointHandoff", "CheckpointSync", "DeltaSync", "InPlaceHandoff",
-    "InPlaceSync", "ProtocolStats", "Rendezvous", "WeightSync", "WeightSyncError", "is_collective",
-    "make_sync", "protocol_class",
+    "InPlaceSync", "ProtocolStats", "Rendezvous", "SCHEDULE_OPTIONS", "WeightSync", "WeightSyncError",
+    "is_collective", "make_sync", "options_from_schedule", "protocol_class",
 ]

@@ -91,7 +91,7 @@ class WeightSync(Protocol):
 
 
 def check_role(protocol: str, role: str, allowed: str | None = None) -> None:
-    """Raise :class:`WeightSyncError` if ``role`` is not a role, or (given ``allowed``) is asked to do what only ``allowed`` may do."""
+    """Raise :class:`WeightSyncError` if ``role`` is not a role, or (given ``allowed``) is not ``allowed``."""
     if role not in ROLES:
         raise WeightSyncError(f"{protocol}: role={role!r}; hint: use one of {ROLES}")
     if allowed is not None and role != allowed:
@@ -113,7 +113,8 @@ def raw_bytes(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
                               "hint: pass (name, tensor) pairs")
     dtype_name = _DTYPE_NAMES.get(tensor.dtype)
     if dtype_name is None:
-        raise WeightSyncError(f"weight {name!r} has unsupported dtype {tensor.dtype}; hint: supported are {sorted(DTYPES)}")
+        raise WeightSyncError(f"weight {name!r} has unsupported dtype {tensor.dtype}; "
+                              f"hint: supported are {sorted(DTYPES)}")
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     return dtype_name, flat.view(torch.uint8).numpy()
 

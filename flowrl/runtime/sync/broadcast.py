@@ -191,6 +191,9 @@ class BroadcastSync:
         self.backend = backend or default_backend()
         if self.backend not in BACKENDS:
             raise WeightSyncError(f"broadcast: backend={self.backend!r}; hint: use one of {sorted(BACKENDS)}")
+        if self.backend == "nccl" and default_backend() != "nccl":
+            raise WeightSyncError("broadcast: backend='nccl' needs CUDA and a torch build with NCCL, this process "
+                                  "has neither; hint: use backend='gloo' (protocol `gloo`) on CPU")
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.tamper = tamper
         self.stats = ProtocolStats(protocol=self.name)
@@ -260,12 +263,13 @@ class BroadcastSync:
             self._group.broadcast([tensor], options).wait()
         except RuntimeError as error:
             self._broken = f"broadcast failed: {str(error).splitlines()[0]}"
-            raise WeightSyncError(f"broadcast: transport failed on rank {self.rank}: {self._broken}; "
-                                  "hint: a peer died or timed out; close() every rank and set up a new rendezvous") from None
+            raise WeightSyncError(f"broadcast: transport failed on rank {self.rank}: {self._broken}; hint: a peer "
+                                  "died or timed out; close() every rank and set up a new rendezvous") from None
         return tensor
 
     def _send_header(self, kind: int, version: int, index: int, data_bytes: int, meta_bytes: int) -> None:
-        self._bcast(torch.tensor([kind, version, index, data_bytes, meta_bytes], dtype=torch.int64, device=self._device))
+        header = [kind, version, index, data_bytes, meta_bytes]
+        self._bcast(torch.tensor(header, dtype=torch.int64, device=self._device))
 
     def _send_blob(self, blob: torch.Tensor) -> None:
         self._bcast(blob.to(self._device, non_blocking=True) if self._device.type != "cpu" else blob)

@@ -111,7 +111,7 @@ class BucketPacker:
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]], stats: SyncStats | None = None
              ) -> Iterator[Bucket]:
-        """Buckets of ``named_tensors`` in order, exactly as :func:`~flowrl.runtime.weight_sync.iter_buckets` lays them out."""
+        """Buckets of ``named_tensors`` in order, laid out exactly as by ``weight_sync.iter_buckets``."""
         stats = SyncStats() if stats is None else stats
         seen: set[str] = set()
         pending: list[tuple[str, str, tuple[int, ...], int, np.ndarray]] = []
