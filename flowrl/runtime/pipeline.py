@@ -76,7 +76,7 @@ class StepPipeline:
         ctx = self.make_ctx(step)
         t0 = time.time()
         run_ops(self.producer, ctx)
-        ctx.metrics["time/producer"] = time.time() - t0
+        ctx.metrics["pipeline/producer_s"] = time.time() - t0
         return ctx
 
     def _fill(self, last_step: int) -> None:
@@ -97,10 +97,10 @@ class StepPipeline:
         assert queued == step, f"pipeline out of order: {queued} != {step}"  # a driver bug, not user input
         t0 = time.time()
         ctx = fut.result()
-        ctx.metrics["time/wait_rollout"] = time.time() - t0
+        ctx.metrics["pipeline/wait_rollout_s"] = time.time() - t0
         t1 = time.time()
         run_ops(self.consumer, ctx)
-        ctx.metrics["time/consumer"] = time.time() - t1
+        ctx.metrics["pipeline/consumer_s"] = time.time() - t1
         return ctx
 
     def completed_inflight(self) -> list:

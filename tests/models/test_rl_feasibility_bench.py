@@ -1,6 +1,7 @@
 """bench/rl_feasibility.py keeps running: a few-step smoke run, and its GRPO pieces on hand-made values."""
 
 import importlib.util
+import sys
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "rl_feasibility.py"
 def bench():
     spec = importlib.util.spec_from_file_location("rl_feasibility", BENCH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 

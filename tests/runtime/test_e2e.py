@@ -21,7 +21,7 @@ from flowrl.runtime.errors import user_error  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-VOLATILE = ("time/", "perf/", "sync/seconds", "sync/unpack_seconds")
+VOLATILE = ("time/", "perf/", "pipeline/", "sync/seconds", "sync/unpack_seconds")
 
 
 def _flow(tmp: Path, body: str, steps: int) -> Path:
