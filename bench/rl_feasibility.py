@@ -220,6 +220,8 @@ def parse_args(argv=None):
     ap.add_argument("--sft-steps", type=int, default=d_sft.steps)
     ap.add_argument("--sft-batch", type=int, default=d_sft.batch_size)
     ap.add_argument("--sft-lr", type=float, default=d_sft.lr)
+    ap.add_argument("--sft-wd", type=float, default=d_sft.weight_decay)
+    ap.add_argument("--sft-check-every", type=int, default=d_sft.check_every)
     ap.add_argument("--sft-stop-at", type=float, default=d_sft.stop_at_accuracy,
                     help="stop the warm start at this training-row accuracy (negative: run all steps)")
     ap.add_argument("--rl-steps", type=int, default=d_rl.steps)
@@ -245,8 +247,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(a.threads)
     spec = arith.ArithSpec(max_operand=a.max_operand, ops=a.ops, zero_pad=not a.no_zero_pad)
     model_cfg = TinyModelConfig(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate)
-    sft = SFTConfig(steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr,
-                    stop_at_accuracy=None if a.sft_stop_at < 0 else a.sft_stop_at)
+    sft = SFTConfig(steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr, weight_decay=a.sft_wd,
+                    stop_at_accuracy=None if a.sft_stop_at < 0 else a.sft_stop_at, check_every=a.sft_check_every)
     rl = GRPOSettings(steps=a.rl_steps, prompts_per_step=a.prompts, group=a.group, lr=a.rl_lr,
                       temperature=a.temperature, updates=a.updates, eval_every=a.eval_every)
     train, test = arith.make_splits(a.n_train, a.n_test, arith.DEFAULT_SEED, spec=spec)
