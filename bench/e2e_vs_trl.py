@@ -101,11 +101,13 @@ class BenchConfig:
     """Steps the reward is smoothed over (trailing mean) for the threshold and first/final reward."""
     threshold: float | None = None
     """Smoothed reward to reach; None: ``auto`` (see the module docstring)."""
-    threads: int = 0
+    threads: int = 1
     """torch intra-op threads per process on both sides (flowrl: ``FLOWRL_THREADS`` for each
     engine actor; TRL: ``torch.set_num_threads``); 0 keeps each library's default (one per
-    core). On a loaded machine, threads beyond the free cores spin-wait and slow every
-    step many times over, so pinning both sides to 1 measures the libraries, not the load."""
+    core). On a loaded 2-core machine, threads beyond the free cores spin-wait and made
+    every step 10-20x slower (measured), which measures the load, not the libraries; with
+    staleness 1 flowrl's engines run one at a time, so 1 thread each is the same CPU
+    budget as TRL's single process with 1 thread (``bench/train_engines.py`` does the same)."""
 
     def check(self) -> None:
         """Raise :class:`BenchError` for settings one of the two sides cannot run."""
@@ -159,6 +161,7 @@ class SideResult:
         return {
             "startup_s": self.startup_s,
             "train_s": self.train_s,
+            "step1_s": self.step_s[0],
             "step_s_mean": statistics.fmean(self.step_s),
             "step_s_median": statistics.median(self.step_s),
             "gen_tokens": sum(self.gen_tokens),
@@ -523,6 +526,7 @@ ROWS = [
     # (key, label, format, better: "lower" | "higher" | "")
     ("startup_s", "start-up (s)", "{:.1f}", "lower"),
     ("train_s", "training wall (s)", "{:.1f}", "lower"),
+    ("step1_s", "step 1 (s, engine warm-up)", "{:.2f}", "lower"),
     ("step_s_mean", "s / step (mean)", "{:.3f}", "lower"),
     ("step_s_median", "s / step (median)", "{:.3f}", "lower"),
     ("gen_tokens", "completion tokens", "{:.0f}", ""),
@@ -664,7 +668,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     p.add_argument("--threshold", default="auto", help="smoothed reward to reach, or 'auto'")
     p.add_argument("--window", type=int, default=d.window, help="steps the reward is smoothed over")
     p.add_argument("--threads", type=int, default=d.threads,
-                   help="torch threads per process on both sides (0: library defaults, one per core)")
+                   help=f"torch threads per process on both sides (default {d.threads}; 0: library defaults, "
+                        "one per core)")
     p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
     p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
