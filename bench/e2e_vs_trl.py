@@ -101,6 +101,13 @@ class BenchConfig:
     """Steps the reward is smoothed over (trailing mean) for the threshold and first/final reward."""
     threshold: float | None = None
     """Smoothed reward to reach; None: ``auto`` (see the module docstring)."""
+    rollout: str = "vllm"
+    """flowrl's rollout engine: "vllm" (the default flow's) or "hf_generate" (transformers
+    ``generate`` in its own actor, what TRL uses in-process)."""
+    staleness: int = 1
+    """flowrl's schedule staleness: 1 = synchronous (equal learning to TRL, the headline);
+    2 = one-step-off (generation of step k+1 overlaps the update of step k; trains on
+    samples one version old, which TRL without vLLM cannot do)."""
     threads: int = 1
     """torch intra-op threads per process on both sides (flowrl: ``FLOWRL_THREADS`` for each
     engine actor; TRL: ``torch.set_num_threads``); 0 keeps each library's default (one per
@@ -117,6 +124,10 @@ class BenchConfig:
                              f"got {self}")
         if self.group < 2:
             raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
+        if self.staleness < 1:
+            raise BenchError(f"--staleness {self.staleness}: must be >= 1 (1 = synchronous)")
+        if self.rollout not in ROLLOUT_ENGINES:
+            raise BenchError(f"--rollout {self.rollout!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
         if rollouts % self.micro_batch:
             raise BenchError(f"batch*group = {rollouts} is not a multiple of --micro-batch {self.micro_batch}; "
                              "TRL accumulates whole micro-batches: pick e.g. --micro-batch "
@@ -261,11 +272,15 @@ flow main(steps: int = {steps}, eval_every: int = 0, seed: int = {seed}) {{
 schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   colocate policy.train, policy.rollout, ref on all
   policy.train = torch(dp = 1)
-  policy.rollout = vllm(tp = 1)
-  staleness 1
+  policy.rollout = {rollout}
+  staleness {staleness}
   resync policy via inplace() every 1
 }}
 """
+
+
+ROLLOUT_ENGINES = {"vllm": "vllm(tp = 1)", "hf_generate": "hf_generate(dp = 1)"}
+"""flowrl rollout engines the benchmark can put in the schedule (``--rollout``)."""
 
 
 def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) -> Path:
@@ -275,7 +290,7 @@ def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) 
         model=q(str(model_dir)), train=q(str(train_path)), verifier=q(cfg.verifier), steps=cfg.steps,
         seed=cfg.seed, batch=cfg.batch, group=cfg.group, max_tokens=cfg.max_tokens,
         temperature=_float(cfg.temperature), lr=_float(cfg.lr), clip=_float(cfg.clip), kl=_float(cfg.kl),
-        micro_batch=cfg.micro_batch))
+        micro_batch=cfg.micro_batch, rollout=ROLLOUT_ENGINES[cfg.rollout], staleness=cfg.staleness))
     return path
 
 
@@ -556,7 +571,8 @@ def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ra
     """The table printed at the end (plain text)."""
     head = (f"GRPO on arith: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
             f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`, "
-            f"threads {cfg.threads or 'default'}; "
+            f"threads {cfg.threads or 'default'}, flowrl rollout {cfg.rollout}, "
+            f"staleness {cfg.staleness}; "
             f"threshold {'-' if threshold is None else f'{threshold:.3f}'} (reward smoothed over {cfg.window} steps)")
     names = list(sides)
     lines = [head, "", f"{'':28}" + "".join(f"{n:>12}" for n in names) + f"{'flowrl/TRL':>12}  better"]
@@ -670,6 +686,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per process on both sides (default {d.threads}; 0: library defaults, "
                         "one per core)")
+    p.add_argument("--rollout", default=d.rollout, choices=sorted(ROLLOUT_ENGINES),
+                   help="flowrl's rollout engine (default: vllm, as in flows/arith_grpo.flow)")
+    p.add_argument("--staleness", type=int, default=d.staleness,
+                   help="flowrl's schedule staleness (1: synchronous, as TRL; 2: one-step-off)")
     p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
     p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
@@ -686,7 +706,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
         p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
     cfg = BenchConfig(steps=steps, batch=batch, group=a.group, max_tokens=a.max_tokens, lr=a.lr, kl=a.kl,
                       micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold,
-                      threads=a.threads)
+                      threads=a.threads, rollout=a.rollout, staleness=a.staleness)
     sides = (a.only,) if a.only else ("flowrl", "trl")
     return cfg, a.out, sides, a.keep
 
