@@ -4,8 +4,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Re-install when the dependency list changes.
-
+# Re-install when the dependency list (or this file's install recipe) changes.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 FLOW   ?= flows/arith_grpo.flow
 MEGATRON_CORE := megatron-core==0.19.2
 ARGS   ?=
