@@ -10,7 +10,7 @@ FLOW   ?= flows/arith_grpo.flow
 MEGATRON_CORE := megatron-core==0.19.2
 ARGS   ?=
 
-.PHONY: run test check bench clean-venv graphviz
+.PHONY: run test check clean-venv graphviz
 
 run: $(STAMP)
 	$(BIN)/flowrl run $(FLOW) $(ARGS)

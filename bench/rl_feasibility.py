@@ -50,14 +50,14 @@ from flowrl.tasks import arith  # noqa: E402
 class GRPOSettings:
     """The RL half of the experiment."""
 
-    steps: int = 60
+    steps: int = 200
     """GRPO iterations (one rollout batch each)."""
-    prompts_per_step: int = 32
+    prompts_per_step: int = 64
     """Distinct prompts per rollout batch."""
     group: int = 8
     """Completions per prompt (GRPO group size)."""
-    lr: float = 1e-3
-    """AdamW learning rate of the policy."""
+    lr: float = 5e-4
+    """AdamW learning rate of the policy (3e-3, the SFT rate, collapsed the policy)."""
     temperature: float = 1.0
     """Sampling temperature of rollouts."""
     updates: int = 1
@@ -66,7 +66,7 @@ class GRPOSettings:
     """PPO ratio clip epsilon."""
     eps: float = 1e-6
     """Added to the group std before dividing."""
-    eval_every: int = 10
+    eval_every: int = 25
     """Held-out greedy accuracy every this many steps."""
 
 
