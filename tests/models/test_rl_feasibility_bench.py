@@ -42,6 +42,7 @@ def test_smoke_run_writes_its_json(bench, tmp_path):
     result = bench.main([
         "--sft-steps", "5", "--sft-stop-at", "-1", "--sft-batch", "16", "--rl-steps", "2", "--prompts", "4",
         "--group", "2", "--eval-every", "1", "--n-train", "64", "--n-test", "16", "--json", str(out),
+        "--threads", str(torch.get_num_threads()),  # main() sets torch's threads: keep this process's setting
     ])
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(result))
