@@ -19,7 +19,22 @@ Usage::
     .venv/bin/python bench/rl_feasibility.py                 # the chosen defaults
     .venv/bin/python bench/rl_feasibility.py --rl-steps 80 --group 8 --json out.json
 
-Prints a table of held-out accuracy over RL steps and writes the numbers as JSON.
+Prints a table of held-out accuracy over RL steps and writes the numbers as JSON
+(default ``bench/results/rl_feasibility.json``).
+
+Chosen settings (the defaults of this script, of ``ArithSpec`` and of ``SFTConfig``):
+``"ab+cd="`` with zero-padded operands 0..99 (4000 train / 400 test rows); Llama
+hidden 128, 2 layers, 4 heads (2 KV), MLP 256 (~0.3M params); warm start AdamW lr 3e-3,
+batch 64, until 20% accuracy on 256 training rows (1300 steps for seed 0); GRPO 64
+prompts x 8 completions, lr 5e-4, temperature 1, one update per batch, 200 steps.
+
+Measured (seed 0, 1 torch thread, lightly loaded 2-core machine): warm start 50 s →
+27.0% held-out; GRPO 64 s → 72.5% (+45.5 points). Four RL sampling seeds from the same
+warm start gave 72.0-75.5% after 200 steps and 74.8-79.2% after 300. Other init seeds
+vary: without weight decay seed 1 stays near 10% after 3000 SFT steps; with weight
+decay 0.1 every seed reaches the target in 450-1300 steps but GRPO then gained +8 to +45
+points after 200 steps, depending on the seed. Two torch threads were slower than one on
+this machine (spinning OpenMP threads when other processes compete for the cores).
 """
 
 from __future__ import annotations
@@ -27,7 +42,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import sys
 import tempfile
 import time

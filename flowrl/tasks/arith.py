@@ -35,7 +35,8 @@ class ArithSpec:
     max_operand: int = 99
     """Operands are drawn uniformly from ``[0, max_operand]``."""
     ops: str = "+"
-    """Operators to mix, each drawn with equal probability."""
+    """Operators to mix, each drawn with equal probability. Default "+" only: with "+-"
+    mixed the 2-layer model was still at 8% after 2500 SFT steps, too slow for a demo."""
     zero_pad: bool = True
     """Write operands with a fixed number of digits (``"07+35="``): every prompt then has
     the same length and each digit a fixed position, which a 2-layer model learns far

@@ -1,7 +1,6 @@
 """flowrl.models.tiny: character tokenizer and tiny checkpoints loadable by transformers and vLLM."""
 
 import hashlib
-import os
 
 import pytest
 import torch
