@@ -50,22 +50,7 @@ PROMPTS_PER_GPU = 4
 GROUP = 8
 MAX_TOKENS = 4096
 
-FLOW = """
-model policy = hf("{model}")
-dataset prompts = jsonl("prompts.jsonl")
-reward correct = verifier("math")
-
-flow main() {{
-  ref      = frozen(policy)
-  b        = sample(prompts, size = {batch})
-  rollouts = generate(policy, b, n = {group}, max_tokens = {max_tokens})
-  scores   = correct(rollouts)
-  old_lp   = logprobs(policy, rollouts)
-  ref_lp   = logprobs(ref, rollouts)
-  adv      = group_advantage(scores, group = {group})
-  update(policy, rollouts, adv, old_lp, ref_lp, kl = 0.001)
-}}
-"""
+from flowrl.compiler.auto import ASYNC_FLOW as FLOW  # noqa: E402  (the same GRPO program auto benchmarks)
 
 CLUSTER = 'cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "H100")'
 
