@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import OPTIM, make_batch, pg_loss  # noqa: E402
+from mcore_cases import OPTIM, make_batch, pg_loss  # noqa: E402
 
 from flowrl.engines.megatron import MegatronRankError, MegatronTrainEngine  # noqa: E402
 from flowrl.engines.megatron import cpu_shims  # noqa: E402

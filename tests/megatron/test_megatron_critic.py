@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import MICRO_BATCH, OPTIM, TOL, assert_close, make_batch  # noqa: E402
+from mcore_cases import MICRO_BATCH, OPTIM, TOL, assert_close, make_batch  # noqa: E402
 
 from flowrl.engines.base import EngineConfigError  # noqa: E402
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import OPTIM, assert_same_step, make_batch, pg_loss, run_megatron  # noqa: E402
+from mcore_cases import OPTIM, assert_same_step, make_batch, pg_loss, run_megatron  # noqa: E402
 
 from flowrl.engines.base import EngineConfigError  # noqa: E402
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import OPTIM, make_batch, pg_loss  # noqa: E402
+from mcore_cases import OPTIM, make_batch, pg_loss  # noqa: E402
 
 from flowrl.engines.base import EngineConfigError, EngineError, TrainEngine  # noqa: E402
 from flowrl.engines.megatron import ConversionError, MegatronRankError, MegatronTrainEngine  # noqa: E402

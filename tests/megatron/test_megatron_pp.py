@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import assert_same_step, run_megatron  # noqa: E402
+from mcore_cases import assert_same_step, run_megatron  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 

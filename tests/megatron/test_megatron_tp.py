@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from conftest import assert_same_step, run_megatron  # noqa: E402
+from mcore_cases import assert_same_step, run_megatron  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def test_the_step_changed_the_weights(tp2):
 
 def test_qwen2_with_qkv_bias_and_tied_embeddings_tp2(tmp_path):
     """Qwen2 (q/k/v biases) with tied embeddings: tp=2 forward and one step match the torch engine."""
-    from conftest import OPTIM, TOL, assert_close, make_batch, pg_loss
+    from mcore_cases import OPTIM, TOL, assert_close, make_batch, pg_loss
     from transformers import Qwen2ForCausalLM
 
     from flowrl.engines.megatron import MegatronTrainEngine

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("vllm")
 
-from conftest import OPTIM, make_batch, pg_loss  # noqa: E402
+from mcore_cases import OPTIM, make_batch, pg_loss  # noqa: E402
 
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402
 from flowrl.engines.types import SamplingSpec, TokenBatch  # noqa: E402
