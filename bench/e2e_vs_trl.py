@@ -8,7 +8,9 @@ temperature, micro-batch and number of optimizer steps:
 
 * **flowrl**: a temporary ``.flow`` file that imports ``stdlib.grpo`` with these settings
   and ``hf("<checkpoint dir>")`` as the model, run through the normal runtime (Ray,
-  vLLM rollout, torch trainer, in-place weight sync), exactly like ``flowrl run``;
+  vLLM rollout, torch trainer, in-place weight sync), exactly like ``flowrl run``; once
+  per ``--variants`` entry (default: the default flow's vLLM synchronous schedule, the
+  same one-step-off, and transformers ``generate`` rollout synchronous), each a column;
 * **TRL** (``trl==1.16.0``): ``GRPOTrainer`` with ``use_cpu=True, use_vllm=False``
   (transformers ``generate`` for rollouts, the trainer's own process), configured so one
   optimizer step consumes ``batch * group`` completions generated in one call
@@ -79,21 +81,22 @@ class BenchConfig:
 
     steps: int = 60
     """Optimizer steps (= generation rounds; on-policy, one update per batch)."""
-    batch: int = 32
+    batch: int = 64
     """Prompts per step."""
     group: int = 8
     """Completions per prompt (GRPO group; TRL's ``num_generations``)."""
-    max_tokens: int = 8
+    max_tokens: int = 5
     """Longest completion, in tokens (TRL's ``max_completion_length``)."""
-    lr: float = 1e-3
+    lr: float = 5e-4
     """AdamW learning rate, constant."""
-    kl: float = 0.001
-    """KL-in-loss coefficient (k3 estimator; TRL's ``beta``)."""
+    kl: float = 0.0
+    """KL-in-loss coefficient (k3 estimator; TRL's ``beta``). 0: neither side computes the
+    reference's log-probs (TRL loads no reference model, flowrl's compiler drops the pass)."""
     clip: float = 0.2
     """PPO ratio clip epsilon (TRL's ``epsilon``)."""
     temperature: float = 1.0
     """Sampling temperature."""
-    micro_batch: int = 64
+    micro_batch: int = 128
     """Completions per forward/backward (TRL's ``per_device_train_batch_size``)."""
     seed: int = 0
     """Seed of both runs (data order and sampling differ between the two libraries anyway)."""
@@ -110,6 +113,24 @@ class BenchConfig:
     """flowrl's schedule staleness: 1 = synchronous (equal learning to TRL, the headline);
     2 = one-step-off (generation of step k+1 overlaps the update of step k; trains on
     samples one version old, which TRL without vLLM cannot do)."""
+    variants: tuple[tuple[str, int], ...] = (("vllm", 1), ("vllm", 2), ("hf_generate", 1))
+    """flowrl runs as ``(rollout, staleness)`` pairs, each a column of the table against the
+    same TRL run (``--variants vllm:1,vllm:2,hf_generate:1``); empty: just
+    ``(rollout, staleness)``."""
+
+    def flowrl_variants(self) -> list["BenchConfig"]:
+        """One config per flowrl run of this benchmark."""
+        from dataclasses import replace
+
+        pairs = self.variants or ((self.rollout, self.staleness),)
+        return [replace(self, rollout=r, staleness=s, variants=()) for r, s in pairs]
+
+    @property
+    def flowrl_name(self) -> str:
+        """The column name of this config's flowrl run: ``flowrl`` for the default flow's engines."""
+        if (self.rollout, self.staleness) == ("vllm", 1):
+            return "flowrl"
+        return f"flowrl {self.rollout.replace('hf_generate', 'hf')} s{self.staleness}"
     threads: int = 1
     """torch intra-op threads per process on both sides (flowrl: ``FLOWRL_THREADS`` for each
     engine actor; TRL: ``torch.set_num_threads``); 0 keeps each library's default (one per
@@ -126,10 +147,11 @@ class BenchConfig:
                              f"got {self}")
         if self.group < 2:
             raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
-        if self.staleness < 1:
-            raise BenchError(f"--staleness {self.staleness}: must be >= 1 (1 = synchronous)")
-        if self.rollout not in ROLLOUT_ENGINES:
-            raise BenchError(f"--rollout {self.rollout!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
+        for v in self.flowrl_variants():
+            if v.staleness < 1:
+                raise BenchError(f"staleness {v.staleness}: must be >= 1 (1 = synchronous)")
+            if v.rollout not in ROLLOUT_ENGINES:
+                raise BenchError(f"rollout {v.rollout!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
         if rollouts % self.micro_batch:
             raise BenchError(f"batch*group = {rollouts} is not a multiple of --micro-batch {self.micro_batch}; "
                              "TRL accumulates whole micro-batches: pick e.g. --micro-batch "
@@ -363,7 +385,7 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
     phases = {k: v for k, v in per_op.items() if k[5:] in op_ids}
     stages = {k: v for k, v in per_op.items() if k[5:] not in op_ids}
     side = SideResult(
-        name="flowrl", startup_s=(t_runtime - t0) + first_start, step_s=step_s,
+        name=cfg.flowrl_name, startup_s=(t_runtime - t0) + first_start, step_s=step_s,
         rewards=[float(r["reward/mean"]) for r in rows], gen_tokens=[int(r["perf/gen_tokens"]) for r in rows],
         phases=phases,
         extra={"run_dir": str(out), "total_s": total, "flow": flow.read_text(),
@@ -594,20 +616,24 @@ def ratios(a: dict, b: dict) -> dict:
             and b[k]}
 
 
-def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ratio: dict,
+def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ratio: dict[str, dict],
            phases: dict[str, dict]) -> str:
-    """The table printed at the end (plain text)."""
+    """The table printed at the end (plain text): one column per run, then each flowrl run / TRL."""
     head = (f"GRPO on arith: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
             f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`, "
-            f"threads {cfg.threads or 'default'}, flowrl rollout {cfg.rollout}, "
-            f"staleness {cfg.staleness}; "
-            f"threshold {'-' if threshold is None else f'{threshold:.3f}'} (reward smoothed over {cfg.window} steps)")
+            f"threads {cfg.threads or 'default'}; flowrl runs: "
+            + ", ".join(f"{v.flowrl_name} = rollout {v.rollout}, staleness {v.staleness}"
+                        for v in cfg.flowrl_variants())
+            + f"; threshold {'-' if threshold is None else f'{threshold:.3f}'} "
+              f"(reward smoothed over {cfg.window} steps)")
     names = list(sides)
-    lines = [head, "", f"{'':28}" + "".join(f"{n:>12}" for n in names) + f"{'flowrl/TRL':>12}  better"]
+    w = max(12, *(len(n) + 2 for n in names))
+    lines = [head, "", f"{'':28}" + "".join(f"{n:>{w}}" for n in names)
+             + "".join(f"{n + ' / TRL':>{w + 6}}" for n in ratio) + "  better"]
     for key, label, fmt, better in ROWS:
-        cells = "".join(f"{_fmt(fmt, sides[n].get(key)):>12}" for n in names)
-        r = ratio.get(key)
-        lines.append(f"{label:28}{cells}{_fmt('{:.2f}x', r):>12}  {better}")
+        cells = "".join(f"{_fmt(fmt, sides[n].get(key)):>{w}}" for n in names)
+        rs = "".join(f"{_fmt('{:.2f}x', r.get(key)):>{w + 6}}" for r in ratio.values())
+        lines.append(f"{label:28}{cells}{rs}  {better}")
     for name, table in phases.items():
         lines += ["", f"{name}: mean seconds per step by phase"]
         lines += [f"  {k:40} {v:8.3f}" for k, v in sorted(table.items(), key=lambda kv: -kv[1])]
@@ -659,21 +685,26 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"),
         work = Path(keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         train_path = shipped or write_jsonl(train_rows, work / "train.jsonl")
-        runners = {"flowrl": lambda: run_flowrl(cfg, model_dir, train_path, test_rows, work),
-                   "trl": lambda: run_trl(cfg, model_dir, train_rows, test_rows, work)}
-        for name in sides:
+        runners = [(v.flowrl_name, lambda v=v: run_flowrl(v, model_dir, train_path, test_rows,
+                                                          work / v.flowrl_name.replace(" ", "_")))
+                   for v in cfg.flowrl_variants()] if "flowrl" in sides else []
+        if "trl" in sides:
+            runners.append(("trl", lambda: run_trl(cfg, model_dir, train_rows, test_rows, work)))
+        for name, runner in runners:
             print(f"--- running {name} ---", file=sys.stderr)
             apply_threads(cfg.threads)
             before = os.getloadavg()[0]
-            results[name] = runners[name]()
+            results[name] = runner()
             results[name].acc_before = acc_before
             load[name] = [before, os.getloadavg()[0]]
     names = list(results)
     threshold = cfg.threshold
-    if threshold is None and len(names) == 2:
-        threshold = auto_threshold(results[names[0]].rewards, results[names[1]].rewards, cfg.window)
+    if threshold is None and "trl" in results and len(names) > 1:
+        # Halfway to the lowest final reward of all runs, so every run reaches it.
+        threshold = min(auto_threshold(results[n].rewards, results["trl"].rewards, cfg.window) or 0.0
+                        for n in names if n != "trl") or None
     summaries = {n: r.summary(cfg, threshold) for n, r in results.items()}
-    ratio = ratios(summaries["flowrl"], summaries["trl"]) if len(names) == 2 else {}
+    ratio = {n: ratios(summaries[n], summaries["trl"]) for n in names if n != "trl"} if "trl" in results else {}
     report = {
         "config": asdict(cfg), "threshold": threshold, "model_dir": str(model_dir),
         "data": {"train_rows": len(train_rows), "test_rows": len(test_rows),
@@ -714,10 +745,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per process on both sides (default {d.threads}; 0: library defaults, "
                         "one per core)")
-    p.add_argument("--rollout", default=d.rollout, choices=sorted(ROLLOUT_ENGINES),
-                   help="flowrl's rollout engine (default: vllm, as in flows/arith_grpo.flow)")
-    p.add_argument("--staleness", type=int, default=d.staleness,
-                   help="flowrl's schedule staleness (1: synchronous, as TRL; 2: one-step-off)")
+    p.add_argument("--variants", default=",".join(f"{r}:{s}" for r, s in d.variants),
+                   help="the flowrl runs, as ROLLOUT:STALENESS,... with ROLLOUT vllm (the default flow's) or "
+                        "hf_generate and STALENESS 1 (synchronous, as TRL) or 2 (one-step-off); "
+                        "default: %(default)s")
     p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
     p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
@@ -734,9 +765,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
         p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
     cfg = BenchConfig(steps=steps, batch=batch, group=a.group, max_tokens=a.max_tokens, lr=a.lr, kl=a.kl,
                       micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold,
-                      threads=a.threads, rollout=a.rollout, staleness=a.staleness)
+                      threads=a.threads, variants=_variants(p, a.variants))
     sides = (a.only,) if a.only else ("flowrl", "trl")
     return cfg, a.out, sides, a.keep
+
+
+def _variants(p: argparse.ArgumentParser, text: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        rollout, _, stale = item.partition(":")
+        if rollout not in ROLLOUT_ENGINES or not stale.isdigit():
+            p.error(f"--variants item {item!r}: write ROLLOUT:STALENESS with ROLLOUT in "
+                    f"{sorted(ROLLOUT_ENGINES)}, e.g. vllm:2")
+        out.append((rollout, int(stale)))
+    return tuple(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ barrier until the last rank is done (median of ``--reps`` after one warm-up):
 | ``delta (10% changed)`` | :class:`DeltaSync` over broadcast after a tenth of the tensors changed (effective: full model bytes / time) |
 | ``raw file write+read`` | one file of the model's bytes written by the sender and read by the receivers (tmpfs if present) |
 | ``checkpoint`` | :class:`CheckpointSync`: safetensors + manifest, atomic publish, each tensor verified on read |
-| ``raw object store`` / ``inplace`` | with Ray: one numpy buffer, then :class:`InPlaceSync` buckets, trainer actor -> driver ``ray.put`` -> replica actors |
+| ``raw object store`` / ``inplace`` | with Ray: one numpy buffer, then :class:`InPlaceSync` buckets, trainer actor -> object store -> replica actors (the ref passes through the driver, the bytes do not) |
 
 ``bytes/s`` is the model's bytes divided by the time; ``vs raw broadcast`` compares it
 with the first row; ``vs own transport`` compares checkpoint with the raw file row and
@@ -247,7 +247,7 @@ def ray_rows(cfg: dict, receivers: int) -> dict:
     """``raw object store`` and ``inplace`` rows: the driver's path through Ray (median seconds per rep)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         trainer = ray.remote(num_cpus=0)(_Trainer).remote(cfg["shapes"], cfg["dtype"], cfg["bucket"])
         replicas = [ray.remote(num_cpus=0)(_Replica).remote() for _ in range(receivers)]
@@ -258,7 +258,7 @@ def ray_rows(cfg: dict, receivers: int) -> dict:
             times = []
             for rep in range(cfg["reps"] + 1):
                 t0 = time.perf_counter()
-                ref = ray.put(ray.get(produce(rep + 1)))  # as Runtime.push_weights: via the driver, put once
+                ref = produce(rep + 1)  # as Runtime.push_weights: the trainer's ref goes straight to the replicas
                 ray.get([getattr(r, consume).remote(ref) for r in replicas])
                 times.append(time.perf_counter() - t0)
                 del ref

@@ -367,6 +367,14 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the ExecutionPlan as JSON (for tools)")
     p.add_argument("--explain", action="store_true",
                    help="also show what `schedule auto` searched: the winner, the runners-up, what it rejected")
+    g = p.add_argument_group("Gantt chart of the simulated steps (docs/schedules.md)")
+    g.add_argument("--gantt", metavar="OUT.png", help="draw the simulated steps, one row per engine, to this PNG")
+    g.add_argument("--measured", metavar="RUN_DIR",
+                   help="with --gantt: draw a run of this flow (its trace.json) under the simulation, on the same "
+                        "rows, and simulate with the run's measured workload")
+    g.add_argument("--gantt-trace", metavar="OUT.json",
+                   help="with --gantt: also write the simulated steps as a Chrome/Perfetto trace")
+    g.add_argument("--gantt-steps", type=int, default=3, metavar="N", help="steps to draw (default 3)")
 
 
 def run_plan_cmd(args: argparse.Namespace) -> int:
@@ -374,19 +382,48 @@ def run_plan_cmd(args: argparse.Namespace) -> int:
 
     if args.json and args.explain:
         raise UsageError("--json already holds the search report (`search`); drop --explain")
+    if (args.measured or args.gantt_trace) and not args.gantt:
+        raise UsageError("--measured and --gantt-trace go with --gantt OUT.png")
+    if args.gantt_steps < 1:
+        raise UsageError(f"--gantt-steps must be >= 1, got {args.gantt_steps}")
     try:
-        plan = build_plan(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps)
+        sets = parse_sets(args.set)
+        plan = build_plan(args.file, flow=args.flow, sets=sets, steps=args.steps)
     except RunError as e:
         raise CliError(str(e)) from None
     _out().write(plan_json(plan) if args.json else describe_plan(plan, explain=args.explain))
+    if args.gantt:
+        _write_gantt(args, sets)
     return 0
+
+
+def _write_gantt(args: argparse.Namespace, sets: dict) -> None:
+    """``flowrl plan --gantt``: the simulated steps (and a measured run) as a PNG (and a trace)."""
+    from flowrl import gantt
+    from flowrl.cost.validate import ValidateError
+
+    try:
+        info = gantt.gantt_files(args.file, args.gantt, sets=sets, flow=args.flow, run_dir=args.measured,
+                                 trace=args.gantt_trace, steps=args.gantt_steps)
+    except (gantt.GanttError, ValidateError) as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot write the Gantt chart: {e.strerror or e}") from None
+    err = _err()
+    line = f"gantt: {info['png']} (simulated {info['predicted_s']:.3g} s/step"
+    if info["measured_s"] is not None:
+        gap = 100 * (info["predicted_s"] - info["measured_s"]) / info["measured_s"]
+        line += f", measured {info['measured_s']:.3g} s/step, {gap:+.0f}%"
+    print(line + ")" + (f"; trace {info['trace']}" if info["trace"] else ""), file=err)
 
 
 register(Command(
     "plan", "lower a flow to its execution plan: engines on GPUs, layouts, weight sync, estimated step time",
     "flowrl plan flows/arith_grpo.flow\n"
     "flowrl plan flows/grpo_auto.flow --explain    # why `schedule auto` chose what it chose\n"
-    "flowrl plan flows/arith_grpo.flow --json > plan.json",
+    "flowrl plan flows/arith_grpo.flow --json > plan.json\n"
+    "flowrl plan flows/arith_grpo.flow --gantt sim.png --gantt-trace sim.json   # simulated steps\n"
+    "flowrl plan flows/arith_grpo.flow --gantt cmp.png --measured runs/a        # simulated over measured",
     _plan_args, run_plan_cmd))
 
 
@@ -401,6 +438,31 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allreduce-mb", type=int, default=64, metavar="MB", help="gloo allreduce size in MB")
     p.add_argument("--repeat", type=int, default=3, metavar="K", help="best of K runs of each measurement")
     p.add_argument("--no-allreduce", action="store_true", help="skip the 2-process gloo allreduce")
+    p.add_argument("--calibrate", metavar="RUN_DIR", nargs="+",
+                   help="instead of measuring: set what a matmul cannot show (engine dispatch, decode and "
+                        "micro-batch overheads, achieved efficiency of log-prob and update passes) from finished "
+                        "runs on this machine (two of different batch sizes separate fixed from per-item costs)")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``flowrl profile --calibrate RUN_DIR``: fixed costs from a run, merged into the profile."""
+    from flowrl.cost import profiles, validate
+
+    target = Path(args.output) if args.output else profiles.profile_path()
+    if not target.is_file():
+        raise CliError(f"no profile at {target} to calibrate; run `flowrl profile` first")
+    base = profiles.load_profile(target)
+    runs = []
+    for run_dir in args.calibrate:
+        plan, rows, events = validate.read_run(run_dir)
+        source = plan.get("source", "")
+        if not source or not Path(source).is_file():
+            raise CliError(f"{run_dir}: the run's flow file {source!r} is not there; calibrate where the run was made")
+        runs.append((source, validate.measure_run(plan, rows, events)))
+    prof = validate.calibrate(base, runs)
+    path = profiles.save_profile(prof, target)
+    print(f"{prof.source.split('; calibrated from ')[-1]}; wrote {path}", file=_out())
+    return 0
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -408,6 +470,12 @@ def run_profile(args: argparse.Namespace) -> int:
     import importlib.util
 
     from flowrl.cost import profiles
+
+    if args.calibrate:
+        try:
+            return run_calibrate(args)
+        except (profiles.ProfileError, ValueError) as e:
+            raise CliError(str(e)) from None
 
     for name, value in (("--size", args.size), ("--copy-mb", args.copy_mb), ("--allreduce-mb", args.allreduce_mb),
                         ("--repeat", args.repeat)):
@@ -431,7 +499,8 @@ def run_profile(args: argparse.Namespace) -> int:
 register(Command(
     "profile", "measure this machine (matmul, memcpy, gloo allreduce) for the cost model's `cpu` profile",
     "flowrl profile\n"
-    "flowrl profile -o profile.json --size 512 --no-allreduce",
+    "flowrl profile -o profile.json --size 512 --no-allreduce\n"
+    "flowrl profile --calibrate runs/a runs/b   # from runs (`flowrl run ... --out runs/a`)",
     _profile_args, run_profile))
 
 

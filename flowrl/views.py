@@ -16,6 +16,10 @@ What the picture encodes:
   a value carried to the next turn of a ``repeat`` loop is dashed and labelled ``turn``.
 * **clusters**: the ops of each inlined flow call sit in a box named after the call
   (``grpo``, ``grpo#2``), nested as the calls were; a ``repeat`` loop is a box inside.
+* **pools**: when the flow has a ``schedule``, the ops that run on an engine sit in a box
+  per pool of GPUs (``pool gen: GPUs 0-3 (node 0)``; colocated engines share one), with the
+  call and loop boxes inside it; driver-side ops (sampling, scoring, advantages) stay
+  outside. See :func:`pool_of_nodes`.
 * a legend lists the colours and the edge kinds the graph uses.
 
 Both writers are pure and deterministic: the same graph gives the same text, byte for
@@ -244,6 +248,88 @@ def _short(value) -> str:
     return str(value)
 
 
+# ---- pools: which GPUs each op runs on (from the schedule) ---------------------------------------
+
+ENGINE_OF_KIND = {OpKind.GENERATE: "rollout", OpKind.LOGPROBS: "train", OpKind.VALUES: "train",
+                  OpKind.UPDATE: "train", OpKind.RESYNC: "train"}
+"""Which engine of its model an op runs on (a resync is sent by the trainer)."""
+POOL_BLUE = "#37474f"
+
+
+@dataclass(frozen=True)
+class PoolBox:
+    """One pool of the schedule as the picture shows it."""
+
+    name: str
+    label: str
+    """``pool gen: GPUs 0-3 (node 0)``."""
+    engines: tuple[str, ...]
+
+
+def pool_of_nodes(graph: FlowGraph) -> tuple[dict[str, str], list[PoolBox]]:
+    """``(node id -> pool name, pools in schedule order)`` for ops that run on an engine.
+
+    Empty when the flow has no ``schedule`` block (the compiler's default single pool would
+    only wrap the picture in one more box) or was not compiled. An op's engine is
+    ``<model>.rollout`` for ``generate`` and ``<model>.train`` for log-probs, values, update
+    and resync (:data:`ENGINE_OF_KIND`); its pool is the one that engine was placed on.
+    """
+    st = getattr(graph, "sched", None)
+    if getattr(graph, "schedule", None) is None:
+        return {}, []
+    engines = getattr(st, "engines", None) or {}
+    pools = list(getattr(st, "pools", None) or ())
+    if not engines or not pools:
+        return {}, []
+    per_node = int((getattr(getattr(st, "spec", None), "cluster", None) or {}).get("gpus_per_node", 0) or 0)
+    boxes = [PoolBox(p.name, _pool_label(p, per_node), tuple(p.engines)) for p in pools]
+    out: dict[str, str] = {}
+    for n in graph.nodes():
+        role = ENGINE_OF_KIND.get(n.kind)
+        e = engines.get(f"{n.model}.{role}") if role and n.model else None
+        if e is not None and getattr(e, "pool", None):
+            out[n.id] = e.pool
+    return out, boxes
+
+
+def _pool_label(pool, per_node: int) -> str:
+    ids = sorted(pool.gpu_ids)
+    gpus = _ranges(ids) if ids else f"{pool.gpus}"
+    nodes = sorted(set(pool.nodes))
+    where = f" (node {_ranges(nodes)})" if len(nodes) == 1 else (f" (nodes {_ranges(nodes)})" if nodes else "")
+    word = "GPU" if len(ids) == 1 else "GPUs"
+    return f"pool {pool.name}: {word} {gpus}{where}"
+
+
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    parts, start, prev = [], None, None
+    for x in xs:
+        if start is None:
+            start = prev = x
+        elif x == prev + 1:
+            prev = x
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = x
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ",".join(parts)
+
+
+def pool_groups(graph: FlowGraph, nodes: list[Node]) -> list[tuple[PoolBox | None, list[Node]]]:
+    """The nodes split by pool, in schedule order; ``(None, rest)`` last (driver-side ops,
+    resources, or every node when there is no schedule). Pools with no op are left out."""
+    pool_of, boxes = pool_of_nodes(graph)
+    groups: list[tuple[PoolBox | None, list[Node]]] = []
+    for box in boxes:
+        members = [n for n in nodes if pool_of.get(n.id) == box.name]
+        if members:
+            groups.append((box, members))
+    groups.append((None, [n for n in nodes if n.id not in pool_of]))
+    return groups
+
+
 # ---- DOT ----------------------------------------------------------------------------------------
 
 
@@ -261,7 +347,15 @@ def to_dot(graph: FlowGraph) -> str:
         f"  edge [fontname=\"Helvetica\", fontsize=8, color=\"{INK}\", fontcolor=\"{INK}\"];",
     ]
     counter = [0]
-    _dot_cluster(graph, cluster_tree(graph, nodes), colours, lines, counter, depth=1)
+    for box, in_pool in pool_groups(graph, nodes):
+        if box is None:
+            _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=1)
+            continue
+        lines.append(f"  subgraph {_q('cluster_pool_' + box.name)} {{")
+        lines.append(f"    label={_q(box.label)}; fontsize=11; style=\"rounded,bold\"; penwidth=2; "
+                     f"color=\"{POOL_BLUE}\"; fontcolor=\"{POOL_BLUE}\";")
+        _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=2)
+        lines.append("  }")
     for u, v, e in sorted_edges(graph):
         lines.append(f"  {_q(u)} -> {_q(v)} [{_dot_edge_attrs(e)}];")
     lines += _dot_legend(graph, colours)
@@ -395,7 +489,16 @@ def to_mermaid(graph: FlowGraph) -> str:
         cls, style = mermaid_class(node_look(graph, n, colours))
         members.setdefault(cls, []).append(ids[n.id])
         css[cls] = style
-    _mermaid_cluster(cluster_tree(graph, nodes), ids, lines, depth=1, counter=[0])
+    counter = [0]
+    for box, in_pool in pool_groups(graph, nodes):
+        if box is None:
+            _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=1, counter=counter)
+            continue
+        pool_id = "pool_" + "".join(c if c.isalnum() else "_" for c in box.name)
+        lines.append(f"  subgraph {pool_id}[{_mq(box.label)}]")
+        _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=2, counter=counter)
+        lines.append("  end")
+        lines.append(f"  style {pool_id} stroke:{POOL_BLUE},stroke-width:2px")
     link_styles: list[str] = []
     for i, (u, v, e) in enumerate(sorted_edges(graph)):
         label = edge_text(e)

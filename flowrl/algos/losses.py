@@ -192,16 +192,42 @@ def ppo_clip_loss(
     with torch.no_grad():
         on = mask.bool()
         ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
+
+        def token_mean(x: torch.Tensor) -> float:
+            # Over the global token count when micro-batching, so that summing the
+            # micro-batches' metrics (combine_metrics) gives the whole batch's mean.
+            return float(_token_mean(x.to(mask.dtype), mask, denominator))
+
         metrics = {
             "pg_loss": float(loss),
-            "clipfrac": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),
-            "dual_clipfrac": float(masked_mean(dual_active.to(mask.dtype), mask)),
-            "approx_kl": float(masked_mean(kl_k3(old_logprobs.detach(), logprobs.detach()), mask)),
-            "ratio_mean": float(masked_mean(ratio, mask)),
+            "clipfrac": token_mean(clipped > unclipped),
+            "dual_clipfrac": token_mean(dual_active),
+            "approx_kl": token_mean(kl_k3(old_logprobs.detach(), logprobs.detach())),
+            "ratio_mean": token_mean(ratio),
             "ratio_max": float(ratio_on.max()),
             "ratio_min": float(ratio_on.min()),
         }
     return loss, metrics
+
+
+def combine_metrics(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """Fold one micro-batch's (or data-parallel rank's) loss metrics into ``total``, in place.
+
+    Loss metrics are computed over the *global* denominator (see :func:`aggregate`), so
+    they add up across micro-batches and ranks; keys ending in ``_max`` / ``_min`` take
+    the maximum / minimum instead. Returns ``total``.
+    """
+    for key, value in part.items():
+        value = float(value)
+        if key not in total:
+            total[key] = value
+        elif key.endswith("_max"):
+            total[key] = max(total[key], value)
+        elif key.endswith("_min"):
+            total[key] = min(total[key], value)
+        else:
+            total[key] += value
+    return total
 
 
 def value_loss(
@@ -249,8 +275,9 @@ def value_loss(
     with torch.no_grad():
         metrics = {
             "vf_loss": float(loss),
-            "vf_clipfrac": float(masked_mean(clipped_active, mask)),
-            "value_mean": float(masked_mean(values.detach(), mask)),
+            # Over the global token count, so micro-batches' metrics add up (combine_metrics).
+            "vf_clipfrac": float(_token_mean(clipped_active, mask, denominator)),
+            "value_mean": float(_token_mean(values.detach(), mask, denominator)),
         }
     return loss, metrics
 

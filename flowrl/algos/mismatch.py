@@ -21,7 +21,8 @@ from flowrl.algos.kl import kl_k3
 
 @torch.no_grad()
 def mismatch_metrics(
-    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor,
+    tokens: float | None = None,
 ) -> dict[str, float]:
     """How far the train engine's log-probs are from the rollout engine's.
 
@@ -35,6 +36,9 @@ def mismatch_metrics(
         ``|train - rollout|`` over response tokens (nats); ``mismatch_kl``: k3 estimate
         of ``KL[rollout || train]`` on the sampled tokens (the rollout engine sampled
         them, so it is the ``p`` of the estimator). All 0 for an empty mask.
+        With ``tokens`` (the whole batch's response-token count, when this is one
+        micro-batch of it) the means divide by ``tokens``, so micro-batches' metrics add
+        up (:func:`flowrl.algos.losses.combine_metrics`).
     """
     check_2d("mismatch_metrics", "train_logprobs", train_logprobs)
     check_same_shape(
@@ -46,10 +50,14 @@ def mismatch_metrics(
     train, rollout, mask = train_logprobs.float(), rollout_logprobs.float(), response_mask.float()
     diff = (train - rollout).abs()
     on = mask.bool()
+
+    def mean(x: torch.Tensor) -> float:
+        return float((x * mask).sum() / max(tokens, 1.0)) if tokens is not None else float(masked_mean(x, mask))
+
     return {
-        "mismatch_abs_mean": float(masked_mean(diff, mask)),
+        "mismatch_abs_mean": mean(diff),
         "mismatch_abs_max": float(diff[on].max()) if on.any() else 0.0,
-        "mismatch_kl": float(masked_mean(kl_k3(rollout, train), mask)),
+        "mismatch_kl": mean(kl_k3(rollout, train)),
     }
 
 

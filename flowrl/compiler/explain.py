@@ -121,7 +121,18 @@ def _steps(plan: ExecutionPlan) -> list[str]:
             if op.model and op.engine in ("rollout", "train") else (op.engine or "driver")
         est = f"  ~{_s(secs[op.id])}" if op.id in secs else ""
         lines.append(f"  {op.id:<28} {op.op:<16} on {where}{est}")
+        for arg, dropped in sorted(op.options.get("elided", {}).items()):
+            why = _ELIDED_WHY.get(arg, "nothing reads it")
+            lines.append(f"  {'':<28} (elided `{dropped}`: {why})")
     return lines
+
+
+_ELIDED_WHY = {
+    "old": "old log-probs from the update's own forward: staleness 1 and one optimiser step make them "
+           "the same numbers",
+    "ref_logprobs": "kl = 0: the update never reads the reference's log-probs",
+}
+"""Update argument -> why lowering dropped the pass that fed it (:mod:`flowrl.compiler.elide`)."""
 
 
 def _s(x: float) -> str:

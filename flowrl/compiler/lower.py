@@ -19,7 +19,9 @@ synchronous (staleness 1), in-place resync, ``torch`` training and ``vllm`` roll
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
+from flowrl.compiler.elide import elided_logprobs
 from flowrl.compiler.plan import DatasetPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
 from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
@@ -41,7 +43,9 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
     errors = Collector(graph.sources or SourceMap())
     models = _models(graph, st, errors)
     datasets, rewards = _resources(graph, errors)
-    ops = tuple(_op(n) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS)
+    elided = elided_logprobs(graph, st.staleness)  # passes the update makes redundant (flowrl.compiler.elide)
+    ops = tuple(_op(n, elided) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided)
+    models = _without_unread_engines(models, ops, datasets, rewards)
     resyncs = tuple(st.resyncs[n.id] for n in graph.nodes() if n.kind == OpKind.RESYNC)
     errors.raise_if_any()
     return ExecutionPlan(
@@ -75,6 +79,14 @@ def _models(graph: FlowGraph, st: SchedState, errors: Collector) -> tuple[ModelP
     return tuple(out)
 
 
+def _without_unread_engines(models, ops, datasets, rewards) -> tuple[ModelPlan, ...]:
+    """Frozen models no op or reward reads any more (their only pass was elided) start no engine."""
+    read = {op.model for op in ops} | {v for op in ops for v in op.inputs.values()} \
+        | {str(r.options.get("target")) for r in rewards}
+    return tuple(m if m.role != "frozen" or m.id in read else replace(m, train_engine=None, rollout_engine=None)
+                 for m in models)
+
+
 def _abspath(graph: FlowGraph, node: Node, path: str) -> str:
     """Paths in a flow are relative to the file that wrote them (like imports)."""
     if os.path.isabs(path) or node.span.path.startswith("<"):
@@ -102,16 +114,21 @@ def _resources(graph: FlowGraph, errors: Collector):
     return tuple(datasets), tuple(rewards)
 
 
-def _op(n: Node) -> OpPlan:
+def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:
     from flowrl.ir.ops import OPS
 
     spec = OPS.get(n.op)
     inputs = {}
+    options = {k: _opt(v) for k, v in n.attrs}
     for i, a in enumerate(n.args):
         if isinstance(a, Ref):
             name = spec.args[i].name if spec and i < len(spec.args) else f"arg{i}"
+            if elided.get(a.target, ("",))[0] == n.id:
+                options.setdefault("elided", {})[name] = a.target  # argument -> dropped pass (`flowrl plan`)
+                if name == "old":
+                    options["old_logprobs"] = "forward"  # the pass it read was elided: its own forward stands in
+                continue
             inputs[name] = a.target
-    options = {k: _opt(v) for k, v in n.attrs}
     consts = [plain(a) for a in n.args if isinstance(a, Const)]
     if consts:
         options["args"] = consts

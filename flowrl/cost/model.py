@@ -175,7 +175,7 @@ def concurrency(mem: Memory, seq_len: int, hw: Profile) -> int:
 def decode_iter_s(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: float) -> float:
     """Seconds of one decode iteration of a replica with ``batch`` active sequences of
     ``context`` tokens on average: max(memory time, compute time) + tensor-parallel
-    all-reduces + the engine's fixed per-iteration overhead."""
+    all-reduces + the engine's overhead per iteration (fixed, and per active sequence)."""
     batch = max(batch, 1)
     weight_bytes = f.params * hw.weight_bytes / tp
     kv_bytes = batch * context * kv_bytes_per_token_per_gpu(f, hw, tp)
@@ -185,7 +185,7 @@ def decode_iter_s(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: f
     if tp > 1:
         per_layer = batch * f.hidden * hw.weight_bytes * 2 * (tp - 1) / tp
         t_comm = 2 * f.layers * (per_layer / (hw.nvlink_gbs * GB * hw.link_eff) + hw.latency_s)
-    return max(t_mem, t_flops) + t_comm + hw.iter_overhead_s
+    return max(t_mem, t_flops) + t_comm + hw.iter_overhead_s + hw.seq_overhead_s * batch
 
 
 def prefill_s(f: ModelFacts, hw: Profile, *, tp: int, tokens: float) -> float:
@@ -206,7 +206,8 @@ def forward_s(f: ModelFacts, hw: Profile, *, world: int, tokens: float, pp: int 
 
 def train_s(f: ModelFacts, hw: Profile, *, kind: str, tp: int, pp: int, dp: int, cp: int, tokens: float,
             epochs: int = 1, n_micro: int = 1, dp_inter_node: bool = False) -> float:
-    """Seconds of one update (``epochs`` passes of forward+backward+optimizer over ``tokens``)."""
+    """Seconds of one update (``epochs`` passes of forward+backward+optimizer over ``tokens``,
+    in ``n_micro`` micro-batches per pass, each with the profile's fixed ``micro_overhead_s``)."""
     world = tp * pp * dp * cp
     t = 6 * f.params * tokens * epochs / (world * hw.tflops * 1e12 * hw.mfu_train)
     t *= pipeline_bubble(pp, n_micro)
@@ -214,7 +215,7 @@ def train_s(f: ModelFacts, hw: Profile, *, kind: str, tp: int, pp: int, dp: int,
         shard = f.params * (2 if hw.kind == "gpu" else 4) / (tp * pp if kind == "megatron" else 1)
         link = hw.ib_gbs if dp_inter_node else hw.nvlink_gbs
         t += 2 * (dp - 1) / dp * shard / (link * GB * hw.link_eff) + 2 * hw.latency_s
-    return t + hw.op_overhead_s
+    return t + hw.op_overhead_s + hw.micro_overhead_s * max(n_micro, 1) * epochs
 
 
 def gather_s(f: ModelFacts, hw: Profile, *, shards: int, inter_node: bool = False) -> float:
@@ -236,13 +237,16 @@ def transfer_s(nbytes: float, hw: Profile, *, protocol: str, route: str, buckets
     over the route's link; ``checkpoint`` writes then reads the shared disk; ``delta`` sends
     :data:`DELTA_FRACTION` of the bytes over the link.
     """
+    # Two engine calls whatever the protocol: export/pack on the trainer, load on the replicas
+    # (``op_overhead_s`` each: 0 on GPU profiles, a Ray round trip with its payload on CPU).
+    calls = 2 * hw.op_overhead_s
     if protocol == "checkpoint":
-        return 2 * nbytes / (hw.disk_gbs * GB) + buckets * hw.latency_s
+        return 2 * nbytes / (hw.disk_gbs * GB) + buckets * hw.latency_s + calls
     bw = getattr(hw, ROUTE_LINK.get(route, "ib_gbs"))
     eff = hw.bw_eff if route == "local" else hw.link_eff
     if protocol == "delta":
         nbytes = nbytes * DELTA_FRACTION  # diffing against the last sent copy is on-device: negligible
-    return nbytes / (bw * GB * eff) + buckets * hw.latency_s
+    return nbytes / (bw * GB * eff) + buckets * hw.latency_s + calls
 
 
 def offload_s(gb: float, hw: Profile) -> float:

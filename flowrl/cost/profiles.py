@@ -68,6 +68,16 @@ class Profile:
     iter_overhead_s: float = 0.0015
     """Fixed cost of one decode iteration of a rollout engine (scheduler, sampler, launches;
     vLLM with CUDA graphs spends 1-2 ms per iteration outside the model)."""
+    micro_overhead_s: float = 0.0
+    """Fixed cost of one micro-batch of a training pass (forward + backward launches, Python in
+    the engine), whatever its size: ~0 against the FLOPs of a real model on GPUs; on CPU with a
+    tiny model about as large as the FLOPs (measured here: ~20 ms per micro-batch)."""
+    seq_overhead_s: float = 0.0
+    """Cost per active sequence per decode iteration outside the model's FLOPs and bytes
+    (sampling, output processing, per-sequence attention calls): ~0 on GPUs, where a
+    batch is one kernel; on CPU vLLM it dominates a decode iteration of a tiny model (measured
+    here: 14 ms per iteration at 128 sequences, 29 ms at 256), so ``flowrl profile
+    --calibrate`` measures it."""
     memory_total_gb: float = 0.0
     """``cpu``: the whole machine's RAM (shared by its logical GPUs); 0 for GPUs."""
     source: str = "public data sheet"

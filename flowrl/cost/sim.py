@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 
@@ -88,6 +88,17 @@ class LengthDist:
     def mean(self) -> float:
         """Mean of the capped distribution (midpoint rule over 200 quantiles)."""
         return _mean(self)
+
+    def with_mean(self, mean: float) -> "LengthDist":
+        """The same shape (sigma or alpha, cap) with the median that gives this ``mean`` in tokens
+        (a measured average response length); the cap when ``mean`` is at or above it."""
+        if mean >= self.cap:
+            return replace(self, median=float(self.cap))
+        lo, hi = 1e-3, float(self.cap)
+        for _ in range(60):  # the capped mean rises monotonically with the median: bisect
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if replace(self, median=mid).mean() < mean else (lo, mid)
+        return replace(self, median=round((lo + hi) / 2, 6))
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "median": self.median, "cap": self.cap}
@@ -151,6 +162,9 @@ class GenPhase:
     """Completions the step needs."""
     prompt_tokens: int
     lengths: LengthDist
+    overhead_s: float = 0.0
+    """Fixed seconds per generate call before any token (dispatch to the replicas, result
+    transfer back: a Ray round trip with the prompts and completions on CPU clusters)."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +229,8 @@ class SimResult:
     step_ends: list = field(default_factory=list)
     by_phase: dict = field(default_factory=dict)
     """Phase id -> average seconds per step."""
+    timeline_ids: list = field(default_factory=list)
+    """The phase id of each :attr:`timeline` entry (same order)."""
 
     def trace_events(self) -> list[dict]:
         """Chrome / Perfetto trace events (``ph: X``), one lane per track, microseconds."""
@@ -246,6 +262,37 @@ class _Replica:
         self.slots = [t] * len(self.slots)
 
 
+# ---- a measured workload ----------------------------------------------------------------------------
+
+
+def with_workload(spec: SimSpec, *, prompt_tokens: float | None = None, mean_response: float | None = None,
+                  seconds: dict | None = None) -> SimSpec:
+    """``spec`` with what a run measured in place of the compiler's workload assumptions.
+
+    ``prompt_tokens``: mean prompt length (tokens) of every generate; ``mean_response``: mean
+    generated tokens per completion (the length distribution keeps its shape and cap, its
+    median moves, :meth:`LengthDist.with_mean`); ``seconds``: phase id or label -> measured
+    fixed seconds of a ``work`` phase (e.g. ``{"reward": 0.002}``; its per-token cost is
+    dropped). Costs per token stay the cost model's: only the sizes change, so the prediction
+    still tests the cost model and the simulator, not the measurement.
+    """
+    out = []
+    for ph in spec.phases:
+        if ph.kind == "generate" and ph.gen is not None:
+            g = ph.gen
+            if prompt_tokens is not None:
+                g = replace(g, prompt_tokens=max(int(round(prompt_tokens)), 1))
+            if mean_response is not None:
+                g = replace(g, lengths=g.lengths.with_mean(mean_response))
+            ph = replace(ph, gen=g)
+        elif ph.kind == "work" and seconds:
+            key = ph.id if ph.id in seconds else (ph.label if ph.label in seconds else None)
+            if key is not None:
+                ph = replace(ph, seconds=float(seconds[key]), per_token_s=0.0)
+        out.append(ph)
+    return replace(spec, phases=tuple(out))
+
+
 # ---- the simulation --------------------------------------------------------------------------------
 
 
@@ -266,6 +313,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
     durations: dict[str, list[float]] = {}
     per_phase: dict[str, list[float]] = {}
     timeline: list = []
+    ids: list[str] = []
     step_end: list[float] = []
     window_start = 0.0
     trained_tokens = samples_done = gen_tokens = wasted = 0
@@ -285,8 +333,10 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                 if ph.lane not in exclusive:
                     release = max(release, lane_free[ph.lane])
                     for r in replicas[ph.id]:
-                        r.reset(release)
-                t_end, toks, used, n_gen, n_waste = _generate(ph, g, replicas[ph.id], recycled, release, spec, rng)
+                        r.reset(release + g.overhead_s)
+                # the call's fixed cost (dispatch, results back) delays the first token, not the slots
+                t_end, toks, used, n_gen, n_waste = _generate(ph, g, replicas[ph.id], recycled,
+                                                              release + g.overhead_s, spec, rng)
                 tokens[ph.id] = toks
                 if ph.lane not in exclusive:
                     lane_free[ph.lane] = t_end
@@ -300,6 +350,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                     durations.setdefault(ph.label or "generate", []).append(t_end - release)
                     per_phase.setdefault(ph.id, []).append(t_end - release)
                 timeline.append((ph.lane, ph.label or ph.id, k, release, t_end))
+                ids.append(ph.id)
             elif ph.kind == "resync":
                 if (k + 1) % max(ph.every, 1):
                     end[ph.id] = ready  # `every K`: no push this step; readers keep older weights
@@ -315,6 +366,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                     durations.setdefault(ph.label or "resync", []).append(ph.seconds)
                     per_phase.setdefault(ph.id, []).append(ph.seconds)
                 timeline.append((ph.lane, ph.label or ph.id, k, start, done))
+                ids.append(ph.id)
             else:
                 dur = ph.seconds + ph.per_token_s * tokens.get(ph.tokens_from, 0)
                 # CPU lanes (driver, reward workers) do not hold a step's ops back behind the previous
@@ -327,6 +379,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                     durations.setdefault(ph.label or ph.id, []).append(dur)
                     per_phase.setdefault(ph.id, []).append(dur)
                 timeline.append((ph.lane, ph.label or ph.id, k, start, start + dur))
+                ids.append(ph.id)
         resync_end.append(gates_k)
         step_end.append(max(end.values(), default=0.0))
     window = max(step_end[-1] - window_start, 1e-12)
@@ -340,7 +393,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
                      gen_tokens_per_s=gen_tokens / window, bubble=max(0.0, min(1.0, bubble)), utilization=util,
                      breakdown={k: sum(v) / n for k, v in durations.items()}, steps=steps, warmup=warm,
                      timeline=timeline, wasted_tokens=wasted, step_ends=step_end,
-                     by_phase={k: sum(v) / n for k, v in per_phase.items()})
+                     by_phase={k: sum(v) / n for k, v in per_phase.items()}, timeline_ids=ids)
 
 
 def _gate(resync_end: list, src: int, gen_id: str) -> float:
@@ -418,7 +471,7 @@ def _generate(ph: Phase, g: GenPhase, reps: list[_Replica], recycled: dict, rele
     return t_end, toks, used / b * g.gpus_per_replica, gen, waste
 
 
-__all__ = ["LengthDist", "GenPhase", "Phase", "SimSpec", "SimResult", "simulate", "compare_async"]
+__all__ = ["LengthDist", "GenPhase", "Phase", "SimSpec", "SimResult", "simulate", "with_workload", "compare_async"]
 
 
 # ---- the async anchors -------------------------------------------------------------------------------

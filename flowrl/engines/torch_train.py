@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flowrl.algos.losses import combine_metrics
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
 from flowrl.engines.types import TokenBatch
 
@@ -250,7 +251,8 @@ class TorchTrainEngine:
         a data-parallel caller passes the global one). Returns ``loss`` (sum of micro
         losses), ``grad_norm`` (L2, before clipping), ``lr`` (used by this step),
         ``step`` (steps taken so far), ``skipped`` (1.0 if a non-finite grad norm
-        skipped the update) and the loss function's metrics summed over micro-batches.
+        skipped the update) and the loss function's metrics combined over micro-batches
+        (:func:`~flowrl.algos.losses.combine_metrics`: summed, ``*_max``/``*_min`` by max/min).
         """
         if micro_batch_size < 1:
             raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
@@ -269,8 +271,7 @@ class TorchTrainEngine:
             loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
             loss.backward()
             totals["loss"] += float(loss.detach())
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+            combine_metrics(totals, metrics)
         return {**totals, **self._apply_gradients()}
 
     def _apply_gradients(self) -> dict[str, float]:

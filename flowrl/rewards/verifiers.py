@@ -10,6 +10,7 @@ name (``get_verifier("math")``); a flow names them the same way.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Callable
@@ -47,6 +48,11 @@ def math_equivalence(completions: list[str], answers: list[str]) -> list[float]:
     from math_verify import parse, verify  # heavy import (sympy): only when used
 
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    if timeout is None:
+        # math_verify warns once that its timeouts are off; off-main-thread that is by
+        # design here, and the warning would land in the middle of the progress line.
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     out = []
     golds: dict[str, object] = {}
     for completion, answer in zip(completions, answers):

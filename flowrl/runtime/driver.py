@@ -26,6 +26,7 @@ from pathlib import Path
 
 from flowrl.compiler.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
+from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
 from flowrl.runtime.workers import MULTI_RANK_TRAIN
 
@@ -83,6 +84,8 @@ class Runtime:
         # Reading a rollout version and submitting work to that rollout engine happen together,
         # so every sample's version tag names the weights that produced it.
         self.rollout_lock = threading.Lock()
+        # Partial rollout: generate op -> buffer of groups carried to the next step (empty without it).
+        self.partial = partial_buffers(plan)
         self.events = open(out / "events.log", "a")
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -110,10 +113,14 @@ class Runtime:
                     raise RuntimeFlowError(f"{m.origin}: the `{kind}` rollout engine needs the `{package[0]}` "
                                            f"package, which is not installed: {package[1]}, or schedule "
                                            f"`{m.id}.rollout = hf_generate()`")
+        from flowrl.runtime.sync.from_plan import sync_problem
+
+        external = bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
         for r in self.plan.resyncs:
-            if r.protocol not in ("inplace", "ipc"):
-                raise RuntimeFlowError(f"{r.origin}: resync protocol `{r.protocol}` is not implemented yet; "
-                                       "this build syncs colocated engines in place (`inplace`)")
+            # On another cluster the sender's own process knows whether it has NCCL (and says so).
+            problem = None if external and r.transport == "nccl" else sync_problem(r)
+            if problem:
+                raise RuntimeFlowError(f"{r.origin}: {problem}")
 
     def setup(self) -> None:
         from flowrl.runtime.materialize import materialize_models, load_tokenizer_for
@@ -126,6 +133,7 @@ class Runtime:
         self._setup_rewards()
         self._start_ray()
         self._start_workers()
+        self._open_syncs()
 
     def _setup_data(self) -> None:
         from flowrl.data.datasets import load_rows
@@ -158,7 +166,10 @@ class Runtime:
                 ray.init(address=address, log_to_driver=False)
             else:
                 # Logical GPUs: on a CPU machine Ray schedules by them exactly as on a GPU cluster.
-                ray.init(num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus, include_dashboard=False,
+                # address="local": a fresh instance of our own, even when `ray start` left one
+                # running here (plain ray.init() would join it and then refuse num_gpus).
+                ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus,
+                         include_dashboard=False,
                          log_to_driver=False, configure_logging=False)
         from ray.util.placement_group import placement_group
 
@@ -167,9 +178,15 @@ class Runtime:
         # (colocated or disaggregated, on one node or several) land where the plan put them.
         per_node = int(self.plan.cluster["gpus_per_node"])
         self.gpus_per_node = per_node
-        self.pgs = [placement_group([{"GPU": 1}] * per_node, strategy="STRICT_PACK")
-                    for _ in range(int(self.plan.cluster["nodes"]))]
-        ray.get([pg.ready() for pg in self.pgs])
+        _check_cluster_fits(self.plan, ray.nodes(), address)
+        # Plan nodes go to distinct Ray nodes when the cluster has enough of them (a node's
+        # group pinned by Ray's node-id label); a logical cluster on one Ray node packs them.
+        self.node_targets = _node_targets(self.plan, ray.nodes())
+        self.pgs = [placement_group([{"GPU": 1}] * per_node, strategy="STRICT_PACK",
+                                    name=f"flowrl-{self.plan.flow}-node{k}",
+                                    bundle_label_selector=[{"ray.io/node-id": t}] * per_node if t else None)
+                    for k, t in enumerate(self.node_targets)]
+        _wait_placed(self.plan, self.pgs, address)
 
     def _actor(self, cls, engine, rank: int, *args, **kwargs):
         import ray
@@ -189,6 +206,7 @@ class Runtime:
         from flowrl.runtime.workers import RolloutWorker, TrainWorker
 
         temps = _sampling_temperatures(self.plan)
+        share = _processes_per_node(self.plan)
         pending = []
         for m in self.plan.models:
             path = str(self.model_paths[m.id])
@@ -197,13 +215,15 @@ class Runtime:
                 e = m.train_engine
                 actor = self._actor(TrainWorker, e, 0, e.kind, path, role=role,
                                     optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
-                                    seed=self.seed, layout={"tp": e.tp, "pp": e.pp, "dp": e.dp})
+                                    seed=self.seed, layout={"tp": e.tp, "pp": e.pp, "dp": e.dp},
+                                    share=share[_node_of(self.plan, e, 0)])
                 self.train_groups[m.id] = [actor]
                 pending.append(actor.ready.remote())
             if m.rollout_engine is not None:
                 e = m.rollout_engine
                 opts = {"tp": e.tp, **e.options}
-                actors = [self._actor(RolloutWorker, e, r * e.tp, e.kind, path, options=opts, seed=self.seed + r)
+                actors = [self._actor(RolloutWorker, e, r * e.tp, e.kind, path, options=opts, seed=self.seed + r,
+                                      share=share[_node_of(self.plan, e, r * e.tp)])
                           for r in range(e.dp)]
                 self.rollout_groups[m.id] = actors
                 pending += [a.ready.remote() for a in actors]
@@ -214,6 +234,52 @@ class Runtime:
         self.log(f"engines ready in {time.time() - t0:.1f}s: "
                  + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
                              for m in self.plan.models))
+        self.record_placement()
+
+    def record_placement(self) -> list[dict]:
+        """Where every engine actor landed, next to where the plan put it; written to ``placement.json``.
+
+        One row per actor: ``engine`` (``policy.rollout``), ``rank``, the plan's ``pool``, ``gpu``
+        (global id) and ``node``; Ray's ``placement_group`` index and ``bundle``, the Ray node the
+        bundle is on (``bundle_node_id``) and the one the actor reports (``node_id``), and the
+        logical GPU ids Ray gave it (``gpu_ids``).
+        """
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        bundle_nodes = [placement_group_table(pg)["bundles_to_node_id"] for pg in self.pgs]
+        rows, refs = [], []
+        for m in self.plan.models:
+            for engine, role, actors, step in ((m.train_engine, "train", self.train_groups.get(m.id, []), 1),
+                                               (m.rollout_engine, "rollout", self.rollout_groups.get(m.id, []),
+                                                m.rollout_engine.tp if m.rollout_engine else 1)):
+                for i, actor in enumerate(actors):
+                    gpu = (engine.gpus or engine.bundles or (0,))[i * step]
+                    node, bundle = divmod(gpu, self.gpus_per_node)
+                    rows.append({"engine": f"{m.id}.{role}", "rank": i * step, "pool": engine.pool, "gpu": gpu,
+                                 "node": node, "placement_group": node, "bundle": bundle,
+                                 "target_node_id": self.node_targets[node],
+                                 "bundle_node_id": bundle_nodes[node].get(bundle)})
+                    refs.append(actor.__ray_call__.remote(_where))
+        for row, (node_id, gpu_ids) in zip(rows, ray.get(refs)):
+            row.update(node_id=node_id, gpu_ids=gpu_ids)
+        (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
+        return rows
+
+    def _release_placement(self) -> None:
+        """Stop this run's engine actors and free its placement groups.
+
+        Needed on a Ray cluster that outlives the run (``ray_address``): its GPUs would stay
+        reserved for the next run otherwise. A local Ray instance is shut down anyway.
+        """
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in [a for g in (*self.train_groups.values(), *self.rollout_groups.values()) for a in g]:
+            ray.kill(actor)
+        for pg in getattr(self, "pgs", ()):
+            remove_placement_group(pg)
+        self.pgs = []
 
     # ---- engine calls used by handlers -------------------------------------------------------
     def generate(self, model: str, prompts: list, spec, ctx: StepContext) -> tuple[list, int]:
@@ -256,29 +322,78 @@ class Runtime:
         self.train_version[model] += 1
         return stats
 
+    def _open_syncs(self) -> None:
+        """Open both ends of every resync's protocol, once the workers are ready.
+
+        The sender opens first: a collective (``broadcast``) sender listens on its node's
+        address on a free port (port 0: race-free) for a world of 1 sender + the rollout
+        replicas, and the driver forwards that rendezvous, with each replica's rank.
+        """
+        import ray
+
+        from flowrl.runtime.sync.from_plan import collective, sync_options
+
+        self.syncs: dict[str, _SyncEnds] = {}
+        for r in self.plan.resyncs:
+            sender, receivers = self.train_groups[r.model][0], self.rollout_groups[r.model]
+            options = sync_options(r, self.out)
+            together = collective(r, options)
+            world = {"world_size": 1 + len(receivers), "port": 0} if together else {}
+            rendezvous = ray.get(sender.open_sync.remote(r.protocol, "sender", {**options, **world}))
+            ray.get([a.open_sync.remote(r.protocol, "receiver",
+                                        {**options, **({"rendezvous": rendezvous, "rank": rank} if together else {})})
+                     for rank, a in enumerate(receivers, start=1)])
+            self.syncs[r.model] = _SyncEnds(r.protocol, together, sender, receivers)
+            self.log(f"resync {r.model} via {r.protocol} ({r.transport or 'ray'}"
+                     f"{', collective' if together else ''}), every {r.every} step(s)")
+
     def resync(self, op: OpPlan, ctx: StepContext) -> None:
         plan = next(r for r in self.plan.resyncs if r.id == op.id)
         if (ctx.step + 1) % plan.every:
             return
-        self.push_weights(plan.model, plan.bucket_bytes, ctx.step, ctx.metrics)
+        self.push_weights(plan.model, ctx.step, ctx.metrics)
 
-    def push_weights(self, model: str, bucket_bytes: int, step: int, metrics: dict) -> None:
-        """Trainer -> every rollout replica, as checksummed buckets; the receiver verifies them."""
+    def push_weights(self, model: str, step: int, metrics: dict) -> None:
+        """Trainer -> every rollout replica by the resync's protocol; each replica verifies what arrived.
+
+        Sender and receivers are submitted together: a collective runs them concurrently;
+        otherwise each receiver's call waits for the sender's handoff, which travels as an
+        object ref (trainer -> object store -> replicas, never through this process).
+        Records ``sync/*`` metrics (bytes, buckets, seconds, the protocol) and timeline spans.
+        """
         import ray
 
+        from flowrl.runtime.sync.from_plan import sync_metrics
+
+        ends = self.syncs[model]
+        version = self.train_version[model]
         t0 = time.time()
-        buckets, pack = ray.get(self.train_groups[model][0].export_buckets.remote(bucket_bytes))
-        if self.faults.corrupt_bucket_at_step == step and buckets:
-            buckets = [_corrupt(buckets[0])] + list(buckets[1:])
-        ref = ray.put(buckets)
         with self.rollout_lock:  # generations submitted after this point see the new weights
-            pending = [a.load_buckets.remote(ref) for a in self.rollout_groups[model]]
-            self.rollout_version[model] = self.train_version[model]
-        results = ray.get(pending)
+            sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(
+                version, self.faults.corrupt_bucket_at_step == step)
+            pending = [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
+            self.rollout_version[model] = version
+        sent_stats, s0, s1 = ray.get(sent)  # the sender's error (an abort) first: the receivers only echo it
+        results = ray.get(pending)  # a WeightSyncError here names the corrupted tensor
         t1 = time.time()
-        self.timeline.add(f"resync:{model}", "sync", step, t0, t1)
-        metrics.update({"sync/bytes": pack["bytes"], "sync/buckets": pack["buckets"], "sync/seconds": t1 - t0,
-                        "sync/unpack_seconds": max(r[0]["unpack_seconds"] for r in results)})
+        self.timeline.add(f"resync:{model}", "sync", step, t0, t1, protocol=ends.protocol,
+                          bytes=sent_stats["bytes"], buckets=sent_stats["buckets"])
+        self.timeline.add(f"sync_send:{ends.protocol}", f"{model}.train", step, s0, s1)
+        for rank, (_, r0, r1) in enumerate(results):
+            self.timeline.add(f"sync_receive:{ends.protocol}", f"{model}.rollout{rank}", step, r0, r1)
+        metrics.update(sync_metrics(ends.protocol, sent_stats, [r[0] for r in results], t1 - t0))
+
+    def _close_syncs(self) -> None:
+        """Close every protocol end (process groups, stores); a failing or hung end is only logged."""
+        import ray
+
+        for model, ends in getattr(self, "syncs", {}).items():
+            try:
+                ray.get([a.close_sync.remote() for a in (ends.sender, *ends.receivers)], timeout=30)
+            except Exception as error:  # shutting down after a failure: the run's own error matters more
+                self.log(f"warning: closing the `{ends.protocol}` weight sync of `{model}` failed: "
+                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        self.syncs = {}
 
     def report_reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
         for e in errors[:3]:
@@ -327,6 +442,9 @@ class Runtime:
         # Rollouts already generated for later steps (staleness > 1): part of the run's state.
         with open(tmp / "inflight.pkl", "wb") as f:
             pickle.dump([(c.step, c.values, c.metrics) for c in inflight or ()], f)
+        # Partial rollout's carried groups (tokens so far, versions): the next steps continue them.
+        with open(tmp / "partial.pkl", "wb") as f:
+            pickle.dump({op_id: b.state_dict() for op_id, b in self.partial.items()}, f)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)  # a checkpoint directory is complete or absent
         return final
@@ -341,8 +459,12 @@ class Runtime:
             self.samplers[k].load_state_dict(s)
         self.train_version.update(state["train_version"])
         for r in self.plan.resyncs:  # the rollout engines get the restored weights
-            self.push_weights(r.model, r.bucket_bytes, state["step"], {})
+            self.push_weights(r.model, state["step"], {})
         self.rollout_version.update(state["rollout_version"])
+        if (ckpt / "partial.pkl").is_file():
+            with open(ckpt / "partial.pkl", "rb") as f:
+                for op_id, saved in pickle.load(f).items():
+                    self.partial[op_id].load_state_dict(saved)
         inflight = []
         if (ckpt / "inflight.pkl").is_file():
             with open(ckpt / "inflight.pkl", "rb") as f:
@@ -355,17 +477,137 @@ class Runtime:
         for r in self.rewards.values():
             r.close()
         self.events.close()
+        if ray.is_initialized():
+            self._close_syncs()  # while the actors live: process groups and stores shut down cleanly
+            self._release_placement()
         if ray.is_initialized() and not (self.ray_address or os.environ.get("RAY_ADDRESS")):
             ray.shutdown()
 
 
-def _corrupt(bucket):
-    """A copy of ``bucket`` with one byte flipped (fault injection for tests)."""
-    import numpy as np
+@dataclass
+class _SyncEnds:
+    """The Ray actors holding both ends of one model's weight sync."""
 
-    data = np.array(bucket.data, copy=True)
-    data[len(data) // 2] ^= 0xFF
-    return bucket._replace(data=data)
+    protocol: str
+    """The plan's protocol name (``inplace``, ``broadcast``, ``checkpoint``, ``delta``...)."""
+    collective: bool
+    """Sender and receivers run together (no handoff through the object store)."""
+    sender: object
+    """The TrainWorker actor (rank 0 of a collective)."""
+    receivers: list
+    """The RolloutWorker actors, one per data-parallel replica (ranks 1..N)."""
+
+
+# ---- placement ---------------------------------------------------------------------------------
+
+
+class PlacementError(RuntimeFlowError):
+    """Ray cannot place the plan's engines: the message names the node, pools and engines, and what is missing."""
+
+
+PLACEMENT_TIMEOUT_S = float(os.environ.get("FLOWRL_PLACEMENT_TIMEOUT", "60"))
+"""How long to wait for Ray to reserve a node's GPUs before giving up with a :class:`PlacementError`."""
+
+
+def _node_needs(plan: ExecutionPlan, node: int) -> str:
+    """``pool gen (policy.rollout), GPUs 2-3``: what the plan put on ``node``."""
+    per = int(plan.cluster["gpus_per_node"])
+    parts = []
+    for p in plan.pools:
+        gpus = [g for g, n in zip(p.gpu_ids, p.nodes) if n == node] if p.nodes else []
+        if gpus and p.engines:
+            span = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
+            parts.append(f"pool `{p.name}` ({', '.join(p.engines)}; {span})")
+    return "; ".join(parts) or f"GPUs {node * per}-{node * per + per - 1}"
+
+
+def _check_cluster_fits(plan: ExecutionPlan, nodes: list[dict], address: str | None) -> None:
+    """Refuse at once a Ray cluster whose nodes cannot hold the plan's nodes (one GPU group per node)."""
+    need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
+    gpus = sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in nodes if n.get("Alive", True)), reverse=True)
+    fits = sum(g // per for g in gpus)  # a Ray node with k * per GPUs can hold k of the plan's nodes
+    if fits >= need:
+        return
+    where = f"the Ray cluster at {address}" if address else "the local Ray instance"
+    missing = "; ".join(f"node {k}: {_node_needs(plan, k)}" for k in range(fits, need))
+    raise PlacementError(
+        f"placement: the plan needs {need} node(s) with {per} GPU(s) each (cluster(nodes = {need}, gpus_per_node = "
+        f"{per})), but {where} has {len(gpus)} node(s) with GPUs {gpus}, room for {fits}; nothing can hold {missing}; "
+        f"hint: add Ray nodes with num_gpus >= {per}, or declare the cluster Ray really has in the schedule")
+
+
+def _node_targets(plan: ExecutionPlan, nodes: list[dict]) -> list[str | None]:
+    """The Ray node id each plan node is pinned to, or None each (one plan node, or too few Ray nodes).
+
+    Candidates are alive Ray nodes with at least ``gpus_per_node`` GPUs, the head first, then
+    by node id (deterministic): plan node k goes to the k-th.
+    """
+    need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
+    fit = sorted((n for n in nodes if n.get("Alive", True) and n.get("Resources", {}).get("GPU", 0) >= per),
+                 key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
+    if need < 2 or len(fit) < need:
+        return [None] * need
+    return [n["NodeID"] for n in fit[:need]]
+
+
+def _wait_placed(plan: ExecutionPlan, pgs: list, address: str | None) -> None:
+    """Wait for every node's placement group; a timeout names the node, its pools and engines."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=PLACEMENT_TIMEOUT_S)
+    if len(ready) == len(pgs):
+        return
+    stuck = [k for k, pg in enumerate(pgs) if not _is_ready(pg)]
+    free = ray.available_resources().get("GPU", 0.0)
+    for pg in pgs:  # an external cluster would keep the half-made reservation otherwise
+        remove_placement_group(pg)
+    per = int(plan.cluster["gpus_per_node"])
+    raise PlacementError(
+        f"placement: Ray could not reserve {per} GPU(s) on one node within {PLACEMENT_TIMEOUT_S:g} s for "
+        + "; ".join(f"node {k}: {_node_needs(plan, k)}" for k in stuck)
+        + f" ({free:g} GPU(s) free in {'the Ray cluster at ' + address if address else 'the local Ray instance'}); "
+        "hint: other jobs may hold the GPUs, or no single Ray node has that many free "
+        "(FLOWRL_PLACEMENT_TIMEOUT sets the wait)")
+
+
+def _is_ready(pg) -> bool:
+    from ray.util.placement_group import placement_group_table
+
+    return placement_group_table(pg).get("state") == "CREATED"
+
+
+def _where(actor_self) -> tuple[str, list]:
+    """Run inside an actor (``__ray_call__``): its Ray node id and the logical GPU ids it was given."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
+
+
+def _node_of(plan: ExecutionPlan, engine, rank: int) -> int:
+    """The node the plan put ``engine``'s ``rank`` on."""
+    gpus = engine.gpus or engine.bundles or (0,)
+    return int(gpus[rank]) // int(plan.cluster["gpus_per_node"])
+
+
+def _processes_per_node(plan: ExecutionPlan) -> dict[int, int]:
+    """How many engine processes run on each node: the share of its CPU cores each gets.
+
+    A rollout replica is one process per ``tp`` ranks (the engine runs its own TP
+    workers); a train engine is one process per rank.
+    """
+    count: dict[int, int] = {n: 0 for n in range(int(plan.cluster["nodes"]))}
+    for m in plan.models:
+        if m.train_engine is not None:
+            e = m.train_engine
+            for r in range(e.world_size if e.kind in MULTI_RANK_TRAIN else 1):
+                count[_node_of(plan, e, r)] += 1
+        if m.rollout_engine is not None:
+            e = m.rollout_engine
+            for r in range(e.dp):
+                count[_node_of(plan, e, r * e.tp)] += 1
+    return {n: max(1, c) for n, c in count.items()}
 
 
 def _sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:
@@ -425,7 +667,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         _write_summary(out, before, None, start)
         progress = Progress(plan.run.steps, stream=stream, start_step=start)
         rt.log = progress.message
-        pipe = StepPipeline(rt, lambda k: StepContext(k, rt), depth=plan.staleness)
+        pipe = StepPipeline(rt, lambda k: StepContext(k, rt), depth=producer_depth(plan))
         pipe.start(start, inflight)
         for step in range(start, plan.run.steps):
             ctx = _run_step(pipe, step, plan.run.steps)
@@ -442,7 +684,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         after = next((r["eval/accuracy"] for r in reversed(rows) if "eval/accuracy" in r), None)
         _write_summary(out, before, after, plan.run.steps, summarize(rows))
         rt.timeline.write(out / "trace.json")
-        plot_run(rows, out / "curves.png", title=f"{plan.flow} ({Path(plan.source).name})")
+        plot_run(rows, out / "curves.png", title=f"{plan.flow} ({Path(plan.source).name})", accuracy_before=before)
         progress.close()
         return RunResult(out, plan.run.steps, before, after, rows)
     finally:

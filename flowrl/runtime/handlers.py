@@ -47,19 +47,70 @@ def handle_sample(op: OpPlan, ctx) -> dict:
             "prompt_ids": [ctx.rt.tokenizer(p).input_ids for p in prompts]}
 
 
-def handle_generate(op: OpPlan, ctx) -> dict:
-    model = op.model
-    src = _input(op, ctx, "prompts")
+def _sampling_spec(op: OpPlan, ctx) -> SamplingSpec:
     o = op.options
-    spec = SamplingSpec(n=int(o["n"]), temperature=float(o["temperature"]), top_p=float(o["top_p"]),
+    return SamplingSpec(n=int(o["n"]), temperature=float(o["temperature"]), top_p=float(o["top_p"]),
                         top_k=int(o["top_k"]), max_tokens=int(o["max_tokens"]), stop=tuple(o.get("stop") or ()),
                         seed=op_seed(ctx.rt.seed + int(o.get("seed", 0)), ctx.step, op.id))
-    groups, version = ctx.rt.generate(model, src["prompt_ids"], spec, ctx)
+
+
+def _per_prompt(src: dict, count: int) -> list[dict]:
+    """``count`` dicts of the per-prompt fields of ``src`` (lists with one item per prompt)."""
+    keys = [k for k, v in src.items() if isinstance(v, list) and len(v) == count]
+    return [{k: src[k][j] for k in keys} for j in range(count)]
+
+
+def _generate_whole(op: OpPlan, ctx, src: dict, spec: SamplingSpec) -> tuple[list, list, list]:
+    """Every prompt to completion in one call: (completion groups, version per group, fields per group)."""
+    groups, version = ctx.rt.generate(op.model, src["prompt_ids"], spec, ctx)
+    tokens = sum(len(c.response_ids) for g in groups for c in g)
+    ctx.metrics["perf/gen_tokens"] = ctx.metrics.get("perf/gen_tokens", 0) + tokens
+    return groups, [version] * len(groups), _per_prompt(src, len(groups))
+
+
+def _generate_partial(op: OpPlan, ctx, src: dict, spec: SamplingSpec) -> tuple[list, list, list]:
+    """Over-provisioned generation through the op's :class:`~flowrl.runtime.partial.PartialRollout` buffer."""
+    from dataclasses import replace
+
+    buffer = ctx.rt.partial[op.id]
+    sample = next((p for p in ctx.rt.plan.ops if p.id == op.inputs["prompts"]), None)
+    if sample is None or sample.kind != "sample":
+        raise RuntimeFlowError(f"{op.origin}: partial_rollout draws extra prompts from `sample(...)`, but "
+                               f"`{op.id}` takes its prompts from `{op.inputs['prompts']}`; hint: pass "
+                               "sample(...) straight to generate, or remove partial_rollout from the schedule")
+
+    def prompts_of(fields: dict) -> list:
+        return [(p["prompt_ids"], p) for p in _per_prompt(fields, len(fields["prompt_ids"]))]
+
+    def generate(prompts: list, max_tokens: int, index: int):
+        # One request per unfinished completion (n = 1); the seed names the step, round and chunk.
+        seed = op_seed(ctx.rt.seed + int(op.options.get("seed", 0)), ctx.step, f"{op.id}/round{index}/{max_tokens}")
+        groups, version = ctx.rt.generate(op.model, prompts, replace(spec, n=1, max_tokens=max_tokens, seed=seed), ctx)
+        return [g[0] for g in groups], version
+
+    result = buffer.run(ctx.step, prompts_of(src), spec.n, spec.max_tokens,
+                        lambda: prompts_of(handle_sample(sample, ctx)), generate)
+    ctx.metrics.update({k: v for k, v in result.metrics.items() if k != "partial/gen_tokens"})
+    ctx.metrics["perf/gen_tokens"] = ctx.metrics.get("perf/gen_tokens", 0) + result.metrics["partial/gen_tokens"]
+    return ([g.completions() for g in result.groups], [g.version for g in result.groups],
+            [g.fields for g in result.groups])
+
+
+def handle_generate(op: OpPlan, ctx) -> dict:
+    """``n`` completions per prompt; with ``partial_rollout`` the groups may come from earlier steps.
+
+    Returns per-completion fields (``G`` groups x ``n``): ``response_ids``, ``response_mask`` /
+    ``rollout_logprobs`` ``[G*n, T]``, ``group_ids`` ``[G*n]``, ``version`` (the rollout version
+    of the weights that started each completion), and every per-prompt input field repeated n times.
+    """
+    src = _input(op, ctx, "prompts")
+    spec = _sampling_spec(op, ctx)
+    produce = _generate_partial if op.id in getattr(ctx.rt, "partial", {}) else _generate_whole
+    groups, versions, fields = produce(op, ctx, src, spec)
     completions = [c for group in groups for c in group]
     n = spec.n
     batch = TokenBatch.from_completions(completions, ctx.rt.pad_id)
     tokens = sum(len(c.response_ids) for c in completions)
-    ctx.metrics["perf/gen_tokens"] = ctx.metrics.get("perf/gen_tokens", 0) + tokens
     ctx.metrics["response/length_mean"] = tokens / max(len(completions), 1)
     out = {
         "completions": completions,
@@ -68,14 +119,14 @@ def handle_generate(op: OpPlan, ctx) -> dict:
         "response_mask": batch.response_mask,
         "rollout_logprobs": batch.extras["rollout_logprobs"],
         "group_ids": torch.arange(len(groups)).repeat_interleave(n),
-        "version": [version] * len(completions),
+        "version": [v for v in versions for _ in range(n)],
         "response_text": [c.text for c in completions],
         "_batch": batch,
-        "_model": model,
+        "_model": op.model,
     }
-    for key, value in src.items():  # passthrough: per-prompt fields repeat for each of the n completions
-        if key not in out and isinstance(value, list) and len(value) == len(groups):
-            out[key] = [v for v in value for _ in range(n)]
+    for key in (fields[0] if fields else {}):  # passthrough: per-prompt fields repeat for each of the n completions
+        if key not in out:
+            out[key] = [f[key] for f in fields for _ in range(n)]
     return out
 
 
@@ -145,18 +196,36 @@ def handle_update(op: OpPlan, ctx) -> dict:
     lags = torch.tensor([trained - v for v in roll["version"]]) if op.model == roll.get("_model") \
         else torch.zeros(len(roll["version"]), dtype=torch.long)
     for lag, count in sorted(Counter(lags.tolist()).items()):
-        # Versions behind the weights being trained: 0 when synchronous, at most staleness - 1.
+        # Versions behind the weights being trained: 0 when synchronous, at most the plan's
+        # max_version_lag = (staleness - 1) + (every - 1) of the model's resync.
         ctx.metrics[f"staleness/hist/{lag}"] = count
-    too_old = lags > ctx.rt.plan.staleness - 1
+    too_old = lags > max_version_lag(ctx.rt.plan)
     if bool(too_old.any()):  # the versioned buffer's filter: such samples carry no loss
         mask = mask * (~too_old).to(mask.dtype).unsqueeze(-1)
         ctx.metrics["staleness/dropped"] = int(too_old.sum())
     full = TokenBatch(batch.input_ids, batch.attention_mask, mask, extras)
     stats = ctx.rt.train(op.model, full, loss, op, ctx)
+    same_weights = not bool(lags.any())
     for key in sorted({k for s in stats for k in s}):
+        if key.startswith("mismatch_") and not same_weights:
+            continue  # rollout and trainer weights differ (a skipped resync): not the engines' mismatch
         vals = [float(s[key]) for s in stats if key in s]
-        ctx.metrics[f"train/{op.model}/{key}"] = float(np.mean(vals))
+        ctx.metrics[_ON_POLICY_METRICS.get(key, f"train/{op.model}/{key}")] = float(np.mean(vals))
     return {}
+
+
+_ON_POLICY_METRICS = {"mismatch_abs_mean": "mismatch/abs_mean", "mismatch_abs_max": "mismatch/abs_max",
+                      "mismatch_kl": "mismatch/kl", "kl_ref": "kl/ref"}
+"""Loss metrics measured in the update when the plan elided the old-logprob pass
+(:func:`flowrl.compiler.lower.elide_old_logprobs`), under the names the logprobs pass uses."""
+
+
+def max_version_lag(plan) -> int:
+    """How many versions behind the trained weights a sample may be: the staleness bound,
+    plus ``every - 1`` when the weights reach the rollout engine only every N updates."""
+    if plan.pipeline is not None:
+        return int(plan.pipeline.max_version_lag)
+    return plan.staleness - 1
 
 
 def handle_resync(op: OpPlan, ctx) -> dict:

@@ -534,6 +534,9 @@ def _draw_accuracy(ax, rows) -> bool:
     if not steps:
         return False
     ax.plot(steps, [100 * a for a in acc], "o-", lw=2, color="tab:green", label="held-out accuracy")
+    if steps[0] == BEFORE_RL_STEP:
+        ax.annotate(f"before RL: {100 * acc[0]:.1f}%", (steps[0], 100 * acc[0]), textcoords="offset points",
+                    xytext=(8, -14))
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%)")
     ax.legend(loc="best")
@@ -591,7 +594,19 @@ PANELS: tuple[tuple[str, Callable[[Any, list[dict]], bool]], ...] = (
 """(panel title, draw function) in reading order; a draw function returns whether it plotted anything."""
 
 
-def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
+BEFORE_RL_STEP = -1
+"""The step at which :func:`plot_run` draws the held-out accuracy measured before any update."""
+
+
+def with_accuracy_before(rows: list[dict], accuracy_before: float | None) -> list[dict]:
+    """``rows`` with the pre-RL held-out accuracy as a row at ``BEFORE_RL_STEP`` (if measured)."""
+    if accuracy_before is None:
+        return list(rows)
+    return [{"step": BEFORE_RL_STEP, "eval/accuracy": float(accuracy_before)}] + list(rows)
+
+
+def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None,
+             accuracy_before: float | None = None) -> None:
     """Write a 2x2 PNG of a run's metrics (rows as from :meth:`MetricsLog.rows`).
 
     Panels (:data:`PANELS`): reward (``reward/mean``, a ``reward/min``..``reward/max``
@@ -599,8 +614,9 @@ def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None
     that have it), KL (``kl/ref``, ``mismatch/kl``) and the train-vs-rollout logprob
     mismatch (``mismatch/abs_mean``, ``mismatch/abs_max``). A panel with no data says
     "not measured". ``title`` defaults to the name of the folder holding ``path`` (the
-    run directory). 1500x1000 pixels. Uses matplotlib's Agg canvas directly, so the
-    global backend of a host program (e.g. a notebook) is left alone.
+    run directory). ``accuracy_before`` (0..1, measured before step 0) starts the
+    accuracy curve at step ``BEFORE_RL_STEP``. 1500x1000 pixels. Uses matplotlib's Agg
+    canvas directly, so the global backend of a host program (e.g. a notebook) is left alone.
     """
     from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -611,6 +627,7 @@ def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None
     rows = sorted(rows, key=lambda r: r["step"])
     name = title or path.resolve().parent.name
     span = f"steps {rows[0]['step']}-{rows[-1]['step']}" if rows else "no steps logged"
+    rows = with_accuracy_before(rows, accuracy_before)
     with rc_context({"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 10, "figure.titlesize": 16}):
         fig = Figure(figsize=(15, 10), dpi=100, layout="constrained")
         FigureCanvasAgg(fig)

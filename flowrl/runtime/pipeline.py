@@ -14,8 +14,17 @@ With depth ``s`` the driver keeps ``s`` producer stages queued on one background
 ``s = 1`` is the synchronous loop; ``s = 2`` overlaps generation of step k+1 with the
 update of step k (one-step-off). Every sample carries the rollout version that produced
 it; the consumer drops (masks out) samples more than ``s - 1`` versions behind and records
-the staleness histogram. Completed producer stages are part of a checkpoint, so a resumed
+the staleness histogram. A ``resync`` waits for the queued producer stages, so producer
+j always reads the weights of update ``j - s`` exactly (versions do not depend on
+timing). Completed producer stages are part of a checkpoint, so a resumed
 run continues with the same samples.
+
+With ``partial_rollout(recycle = true)`` the depth is ``s - 1``
+(:func:`flowrl.runtime.partial.producer_depth`): groups the generate handler carries into
+the next step are one step older than fresh ones, so recycling spends one version of the
+budget and the bound ``s - 1`` still holds. The carried groups live in the runtime's
+:class:`~flowrl.runtime.partial.PartialRollout` buffers, which checkpoints save beside the
+in-flight contexts.
 """
 
 from __future__ import annotations
@@ -99,9 +108,25 @@ class StepPipeline:
         ctx = fut.result()
         ctx.metrics["pipeline/wait_rollout_s"] = time.time() - t0
         t1 = time.time()
-        run_ops(self.consumer, ctx)
+        for op in self.consumer:
+            if op.kind == "resync":
+                self._drain(ctx)
+            run_ops([op], ctx)
         ctx.metrics["pipeline/consumer_s"] = time.time() - t1
         return ctx
+
+    def _drain(self, ctx) -> None:
+        """Wait for every queued producer stage before new weights go out.
+
+        Producer j is queued before consumer j - depth + 1 runs, so it must read the weights
+        of that step, not newer ones: without this wait a slow producer could see weights
+        pushed meanwhile, and which version a sample has would depend on timing (a resumed
+        run would then differ). Training still overlaps generation; only the push waits.
+        """
+        t0 = time.time()
+        for _, fut in self.inflight:
+            fut.result()
+        ctx.metrics["pipeline/drain_s"] = ctx.metrics.get("pipeline/drain_s", 0.0) + time.time() - t0
 
     def completed_inflight(self) -> list:
         """Producer contexts already queued beyond the current step (waited for), for a checkpoint."""

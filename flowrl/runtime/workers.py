@@ -2,15 +2,14 @@
 
 A worker is a thin shell: it builds its engine from the plan's engine record through
 the registry table and forwards calls. Tensors cross Ray as numpy arrays (5-8x faster
-than pickled torch tensors); weights cross as checksummed buckets
-(:mod:`flowrl.runtime.weight_sync`).
+than pickled torch tensors); weights cross by the resync's protocol
+(:mod:`flowrl.runtime.sync`: one end per worker, opened by the driver).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -35,11 +34,19 @@ def batch_from_numpy(d: dict):
                       {k[2:]: torch.from_numpy(np.array(v)) for k, v in d.items() if k.startswith("x:")})
 
 
-def _threads(n: int | None) -> None:
+def _threads(n: int | None, share: int = 1) -> int:
+    """Set this process's torch threads: ``n``, else $FLOWRL_THREADS, else the node's cores / ``share``.
+
+    ``share`` is how many engine processes the plan puts on this node. Each one taking
+    every core oversubscribes the CPU (idle OpenMP threads spin): on 2 cores, three
+    colocated engines with 2 threads each ran the default flow's step ~3-4x slower than
+    with 1 thread each. Returns the count set.
+    """
     import torch
 
-    n = n or int(os.environ.get("FLOWRL_THREADS") or 0) or os.cpu_count() or 1
+    n = n or int(os.environ.get("FLOWRL_THREADS") or 0) or (os.cpu_count() or 1) // max(1, share)
     torch.set_num_threads(max(1, n))
+    return max(1, n)
 
 
 def _max_positions(model_path: str) -> int:
@@ -71,8 +78,8 @@ class TrainWorker:
     """Hosts a TrainEngine (one rank). Methods return plain data."""
 
     def __init__(self, kind: str, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
-                 layout: dict | None = None, threads: int | None = None):
-        _threads(threads)
+                 layout: dict | None = None, threads: int | None = None, share: int = 1):
+        _threads(threads, share)
         import torch
 
         from flowrl.engines.registry import make_train_engine
@@ -111,11 +118,35 @@ class TrainWorker:
                     stats.append(self.engine.train_step(full.select(chunk), loss_fn, micro_batch_size=micro_batch))
         return stats, t0, time.time()
 
-    def export_buckets(self, bucket_bytes: int) -> tuple[list, dict]:
-        from flowrl.runtime.weight_sync import pack_buckets
+    def open_sync(self, protocol: str, role: str, options: dict):
+        """Open this trainer's end (``role="sender"``) of weight-sync ``protocol``.
 
-        buckets, stats = pack_buckets(self.engine.named_weights(), bucket_bytes)
-        return buckets, asdict(stats)
+        Returns the :class:`~flowrl.runtime.sync.Rendezvous` the receivers need for a
+        collective protocol (``broadcast``), else None.
+        """
+        from flowrl.runtime.sync.endpoint import open_end
+
+        self.sync, rendezvous = open_end(protocol, role, options)
+        return rendezvous
+
+    def sync_send(self, version: int, corrupt: bool = False) -> tuple[tuple[dict, float, float], Any]:
+        """Send the current weights as ``version``; call with ``.options(num_returns=2)``.
+
+        Returns ``((ProtocolStats as a dict, t0, t1), handoff)``: times are ``time.time()``
+        seconds; the handoff (None for collectives) goes to every receiver as an object
+        ref, never through the driver. ``corrupt`` injects a one-byte fault (tests).
+        """
+        from flowrl.runtime.sync.endpoint import send_weights
+
+        t0 = time.time()
+        stats, handoff = send_weights(self.sync, self.engine.named_weights(), version, corrupt)
+        return (stats, t0, time.time()), handoff
+
+    def close_sync(self) -> None:
+        """Release the protocol's transport (process group, store)."""
+        sync, self.sync = getattr(self, "sync", None), None
+        if sync is not None:
+            sync.close()
 
     def save(self, path: str) -> None:
         self.engine.save(path)
@@ -127,8 +158,9 @@ class TrainWorker:
 class RolloutWorker:
     """Hosts a RolloutEngine (one data-parallel replica)."""
 
-    def __init__(self, kind: str, model_path: str, *, options: dict, seed: int, threads: int | None = None):
-        _threads(threads)
+    def __init__(self, kind: str, model_path: str, *, options: dict, seed: int, threads: int | None = None,
+                 share: int = 1):
+        _threads(threads, share)
         from flowrl.engines.registry import make_rollout_engine
 
         options = dict(options)
@@ -143,15 +175,34 @@ class RolloutWorker:
         t0 = time.time()
         return self.engine.generate(prompts, spec), t0, time.time()
 
-    def load_buckets(self, buckets: list) -> tuple[dict, float, float]:
-        """Verify every bucket's checksums, then load the weights in place."""
-        from flowrl.runtime.weight_sync import SyncStats, unpack_buckets
+    def open_sync(self, protocol: str, role: str, options: dict) -> None:
+        """Open this replica's end (``role="receiver"``) of weight-sync ``protocol``.
+
+        ``options`` of a collective carry the sender's ``rendezvous`` and this replica's ``rank``.
+        """
+        from flowrl.runtime.sync.endpoint import open_end
+
+        self.sync, _ = open_end(protocol, role, options)
+
+    def sync_receive(self, handoff: Any = None) -> tuple[dict, float, float]:
+        """Receive one resync, verify every checksum, then load the weights in place.
+
+        ``handoff``: the sender's record (None for collectives, which run concurrently
+        with the sender). Returns (ProtocolStats as a dict, t0, t1 in ``time.time()``
+        seconds). Raises WeightSyncError naming a corrupted tensor before loading anything.
+        """
+        from flowrl.runtime.sync.endpoint import receive_weights
 
         t0 = time.time()
-        stats = SyncStats()
-        tensors = unpack_buckets(buckets, stats)  # raises WeightSyncError naming the bad tensor
-        self.engine.update_weights(tensors)
-        return asdict(stats), t0, time.time()
+        pairs, stats = receive_weights(self.sync, handoff)
+        self.engine.update_weights(pairs)
+        return stats, t0, time.time()
+
+    def close_sync(self) -> None:
+        """Release the protocol's transport (process group, store)."""
+        sync, self.sync = getattr(self, "sync", None), None
+        if sync is not None:
+            sync.close()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -356,3 +356,20 @@ def test_summarize_reports_first_last_best():
     assert "mismatch/kl" not in s
     assert s["time_total_s"] == {"generate": pytest.approx(3.5)}
     assert summarize([]) == {"steps": {"count": 0, "first": None, "last": None}, "time_total_s": {}}
+
+
+def test_accuracy_before_rl_starts_the_accuracy_curve(tmp_path):
+    """The pre-RL evaluation is drawn at step -1, so the plot shows where RL started from."""
+    from matplotlib.figure import Figure
+
+    from flowrl.runtime.observe import BEFORE_RL_STEP, _draw_accuracy, with_accuracy_before
+
+    rows = [{"step": 9, "eval/accuracy": 0.5}, {"step": 19, "eval/accuracy": 0.7}]
+    assert with_accuracy_before(rows, None) == rows
+    ax = Figure().subplots()
+    assert _draw_accuracy(ax, with_accuracy_before(rows, 0.27))
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [BEFORE_RL_STEP, 9, 19]
+    assert list(line.get_ydata()) == pytest.approx([27.0, 50.0, 70.0])
+    plot_run(rows, tmp_path / "curves.png", accuracy_before=0.27)
+    assert png_size(tmp_path / "curves.png")[0] == (1500, 1000)

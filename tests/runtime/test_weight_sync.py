@@ -192,7 +192,7 @@ def test_round_trip_through_ray_object_store():
     buckets, _ = pack_buckets(weights, 512)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         fetched = ray.get([ray.put(b) for b in buckets])
     finally:

@@ -16,7 +16,7 @@ flow main() {{
   old_lp   = logprobs(policy, rollouts)
   ref_lp   = logprobs(ref, rollouts)
   adv      = group_advantage(r(rollouts), group = {n})
-  update(policy, rollouts, adv, old_lp, ref_lp)
+  update(policy, rollouts, adv, old_lp, ref_lp, kl = 0.001)  # kl > 0: the reference runs
 }}
 """
 

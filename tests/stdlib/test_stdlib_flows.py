@@ -368,7 +368,8 @@ def test_arith_grpo_is_the_default_program():
     # main's parameter defaults flow into the inlined GRPO
     assert attr(g.node("grpo.prompt_batch"), "size") == 64
     assert attr(g.node("grpo.rollouts"), "n") == attr(g.node("grpo.adv"), "group") == 8
-    assert attr(g.node("grpo.rollouts"), "max_tokens") == 8
+    assert attr(g.node("grpo.rollouts"), "max_tokens") == 5
+    assert attr(g.node("grpo.update"), "kl") == 0.0
     assert [n.id for n in nodes(g, OpKind.RESYNC)] == ["resync.policy"]
     assert loop_distance(g, "grpo.update", "grpo.rollouts") == 1
     s = g.schedule
@@ -399,7 +400,7 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     (data,) = plan.datasets
     assert Path(data.path) == ROOT / "data/arith/train.jsonl"
     assert Path(data.eval_path) == ROOT / "data/arith/test.jsonl"
-    expected = (100, 20, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
+    expected = (200, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
 
@@ -458,7 +459,7 @@ def test_partial_rollout_schedule():
     (call,) = _stmts(g, ast.SchedCall)
     assert call.call.func == "partial_rollout"
     assert {k.name: k.value.value for k in call.call.kwargs} == {"over_provision": 1.5, "recycle": True}
-    assert [x.value for x in _stmts(g, ast.Staleness)] == [2]
+    assert [x.value for x in _stmts(g, ast.Staleness)] == [3]
 
 
 @pytest.mark.parametrize("path", _params(ALL))

@@ -19,7 +19,8 @@ REPLICAS = 2
 def hosts():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sync_testkit)  # workers need not find tests/ on their path
     actor = ray.remote(num_cpus=0)(SyncHost)
     trainer, rollouts = actor.remote(), [actor.remote() for _ in range(REPLICAS)]

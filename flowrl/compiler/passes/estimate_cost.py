@@ -20,11 +20,14 @@ estimate is deterministic). Reports no errors: infeasible schedules were rejecte
 ... reward v = verifier("exact")
 ... flow f(d: dataset) {
 ...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
-...   update(m, r, group_advantage(v(r), group = 2), lp)
+...   update(m, r, group_advantage(v(r), group = 2), lp, epochs = 2)
 ... }''', "doc.flow", allow_missing=True)
 >>> est = g.sched.estimate
 >>> est.step_s > 0 and set(est.breakdown) >= {"generate", "update", "logprobs"}
 True
+
+(With ``epochs = 1`` the old-logprob pass would be elided, see :mod:`flowrl.compiler.elide`,
+and cost nothing.)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import math
 from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.elide import elided_logprobs
 from flowrl.compiler.model_info import ModelFacts, tiny_facts
 from flowrl.compiler.plan import CostPlan, EnginePlan, OpCost
 from flowrl.compiler.sched import SchedState
@@ -134,7 +138,8 @@ def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
         lane_gpus.setdefault(lane, set()).update(st.engines[key].gpus)
     lanes = {lane: len(g) for lane, g in lane_gpus.items()}
     lanes.update({"driver": 0, "reward": 0, "env": 0})
-    order = [n for n in graph.topo_order() if n.kind not in RESOURCE_KINDS]
+    elided = elided_logprobs(graph, st.staleness)  # lowering drops these passes: they cost nothing
+    order = [n for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided]
     gen_of = _generate_ancestors(graph, order)
     tokens_est = _expected_tokens(st, work)
     phases: list[Phase] = []
@@ -271,7 +276,8 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         iter_s = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=ptoks + dist.mean() / 2)
         prefill = 2 * f.params / (e.tp * hw.tflops * 1e12 * hw.mfu_forward)
         gp = GenPhase(replicas=max(e.dp, 1), gpus_per_replica=e.tp * e.pp, concurrency=conc, iter_s=iter_s,
-                      prefill_s=prefill, samples=g.samples, prompt_tokens=ptoks, lengths=dist)
+                      prefill_s=prefill, samples=g.samples, prompt_tokens=ptoks, lengths=dist,
+                      overhead_s=hw.op_overhead_s)
         est = iter_s * dist.quantile(1 - 1 / (g.samples + 1)) + prefill * ptoks
         return (Phase(pid, "generate", lane_of[where], deps, gen=gp, label="generate"),
                 (pid, n.kind.value, where, est, int(tokens_est.get(n.id, 0))))

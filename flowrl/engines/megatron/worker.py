@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from flowrl.algos.losses import combine_metrics
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError
 from flowrl.engines.megatron.convert import (
     Layout,
@@ -468,14 +469,16 @@ class MegatronRank:
             self._grads = {n: p.main_grad.detach().clone().view_as(p) for n, p in self.model.named_parameters()}
         stats: dict[str, float] = {}
         for part in store:
-            for key, value in part.items():
-                stats[key] = stats.get(key, 0.0) + value
-        # Sum the metrics of all dp ranks (the last stage holds them).
+            combine_metrics(stats, part)
+        # Combine the metrics of all dp ranks (the last stage holds them) as the micro-batches were.
         if self.last_stage and self.options.dp > 1:
-            keys = sorted(stats)
-            packed = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
-            dist.all_reduce(packed, group=self.ps.get_data_parallel_group())
-            stats = dict(zip(keys, packed.tolist()))
+            for op, keep in ((dist.ReduceOp.MAX, lambda k: k.endswith("_max")),
+                             (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
+                             (dist.ReduceOp.SUM, lambda k: not k.endswith(("_max", "_min")))):
+                keys = sorted(k for k in stats if keep(k))
+                packed = torch.tensor([stats[k] for k in keys] or [0.0], dtype=torch.float64)
+                dist.all_reduce(packed, op=op, group=self.ps.get_data_parallel_group())
+                stats.update(zip(keys, packed.tolist()))
         return StepRecord(self.coords, stats={**stats, **self._apply_gradients()})
 
     def _apply_gradients(self) -> dict[str, float]:

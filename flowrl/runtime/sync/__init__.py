@@ -12,6 +12,11 @@ driver forwards ``sender.handoff()``).
 | ``broadcast`` / ``gloo`` / ``nccl`` | :class:`BroadcastSync` | packed buckets over a standalone torch.distributed group |
 | ``checkpoint`` | :class:`CheckpointSync` | safetensors + manifest in a shared directory, published atomically |
 | ``delta`` | :class:`DeltaSync` | only changed tensors, over one of the above |
+
+How a run uses them: :mod:`flowrl.runtime.sync.from_plan` turns a plan's ``ResyncPlan``
+into options (and says what this machine cannot run); :mod:`flowrl.runtime.sync.endpoint`
+is what the train and rollout workers call to open an end, send, receive and (in tests)
+inject a corrupted byte.
 """
 
 from __future__ import annotations

@@ -26,22 +26,18 @@ Every protocol verifies what arrived against the CRC-32 checksums of
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Iterator, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
-from flowrl.runtime.weight_sync import DTYPES, SyncStats, WeightSyncError
+from flowrl.runtime.weight_sync import SyncStats, WeightSyncError, crc32, raw_bytes
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 """``(hf_name, tensor)`` pairs: any shape, a :data:`~flowrl.runtime.weight_sync.DTYPES` dtype."""
 
 ROLES = ("sender", "receiver")
 """The two ends of a weight sync: the trainer sends, each rollout replica receives."""
-
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass
@@ -106,22 +102,9 @@ def check_version(protocol: str, version: Any) -> int:
     return version
 
 
-def raw_bytes(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
-    """``(dtype name, [nbytes] uint8 view of the tensor's bytes)``; copies only off-CPU or non-contiguous tensors."""
-    if not isinstance(tensor, torch.Tensor):
-        raise WeightSyncError(f"weight {name!r} is a {type(tensor).__name__}, not a torch.Tensor; "
-                              "hint: pass (name, tensor) pairs")
-    dtype_name = _DTYPE_NAMES.get(tensor.dtype)
-    if dtype_name is None:
-        raise WeightSyncError(f"weight {name!r} has unsupported dtype {tensor.dtype}; "
-                              f"hint: supported are {sorted(DTYPES)}")
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return dtype_name, flat.view(torch.uint8).numpy()
-
-
 def tensor_crc32(name: str, tensor: torch.Tensor) -> int:
     """``zlib.crc32`` of the tensor's bytes: the same per-tensor checksum the buckets carry."""
-    return zlib.crc32(raw_bytes(name, tensor)[1])
+    return crc32(raw_bytes(name, tensor)[1])
 
 
 def json_tensor(obj: Any) -> torch.Tensor:

@@ -27,14 +27,13 @@ import json
 import os
 import re
 import shutil
-import zlib
 from pathlib import Path
 from typing import ClassVar, Iterator, NamedTuple
 
 import torch
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version, raw_bytes
-from flowrl.runtime.weight_sync import WeightSyncError
+from flowrl.runtime.weight_sync import WeightSyncError, crc32
 
 FORMAT = "flowrl-weights/1"
 """``format`` field of every manifest; a reader refuses others."""
@@ -146,7 +145,7 @@ class CheckpointSync:
             shard[name] = cpu
             shard_bytes += raw.nbytes
             entries.append({"name": name, "file": f"weights-{len(files):05d}.safetensors", "dtype": dtype_name,
-                            "shape": list(cpu.shape), "nbytes": int(raw.nbytes), "crc32": zlib.crc32(raw)})
+                            "shape": list(cpu.shape), "nbytes": int(raw.nbytes), "crc32": crc32(raw)})
             stats.tensors += 1
             stats.bytes += int(raw.nbytes)
         if shard or not files:
@@ -279,7 +278,7 @@ def _verify(entry: dict, tensor: torch.Tensor, file: Path) -> None:
         raise WeightSyncError(f"checkpoint: tensor {entry['name']!r} in {file} is {dtype_name} {list(tensor.shape)}, "
                               f"the manifest says {entry['dtype']} {entry['shape']}; hint: the file does not belong "
                               "to this manifest")
-    got = zlib.crc32(raw)
+    got = crc32(raw)
     if got != entry["crc32"]:
         raise WeightSyncError(f"checkpoint: tensor {entry['name']!r} in {file} is corrupted: crc32 {got:#010x}, "
                               f"expected {entry['crc32']:#010x}; hint: the file was damaged on disk or in transit")

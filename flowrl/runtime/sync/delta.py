@@ -27,7 +27,6 @@ so a missed or partial delta is caught, naming the tensor.
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any, ClassVar, Iterator
 
 import torch
@@ -42,7 +41,7 @@ from flowrl.runtime.sync.base import (
     json_tensor,
     raw_bytes,
 )
-from flowrl.runtime.weight_sync import WeightSyncError
+from flowrl.runtime.weight_sync import WeightSyncError, crc32
 
 MANIFEST = "__flowrl_delta_manifest__"
 """Name of the manifest tensor that leads every delta (never a model weight name)."""
@@ -117,7 +116,7 @@ class DeltaSync:
             if name in crcs or name == MANIFEST:
                 raise WeightSyncError(f"weight {name!r} appears twice in one sync (or uses a reserved name); "
                                       "hint: names must be unique")
-            crc = zlib.crc32(raw_bytes(name, tensor)[1])
+            crc = crc32(raw_bytes(name, tensor)[1])
             if self._changed(name, tensor, crc):
                 changed.append((name, tensor))
                 crcs[name] = crc

@@ -1,0 +1,339 @@
+"""Check the simulator against real runs: read a run directory, calibrate the ``cpu`` profile, compare.
+
+A run directory (``flowrl run``) holds ``plan.json``, ``metrics.jsonl`` (per-step seconds:
+``perf/step_s``, ``time/<op id>``) and ``trace.json`` (Chrome trace: one span per op on the
+driver, and inside it the engine's own span, e.g. ``forward:policy`` on lane
+``policy.train``). From these:
+
+* :func:`measure_run` summarises the steady state: per-step and per-op seconds (medians over
+  the steps after a warm-up, because a shared 2-core machine makes single steps noisy), the
+  **dispatch overhead** (driver span of an engine op minus the engine's own span: the Ray
+  round trip with the batch and results), the engine-side generate seconds, and the
+  workload the run actually had (mean response tokens; the reward op's seconds).
+* :func:`calibrate` sets what the ``cpu`` profile cannot get from a matmul or a memcpy, each
+  from the engine spans that show it: the dispatch overhead; a decode iteration's cost outside
+  the model (fixed + per active sequence); a training micro-batch's fixed cost; the achieved
+  fraction of the matmul peak in log-prob and update passes. Runs of two batch sizes
+  separate the fixed from the proportional parts. No factor is fitted to a step time, and a
+  calibration from some flows is then checked on others (bench/sim_validation.py).
+* :func:`predict` compiles a flow under the current profile, puts the measured workload in
+  (:func:`flowrl.cost.sim.with_workload`) and simulates it; :func:`compare` gives the error.
+
+Pure Python; :func:`predict` and :func:`calibrate` import the compiler (not torch or Ray).
+
+>>> m = measure_run({"staleness": 1, "ops": [{"id": "g", "kind": "generate"}]},
+...                 [{"step": s, "perf/step_s": 1.0 + s / 10, "time/g": 0.5} for s in range(4)], [])
+>>> m["step_s"], m["phases"]["g"], m["steps_used"]
+(1.2, 0.5, 3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from flowrl.cost.profiles import Profile
+
+ENGINE_SPAN_PREFIXES = ("forward:", "train:", "generate[", "resync:")
+"""Names of the spans engines record inside a driver op (see flowrl/runtime/driver.py)."""
+DISPATCHED_KINDS = ("generate", "logprobs", "values", "update")
+"""Op kinds whose driver span wraps exactly one engine call (the dispatch overhead is their gap)."""
+WARMUP_STEPS = 1
+"""Steps left out of the steady state: the first step pays for lazy initialisation in the engines."""
+
+
+class ValidateError(ValueError):
+    """A run directory or fixture that cannot be read as a measured run."""
+
+
+def read_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
+    """``(plan, metrics rows, trace events)`` of a run directory written by ``flowrl run``."""
+    d = Path(run_dir)
+    try:
+        plan = json.loads((d / "plan.json").read_text())
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        trace = json.loads((d / "trace.json").read_text()) if (d / "trace.json").is_file() else {}
+    except (OSError, ValueError) as e:
+        raise ValidateError(f"cannot read run directory {d}: {e}; hint: pass the --out directory of a "
+                            "finished `flowrl run` (plan.json, metrics.jsonl, trace.json)") from None
+    return plan, rows, list(trace.get("traceEvents", []))
+
+
+def _median(xs) -> float:
+    xs = [float(x) for x in xs]
+    return statistics.median(xs) if xs else 0.0
+
+
+def measure_run(plan: dict, rows: list[dict], events: list[dict], skip: int = WARMUP_STEPS) -> dict:
+    """The steady state of a run, in seconds (medians over steps ``skip``.. of the run).
+
+    Returns ``{"staleness", "steps_used", "step_s", "step_s_all" (every used step), "phases"
+    (op id -> s), "engine" (op id -> the engine's own span, s), "dispatch_s", "workload":
+    {"mean_response" (generated tokens per completion), "seconds" (score op id -> s)}}``.
+    """
+    used = [r for r in sorted(rows, key=lambda r: r["step"]) if r["step"] >= skip and "perf/step_s" in r]
+    if not used:
+        raise ValidateError(f"no steps after the first {skip} in metrics.jsonl; hint: run at least {skip + 2} steps")
+    ops = plan.get("ops", [])
+    phases = {op["id"]: _median(r[f"time/{op['id']}"] for r in used if f"time/{op['id']}" in r) for op in ops}
+    samples = [_samples(plan, op) for op in ops if op.get("kind") == "generate"]
+    gen_tokens = [r["perf/gen_tokens"] for r in used if "perf/gen_tokens" in r]
+    workload = {"seconds": {op["id"]: phases[op["id"]] for op in ops if op.get("kind") == "score"}}
+    if gen_tokens and samples and samples[0]:
+        workload["mean_response"] = _median(gen_tokens) / sum(samples)
+    prompts = [r["perf/prompt_tokens"] for r in used if "perf/prompt_tokens" in r]
+    if prompts and samples and samples[0]:  # recorded by runtimes that count prompt tokens per step
+        workload["prompt_tokens"] = _median(prompts) / sum(samples)
+    engine, gaps = _engine_spans(ops, events, skip)
+    return {"staleness": int(plan.get("staleness", 1)), "steps_used": len(used),
+            "step_s": _median(r["perf/step_s"] for r in used),
+            "step_s_all": [round(float(r["perf/step_s"]), 6) for r in used],
+            "phases": phases, "engine": engine, "dispatch_s": _median(gaps), "workload": workload}
+
+
+def _samples(plan: dict, op: dict) -> int:
+    """Completions a generate op produces per step: prompts (its sample op's size) x n."""
+    src = next((o for o in plan.get("ops", []) if o["id"] == op.get("inputs", {}).get("prompts")), None)
+    size = int((src or {}).get("options", {}).get("size", 0) or 0)
+    return size * int(op.get("options", {}).get("n", 1) or 1)
+
+
+def _engine_spans(ops: list[dict], events: list[dict], skip: int) -> tuple[dict, list[float]]:
+    """(op id -> median engine seconds, [driver span - engine span] of every dispatched op)."""
+    kinds = {op["id"]: op.get("kind") for op in ops}
+    spans = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("step", -1) >= skip]
+    inner = [e for e in spans if e["name"].startswith(ENGINE_SPAN_PREFIXES)]
+    per_op: dict[str, list[float]] = {}
+    gaps: list[float] = []
+    for e in spans:
+        if kinds.get(e["name"]) not in DISPATCHED_KINDS:
+            continue
+        t0, t1, step = e["ts"], e["ts"] + e["dur"], e["args"]["step"]
+        within = [i for i in inner if i["args"].get("step") == step and t0 <= i["ts"] and i["ts"] + i["dur"] <= t1 + 1]
+        if not within:
+            continue
+        busy = max(i["dur"] for i in within) / 1e6  # dp replicas run side by side: the slowest one counts
+        per_op.setdefault(e["name"], []).append(busy)
+        gaps.append(max(e["dur"] / 1e6 - busy, 0.0))
+    return {k: _median(v) for k, v in per_op.items()}, gaps
+
+
+# ---- prediction -----------------------------------------------------------------------------------
+
+
+def compile_spec(flow_file: str, sets: dict | None = None, flow: str | None = None, profile: Profile | None = None):
+    """``(graph, SimSpec, costs)`` of a flow as the compiler plans it, under ``profile`` for
+    ``gpu = "cpu"`` (default: the current ``cpu`` profile, ``$FLOWRL_PROFILE``); ``costs`` rows
+    are ``(phase id, kind, engine or driver/reward, seconds, tokens)``."""
+    from flowrl.compiler.passes.estimate_cost import build_sim
+    from flowrl.compiler.pipeline import compile_file
+    from flowrl.compiler.workload import workload
+
+    with _profile_in_effect(profile):
+        graph = compile_file(flow_file, flow,
+                             options={"overrides": {k: str(v) for k, v in (sets or {}).items()}}).graph
+        spec, costs, _, _ = build_sim(graph, graph.sched, workload(graph))
+    return graph, spec, costs
+
+
+@contextmanager
+def _profile_in_effect(profile: Profile | None):
+    """Make ``profile`` the ``cpu`` profile the compiler reads (a temp file via ``$FLOWRL_PROFILE``)."""
+    if profile is None:
+        yield
+        return
+    from flowrl.cost.profiles import save_profile
+
+    old = os.environ.get("FLOWRL_PROFILE")
+    with tempfile.TemporaryDirectory(prefix="flowrl-cal-") as d:
+        os.environ["FLOWRL_PROFILE"] = str(save_profile(profile, Path(d) / "profile.json"))
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("FLOWRL_PROFILE", None)
+            else:
+                os.environ["FLOWRL_PROFILE"] = old
+
+
+def predict(flow_file: str, sets: dict | None = None, workload: dict | None = None, *, flow: str | None = None,
+            steps: int = 12, seed: int = 0):
+    """Simulate a flow's plan on a measured ``workload`` (:func:`measure_run`'s, plus an optional
+    ``prompt_tokens``); returns the :class:`~flowrl.cost.sim.SimResult`."""
+    from flowrl.cost.sim import simulate, with_workload
+
+    _, spec, _ = compile_spec(flow_file, sets, flow)
+    w = workload or {}
+    spec = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"),
+                         seconds=w.get("seconds"))
+    return simulate(spec, steps=steps, seed=seed)
+
+
+def compare(predicted, measured: dict) -> dict:
+    """Predicted vs measured seconds per step and per op; ``error_pct`` = (pred - meas) / meas x 100."""
+    def err(p, m):
+        return round(100.0 * (p - m) / m, 1) if m > 0 else None
+
+    ops = {op: {"measured_s": round(m, 6), "predicted_s": round(predicted.by_phase.get(op, 0.0), 6),
+                "error_pct": err(predicted.by_phase.get(op, 0.0), m)}
+           for op, m in measured["phases"].items() if op in predicted.by_phase}
+    return {"measured_s": round(measured["step_s"], 6), "predicted_s": round(predicted.step_s, 6),
+            "error_pct": err(predicted.step_s, measured["step_s"]), "bubble": round(predicted.bubble, 4), "ops": ops}
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+
+
+def generate_iterations(spec, workload: dict | None = None, steps: int = 12, seed: int = 0) -> dict:
+    """Generate phase id -> ``(a, b)``: its simulated duration is ``a x iter_s + b x prefill_s``
+    (decode iterations on the critical path, and prompt tokens prefilled on it), under ``workload``.
+
+    Both come from the simulator itself (slots, waves of continuous batching, the long tail), so
+    a measured generate time can be turned into seconds per iteration without guessing waves.
+    """
+    from flowrl.cost.sim import Phase, simulate, with_workload
+
+    w = workload or {}
+    base = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"))
+    out = {}
+    for ph in base.phases:
+        if ph.kind != "generate":
+            continue
+
+        def alone(iter_s: float, prefill_s: float) -> float:
+            gen = replace(ph, deps=(), gen=replace(ph.gen, iter_s=iter_s, prefill_s=prefill_s, overhead_s=0.0))
+            # a no-op on the same lane makes it a shared lane: every step drains, as one engine call does
+            drain = Phase("calibrate.drain", "work", ph.lane, (ph.id,))
+            one = replace(base, phases=(gen, drain), staleness=1, over_provision=1.0)
+            return simulate(one, steps=steps, seed=seed).by_phase[ph.id]
+
+        # linear in iter_s and prefill_s for fixed lengths (same seed: the same draws)
+        out[ph.id] = (alone(1.0, 0.0), alone(0.0, 1.0))
+    return out
+
+
+def calibrate(profile: Profile, runs: list[tuple[str, dict]], sets: dict | None = None) -> Profile:
+    """``profile`` with what a matmul and a memcpy cannot show, measured from runs on this machine.
+
+    ``runs`` are ``(flow file, measure_run(...))`` pairs. Each figure comes from the phases
+    that show it, in the runs' own traces and workloads:
+
+    * ``op_overhead_s``: the median dispatch overhead (driver span minus engine span);
+    * decode: a generate's engine seconds = ``a x iter_s + b x prefill_s``
+      (:func:`generate_iterations`) give the seconds per iteration; less the cost model's
+      own part (weights + KV reads, FLOPs) that is ``iter_overhead_s + seq_overhead_s x
+      batch``: both from runs of two batch sizes (least squares), else all per sequence;
+    * update: engine seconds = ``micro-batches x micro_overhead_s + FLOP time / mfu_train``:
+      both from runs whose shapes differ, else ``mfu_train`` alone;
+    * ``mfu_forward``: the achieved fraction of the matmul peak in log-prob / value passes.
+
+    Tokens are each run's samples x (prompt + mean response). The generate's modelled part
+    depends on ``mfu_forward``, so the figures are solved together over
+    :data:`CALIBRATION_ROUNDS` rounds, each compiling the flows under the last round's
+    profile. Raises :class:`ValidateError` when the runs show no engine span.
+    """
+    if not any(m.get("engine") for _, m in runs):
+        raise ValidateError("the runs' traces have no engine spans (forward:, train:, generate[); "
+                            "hint: calibrate from run directories written by `flowrl run`")
+    current = profile
+    for _ in range(CALIBRATION_ROUNDS):
+        current = _calibrate_once(current, runs, sets)
+    parts = [f"dispatch {current.op_overhead_s * 1e3:.1f} ms/op",
+             f"decode {current.iter_overhead_s * 1e3:.1f} ms + {current.seq_overhead_s * 1e6:.0f} us/sequence "
+             "per iteration",
+             f"{current.micro_overhead_s * 1e3:.1f} ms/micro-batch",
+             f"mfu forward {current.mfu_forward:.2f} / train {current.mfu_train:.2f}"]
+    names = ", ".join(Path(f).name for f, _ in runs)
+    note = f"; calibrated from runs of {names} ({', '.join(parts)})"
+    return replace(current, source=profile.source.split("; calibrated from run")[0] + note)
+
+
+CALIBRATION_ROUNDS = 4
+"""Rounds of :func:`calibrate` (each one's error is a small fraction of the last one's)."""
+
+
+def _calibrate_once(profile: Profile, runs: list[tuple[str, dict]], sets) -> Profile:
+    dispatch, decode, update, forward = [], [], [], []
+    for flow_file, measured in runs:
+        obs = _observations(profile, flow_file, measured, sets)
+        dispatch.append(measured.get("dispatch_s", profile.op_overhead_s))
+        decode += obs["decode"]
+        update += obs["update"]
+        forward += obs["forward"]
+    changes: dict = {"op_overhead_s": _median(dispatch)}
+    if decode:  # y = iter_overhead + seq_overhead x batch
+        f, slope = _line([(b, y) for b, y in decode])
+        changes.update(iter_overhead_s=f, seq_overhead_s=slope)
+    if update:  # engine = n_micro x micro_overhead + w / mfu
+        # e / w = 1 / mfu + micro_overhead x (n / w): a line in n / w
+        inv, c = _line([(n / w, e / w) for n, w, e in update], through_origin_if_degenerate=False)
+        if inv is None or inv <= 0:  # one shape only: the micro-batch overhead stays as it is
+            c = profile.micro_overhead_s
+            inv = _median((e - n * c) / w for n, w, e in update)
+        changes.update(micro_overhead_s=c, mfu_train=1.0 / max(inv, 1e-9))
+    if forward:
+        changes["mfu_forward"] = _median(forward)
+    return replace(profile, **changes)
+
+
+def _observations(profile: Profile, flow_file: str, measured: dict, sets) -> dict:
+    """What one run says, as the linear relations :func:`_calibrate_once` solves."""
+    _, spec, _ = compile_spec(flow_file, sets, profile=profile)
+    # n_micro x epochs of each update, exactly as the cost model counts them: the phase's fixed
+    # seconds grow by 1 s per micro-batch when the per-micro-batch cost is 1 s
+    _, probe, _ = compile_spec(flow_file, sets, profile=replace(profile, micro_overhead_s=profile.micro_overhead_s + 1))
+    n_micro = {p.id: q.seconds - p.seconds for p, q in zip(spec.phases, probe.phases)}
+    w = measured.get("workload", {})
+    engine = measured.get("engine", {})
+    iters = generate_iterations(spec, w)
+    gens = {ph.id: ph.gen for ph in spec.phases if ph.kind == "generate"}
+    out: dict = {"decode": [], "update": [], "forward": []}
+    for ph in spec.phases:
+        if ph.id not in engine:
+            continue
+        if ph.kind == "generate" and ph.id in iters and iters[ph.id][0] > 0:
+            a, b = iters[ph.id]
+            g = ph.gen
+            per_iter = (engine[ph.id] - b * g.prefill_s) / a
+            core = g.iter_s - profile.iter_overhead_s - profile.seq_overhead_s * g.concurrency
+            out["decode"].append((g.concurrency, max(per_iter - core, 0.0)))
+        elif ph.kind == "work" and ph.per_token_s > 0 and ph.tokens_from in gens:
+            g = gens[ph.tokens_from]
+            tokens = g.samples * (float(w.get("prompt_tokens") or g.prompt_tokens)
+                                  + float(w.get("mean_response") or g.lengths.mean()))
+            if ph.label == "update":
+                # FLOP seconds at mfu 1: the modelled seconds per token scale as 1 / mfu
+                out["update"].append((max(round(n_micro.get(ph.id, 1.0)), 1),
+                                      ph.per_token_s * profile.mfu_train * tokens, engine[ph.id]))
+            else:
+                out["forward"].append(profile.mfu_forward * ph.per_token_s * tokens / max(engine[ph.id], 1e-9))
+    return out
+
+
+def _line(points: list[tuple[float, float]], through_origin_if_degenerate: bool = True):
+    """Least-squares ``y = c + m x`` with both >= 0; ``(c, m)``. With one distinct ``x`` the
+    intercept cannot be told from the slope: ``(0, median(y / x))``, or ``(None, None)``."""
+    xs = [x for x, _ in points]
+    if len(set(round(x, 12) for x in xs)) < 2:
+        if not through_origin_if_degenerate:
+            return None, None
+        return 0.0, _median(y / x for x, y in points if x > 0)
+    n = len(points)
+    mx, my = sum(xs) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    m = sum((x - mx) * (y - my) for x, y in points) / sxx
+    c = my - m * mx
+    if c < 0:  # a negative fixed cost is noise: refit through the origin
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x in xs)
+    if m < 0:
+        return my, 0.0
+    return c, m
+
+
+__all__ = ["ValidateError", "read_run", "measure_run", "compile_spec", "predict", "compare", "calibrate",
+           "generate_iterations", "WARMUP_STEPS"]

@@ -1,0 +1,113 @@
+"""From a plan's :class:`~flowrl.compiler.plan.ResyncPlan` to the options of :func:`~flowrl.runtime.sync.make_sync`.
+
+The compiler decided the protocol, the bucket size, the overlap and the transport
+(``gloo`` for a broadcast on a CPU cluster, ``nccl`` on GPUs, ``ray`` for in-place,
+``disk`` for checkpoints); this module only translates those decisions, one small
+function per protocol family in :data:`OPTIONS`, and says what this build cannot run.
+
+>>> from flowrl.compiler.plan import ResyncPlan
+>>> r = ResyncPlan("resync.policy", "policy", "update", "broadcast", 1 << 20, 1, "f.flow:3:1",
+...                transport="gloo", overlap=True)
+>>> sorted(sync_options(r, Path("/run")).items())
+[('backend', 'gloo'), ('bucket_bytes', 1048576), ('overlap', True)]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from flowrl.runtime.sync import is_collective, options_from_schedule, protocol_class
+from flowrl.runtime.sync.broadcast import BroadcastSync, default_backend
+from flowrl.runtime.sync.checkpoint import CheckpointSync
+from flowrl.runtime.sync.delta import DeltaSync
+from flowrl.runtime.sync.inplace import InPlaceSync
+from flowrl.runtime.weight_sync import WeightSyncError
+
+BACKEND_OF_TRANSPORT = {"gloo": "gloo", "nccl": "nccl"}
+"""The plan's ``transport`` of a broadcast -> torch.distributed backend."""
+
+DELTA_INNER = {"gloo": "broadcast", "nccl": "broadcast", "ray": "inplace", "cuda": "inplace", "disk": "checkpoint"}
+"""A ``delta``'s transport in the plan -> the inner protocol that carries the changed tensors."""
+
+
+def _inplace(plan, run_dir: Path) -> dict:
+    return {}
+
+
+def _broadcast(plan, run_dir: Path) -> dict:
+    return {"backend": BACKEND_OF_TRANSPORT.get(plan.transport) or default_backend(), "overlap": bool(plan.overlap)}
+
+
+def _checkpoint(plan, run_dir: Path) -> dict:
+    # A schedule without `dir`: the run directory, which every process of a one-node run sees.
+    return {} if plan.options.get("dir") else {"directory": str(run_dir / "sync" / plan.model)}
+
+
+def _delta(plan, run_dir: Path) -> dict:
+    inner = DELTA_INNER.get(plan.transport, "inplace")
+    return {"inner": inner, **OPTIONS[protocol_class(inner)](plan, run_dir)}
+
+
+OPTIONS: dict[type, Callable[..., dict]] = {
+    InPlaceSync: _inplace, BroadcastSync: _broadcast, CheckpointSync: _checkpoint, DeltaSync: _delta,
+}
+"""Protocol class -> ``(ResyncPlan, run directory) -> options`` the schedule's keywords do not give."""
+
+
+def sync_options(plan, run_dir: Path) -> dict:
+    """Options of both ends of ``plan``'s protocol (the driver adds rendezvous, rank and world size).
+
+    Args:
+        plan: a :class:`~flowrl.compiler.plan.ResyncPlan`.
+        run_dir: the run directory (default home of ``checkpoint`` versions).
+    """
+    options = options_from_schedule(dict(plan.options))
+    if plan.bucket_bytes > 0:  # `checkpoint` has no bucket keyword: its files keep their default size
+        options["bucket_bytes"] = int(plan.bucket_bytes)
+    options.update(OPTIONS[protocol_class(plan.protocol)](plan, run_dir))
+    return options
+
+
+def collective(plan, options: dict) -> bool:
+    """Whether ``plan``'s sender and receivers must run together (a torch.distributed group)."""
+    return is_collective(plan.protocol, **options)
+
+
+def sync_problem(plan) -> str | None:
+    """Why this machine cannot run ``plan``'s protocol (one line with a hint), or None."""
+    try:
+        options = sync_options(plan, Path("."))
+    except WeightSyncError as error:
+        return str(error)
+    backend = options.get("backend")
+    if backend == "nccl" and default_backend() != "nccl":
+        return (f"resync of `{plan.model}` via `{plan.protocol}` sends over NCCL, which needs CUDA GPUs; this "
+                "machine has none; hint: schedule `resync ... via gloo()` (or declare the cluster's "
+                "`gpu = \"cpu\"`, so `broadcast` runs over gloo)")
+    return None
+
+
+def sync_metrics(protocol: str, sent: dict, received: list[dict], seconds: float) -> dict:
+    """One resync's ``sync/*`` metrics from the sender's and each receiver's ProtocolStats dicts.
+
+    ``sync/bytes``: bucket bytes the sender packed (a ``delta``: of the changed tensors
+    only); ``sync/wire_bytes``: what crossed the transport (headers, metadata, files);
+    ``sync/buckets``, ``sync/tensors``, ``sync/skipped`` (unchanged, not sent); seconds:
+    ``sync/seconds`` (the driver's wall time, send to last load; the timeline has the
+    sender's and each receiver's own span), ``sync/unpack_seconds`` (the slowest
+    replica's verification); ``sync/protocol/NAME`` = 1 names the protocol (metrics
+    are numbers).
+    """
+    out = {"sync/bytes": int(sent["bytes"]), "sync/wire_bytes": int(sent["wire_bytes"]),
+           "sync/buckets": int(sent["buckets"]), "sync/tensors": int(sent["tensors"]),
+           "sync/seconds": float(seconds),
+           "sync/unpack_seconds": max((float(r["unpack_seconds"]) for r in received), default=0.0),
+           f"sync/protocol/{protocol}": 1}
+    if sent.get("skipped"):
+        out["sync/skipped"] = int(sent["skipped"])
+    return out
+
+
+__all__ = ["sync_options", "collective", "sync_problem", "sync_metrics", "OPTIONS", "DELTA_INNER",
+           "BACKEND_OF_TRANSPORT"]

