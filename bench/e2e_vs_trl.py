@@ -10,7 +10,8 @@ temperature, micro-batch and number of optimizer steps:
   and ``hf("<checkpoint dir>")`` as the model, run through the normal runtime (Ray,
   vLLM rollout, torch trainer, in-place weight sync), exactly like ``flowrl run``; once
   per ``--variants`` entry (default: the default flow's vLLM synchronous schedule, the
-  same one-step-off, and transformers ``generate`` rollout synchronous), each a column;
+  same one-step-off, and both with transformers ``generate`` as the rollout engine), each
+  a column;
 * **TRL** (``trl==1.16.0``): ``GRPOTrainer`` with ``use_cpu=True, use_vllm=False``
   (transformers ``generate`` for rollouts, the trainer's own process), configured so one
   optimizer step consumes ``batch * group`` completions generated in one call
@@ -113,7 +114,7 @@ class BenchConfig:
     """flowrl's schedule staleness: 1 = synchronous (equal learning to TRL, the headline);
     2 = one-step-off (generation of step k+1 overlaps the update of step k; trains on
     samples one version old, which TRL without vLLM cannot do)."""
-    variants: tuple[tuple[str, int], ...] = (("vllm", 1), ("vllm", 2), ("hf_generate", 1))
+    variants: tuple[tuple[str, int], ...] = (("vllm", 1), ("vllm", 2), ("hf_generate", 1), ("hf_generate", 2))
     """flowrl runs as ``(rollout, staleness)`` pairs, each a column of the table against the
     same TRL run (``--variants vllm:1,vllm:2,hf_generate:1``); empty: just
     ``(rollout, staleness)``."""
@@ -363,6 +364,7 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
     from flowrl.runtime.api import build_plan, check_installed
     from flowrl.runtime.driver import run_plan
 
+    work.mkdir(parents=True, exist_ok=True)
     flow = write_flow(cfg, model_dir, train_path, work / "bench.flow")
     out = work / "flowrl-run"
     t0 = time.time()

@@ -128,7 +128,7 @@ def _steps(plan: ExecutionPlan) -> list[str]:
 
 
 _ELIDED_WHY = {
-    "old": "old log-probs from the update's own forward: staleness 1 and one optimiser step make them "
+    "old": "old log-probs from the update's own forward: with one optimiser step on the batch they are "
            "the same numbers",
     "ref_logprobs": "kl = 0: the update never reads the reference's log-probs",
 }

@@ -43,7 +43,7 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
     errors = Collector(graph.sources or SourceMap())
     models = _models(graph, st, errors)
     datasets, rewards = _resources(graph, errors)
-    elided = elided_logprobs(graph, st.staleness)  # passes the update makes redundant (flowrl.compiler.elide)
+    elided = elided_logprobs(graph)  # passes the update makes redundant (flowrl.compiler.elide)
     ops = tuple(_op(n, elided) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided)
     models = _without_unread_engines(models, ops, datasets, rewards)
     resyncs = tuple(st.resyncs[n.id] for n in graph.nodes() if n.kind == OpKind.RESYNC)

@@ -5,7 +5,7 @@ absent fails only when it is built, with an install hint
 (:class:`~flowrl.engines.base.EngineNotInstalledError`).
 
 >>> sorted(ROLLOUT_ENGINES), sorted(TRAIN_ENGINES)
-(['torch', 'vllm'], ['megatron', 'torch'])
+(['torch', 'vllm'], ['fsdp', 'megatron', 'torch'])
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def _torch_train(**kwargs: Any) -> TrainEngine:
     return TorchTrainEngine(**kwargs)
 
 
+def _fsdp_train(**kwargs: Any) -> TrainEngine:
+    from flowrl.engines.fsdp import FsdpTrainEngine
+
+    return FsdpTrainEngine(**kwargs)
+
+
 def _megatron_train(**kwargs: Any) -> TrainEngine:
     from flowrl.engines.megatron.engine import MegatronTrainEngine
 
@@ -52,13 +58,13 @@ ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {
 TRAIN_ENGINES: dict[str, Callable[..., TrainEngine]] = {
     "torch": _torch_train,
     "megatron": _megatron_train,
+    "fsdp": _fsdp_train,
 }
 """Train engine name -> factory(**options)."""
 
 _TABLES = {"rollout": ROLLOUT_ENGINES, "train": TRAIN_ENGINES}
 
 PLANNED_ENGINES: dict[str, str] = {
-    "fsdp": "PyTorch FSDP2 train engine (sharded data parallel); not in this build yet",
     "sglang": "SGLang rollout engine; not in this build yet",
 }
 """Names the language accepts whose adapters are not registered yet, with what they will be."""

@@ -28,6 +28,8 @@ from flowrl.compiler.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
+from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
+                                      wait_placed)
 from flowrl.runtime.workers import MULTI_RANK_TRAIN
 
 
@@ -178,15 +180,15 @@ class Runtime:
         # (colocated or disaggregated, on one node or several) land where the plan put them.
         per_node = int(self.plan.cluster["gpus_per_node"])
         self.gpus_per_node = per_node
-        _check_cluster_fits(self.plan, ray.nodes(), address)
+        check_cluster_fits(self.plan, ray.nodes(), address)
         # Plan nodes go to distinct Ray nodes when the cluster has enough of them (a node's
         # group pinned by Ray's node-id label); a logical cluster on one Ray node packs them.
-        self.node_targets = _node_targets(self.plan, ray.nodes())
+        self.node_targets = node_targets(self.plan, ray.nodes())
         self.pgs = [placement_group([{"GPU": 1}] * per_node, strategy="STRICT_PACK",
                                     name=f"flowrl-{self.plan.flow}-node{k}",
                                     bundle_label_selector=[{"ray.io/node-id": t}] * per_node if t else None)
                     for k, t in enumerate(self.node_targets)]
-        _wait_placed(self.plan, self.pgs, address)
+        wait_placed(self.plan, self.pgs, address)
 
     def _actor(self, cls, engine, rank: int, *args, **kwargs):
         import ray
@@ -206,7 +208,7 @@ class Runtime:
         from flowrl.runtime.workers import RolloutWorker, TrainWorker
 
         temps = _sampling_temperatures(self.plan)
-        share = _processes_per_node(self.plan)
+        share = processes_per_node(self.plan)
         pending = []
         for m in self.plan.models:
             path = str(self.model_paths[m.id])
@@ -215,15 +217,15 @@ class Runtime:
                 e = m.train_engine
                 actor = self._actor(TrainWorker, e, 0, e.kind, path, role=role,
                                     optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
-                                    seed=self.seed, layout={"tp": e.tp, "pp": e.pp, "dp": e.dp},
-                                    share=share[_node_of(self.plan, e, 0)])
+                                    seed=self.seed, layout=_train_layout(e),
+                                    share=share[node_of(self.plan, e, 0)])
                 self.train_groups[m.id] = [actor]
                 pending.append(actor.ready.remote())
             if m.rollout_engine is not None:
                 e = m.rollout_engine
                 opts = {"tp": e.tp, **e.options}
                 actors = [self._actor(RolloutWorker, e, r * e.tp, e.kind, path, options=opts, seed=self.seed + r,
-                                      share=share[_node_of(self.plan, e, r * e.tp)])
+                                      share=share[node_of(self.plan, e, r * e.tp)])
                           for r in range(e.dp)]
                 self.rollout_groups[m.id] = actors
                 pending += [a.ready.remote() for a in actors]
@@ -233,7 +235,7 @@ class Runtime:
         ray.get(pending)
         self.log(f"engines ready in {time.time() - t0:.1f}s: "
                  + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
-                             for m in self.plan.models))
+                             for m in self.plan.models if m.train_engine or m.rollout_engine))
         self.record_placement()
 
     def record_placement(self) -> list[dict]:
@@ -260,7 +262,7 @@ class Runtime:
                                  "node": node, "placement_group": node, "bundle": bundle,
                                  "target_node_id": self.node_targets[node],
                                  "bundle_node_id": bundle_nodes[node].get(bundle)})
-                    refs.append(actor.__ray_call__.remote(_where))
+                    refs.append(actor.__ray_call__.remote(actor_location))
         for row, (node_id, gpu_ids) in zip(rows, ray.get(refs)):
             row.update(node_id=node_id, gpu_ids=gpu_ids)
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
@@ -498,116 +500,12 @@ class _SyncEnds:
     """The RolloutWorker actors, one per data-parallel replica (ranks 1..N)."""
 
 
-# ---- placement ---------------------------------------------------------------------------------
-
-
-class PlacementError(RuntimeFlowError):
-    """Ray cannot place the plan's engines: the message names the node, pools and engines, and what is missing."""
-
-
-PLACEMENT_TIMEOUT_S = float(os.environ.get("FLOWRL_PLACEMENT_TIMEOUT", "60"))
-"""How long to wait for Ray to reserve a node's GPUs before giving up with a :class:`PlacementError`."""
-
-
-def _node_needs(plan: ExecutionPlan, node: int) -> str:
-    """``pool gen (policy.rollout), GPUs 2-3``: what the plan put on ``node``."""
-    per = int(plan.cluster["gpus_per_node"])
-    parts = []
-    for p in plan.pools:
-        gpus = [g for g, n in zip(p.gpu_ids, p.nodes) if n == node] if p.nodes else []
-        if gpus and p.engines:
-            span = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
-            parts.append(f"pool `{p.name}` ({', '.join(p.engines)}; {span})")
-    return "; ".join(parts) or f"GPUs {node * per}-{node * per + per - 1}"
-
-
-def _check_cluster_fits(plan: ExecutionPlan, nodes: list[dict], address: str | None) -> None:
-    """Refuse at once a Ray cluster whose nodes cannot hold the plan's nodes (one GPU group per node)."""
-    need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
-    gpus = sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in nodes if n.get("Alive", True)), reverse=True)
-    fits = sum(g // per for g in gpus)  # a Ray node with k * per GPUs can hold k of the plan's nodes
-    if fits >= need:
-        return
-    where = f"the Ray cluster at {address}" if address else "the local Ray instance"
-    missing = "; ".join(f"node {k}: {_node_needs(plan, k)}" for k in range(fits, need))
-    raise PlacementError(
-        f"placement: the plan needs {need} node(s) with {per} GPU(s) each (cluster(nodes = {need}, gpus_per_node = "
-        f"{per})), but {where} has {len(gpus)} node(s) with GPUs {gpus}, room for {fits}; nothing can hold {missing}; "
-        f"hint: add Ray nodes with num_gpus >= {per}, or declare the cluster Ray really has in the schedule")
-
-
-def _node_targets(plan: ExecutionPlan, nodes: list[dict]) -> list[str | None]:
-    """The Ray node id each plan node is pinned to, or None each (one plan node, or too few Ray nodes).
-
-    Candidates are alive Ray nodes with at least ``gpus_per_node`` GPUs, the head first, then
-    by node id (deterministic): plan node k goes to the k-th.
-    """
-    need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
-    fit = sorted((n for n in nodes if n.get("Alive", True) and n.get("Resources", {}).get("GPU", 0) >= per),
-                 key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
-    if need < 2 or len(fit) < need:
-        return [None] * need
-    return [n["NodeID"] for n in fit[:need]]
-
-
-def _wait_placed(plan: ExecutionPlan, pgs: list, address: str | None) -> None:
-    """Wait for every node's placement group; a timeout names the node, its pools and engines."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
-
-    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=PLACEMENT_TIMEOUT_S)
-    if len(ready) == len(pgs):
-        return
-    stuck = [k for k, pg in enumerate(pgs) if not _is_ready(pg)]
-    free = ray.available_resources().get("GPU", 0.0)
-    for pg in pgs:  # an external cluster would keep the half-made reservation otherwise
-        remove_placement_group(pg)
-    per = int(plan.cluster["gpus_per_node"])
-    raise PlacementError(
-        f"placement: Ray could not reserve {per} GPU(s) on one node within {PLACEMENT_TIMEOUT_S:g} s for "
-        + "; ".join(f"node {k}: {_node_needs(plan, k)}" for k in stuck)
-        + f" ({free:g} GPU(s) free in {'the Ray cluster at ' + address if address else 'the local Ray instance'}); "
-        "hint: other jobs may hold the GPUs, or no single Ray node has that many free "
-        "(FLOWRL_PLACEMENT_TIMEOUT sets the wait)")
-
-
-def _is_ready(pg) -> bool:
-    from ray.util.placement_group import placement_group_table
-
-    return placement_group_table(pg).get("state") == "CREATED"
-
-
-def _where(actor_self) -> tuple[str, list]:
-    """Run inside an actor (``__ray_call__``): its Ray node id and the logical GPU ids it was given."""
-    import ray
-
-    ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
-
-
-def _node_of(plan: ExecutionPlan, engine, rank: int) -> int:
-    """The node the plan put ``engine``'s ``rank`` on."""
-    gpus = engine.gpus or engine.bundles or (0,)
-    return int(gpus[rank]) // int(plan.cluster["gpus_per_node"])
-
-
-def _processes_per_node(plan: ExecutionPlan) -> dict[int, int]:
-    """How many engine processes run on each node: the share of its CPU cores each gets.
-
-    A rollout replica is one process per ``tp`` ranks (the engine runs its own TP
-    workers); a train engine is one process per rank.
-    """
-    count: dict[int, int] = {n: 0 for n in range(int(plan.cluster["nodes"]))}
-    for m in plan.models:
-        if m.train_engine is not None:
-            e = m.train_engine
-            for r in range(e.world_size if e.kind in MULTI_RANK_TRAIN else 1):
-                count[_node_of(plan, e, r)] += 1
-        if m.rollout_engine is not None:
-            e = m.rollout_engine
-            for r in range(e.dp):
-                count[_node_of(plan, e, r * e.tp)] += 1
-    return {n: max(1, c) for n, c in count.items()}
+def _train_layout(engine) -> dict:
+    """What a multi-rank train engine is built with from the plan: tp/pp/dp, and fsdp's ``offload``."""
+    layout = {"tp": engine.tp, "pp": engine.pp, "dp": engine.dp}
+    if engine.kind == "fsdp":
+        layout["offload"] = bool(engine.options.get("offload", False))
+    return layout
 
 
 def _sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:

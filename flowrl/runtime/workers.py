@@ -70,7 +70,7 @@ def rollout_engine_args(kind: str, options: dict, seed: int) -> tuple[str, dict]
     return kind, {"seed": seed, **options}
 
 
-MULTI_RANK_TRAIN = frozenset({"megatron"})
+MULTI_RANK_TRAIN = frozenset({"megatron", "fsdp"})
 """Train engines that run tp*pp*dp ranks themselves (a process group started by the engine)."""
 
 

@@ -27,7 +27,7 @@ from flowrl.engines.types import SamplingSpec
 
 def test_tables_name_the_engines():
     assert sorted(registry.ROLLOUT_ENGINES) == ["torch", "vllm"]
-    assert sorted(registry.TRAIN_ENGINES) == ["megatron", "torch"]
+    assert sorted(registry.TRAIN_ENGINES) == ["fsdp", "megatron", "torch"]
 
 
 def test_factories_build_engines_that_satisfy_the_protocols(tiny_model_dir):
@@ -42,9 +42,8 @@ def test_factories_build_engines_that_satisfy_the_protocols(tiny_model_dir):
     [
         ("vlm", "rollout", "unknown rollout engine 'vlm'; available: torch, vllm (did you mean 'vllm'?)"),
         ("sglang", "rollout", "rollout engine 'sglang' is not available: SGLang"),
-        ("fsdp", "train", "train engine 'fsdp' is not available: PyTorch FSDP2"),
-        ("vllm", "train", "'vllm' is a rollout engine, not a train engine; train engines: megatron, torch"),
-        ("zzz", "train", "unknown train engine 'zzz'; available: megatron, torch"),
+        ("vllm", "train", "'vllm' is a rollout engine, not a train engine; train engines: fsdp, megatron, torch"),
+        ("zzz", "train", "unknown train engine 'zzz'; available: fsdp, megatron, torch"),
     ],
 )
 def test_missing_engine_error_texts(name, kind, expected):
@@ -54,8 +53,10 @@ def test_missing_engine_error_texts(name, kind, expected):
 def test_unknown_names_raise():
     with pytest.raises(UnknownEngineError, match="unknown rollout engine 'vlm'"):
         make_rollout_engine("vlm")
-    with pytest.raises(UnknownEngineError, match="'fsdp' is not available"):
-        make_train_engine("fsdp")
+    with pytest.raises(UnknownEngineError, match="'sglang' is not available"):
+        make_rollout_engine("sglang")
+    with pytest.raises(UnknownEngineError, match="unknown train engine 'fsdq'.*did you mean 'fsdp'"):
+        make_train_engine("fsdq")
 
 
 def test_register_engine_adds_a_factory():

@@ -138,7 +138,7 @@ def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
         lane_gpus.setdefault(lane, set()).update(st.engines[key].gpus)
     lanes = {lane: len(g) for lane, g in lane_gpus.items()}
     lanes.update({"driver": 0, "reward": 0, "env": 0})
-    elided = elided_logprobs(graph, st.staleness)  # lowering drops these passes: they cost nothing
+    elided = elided_logprobs(graph)  # lowering drops these passes: they cost nothing
     order = [n for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided]
     gen_of = _generate_ancestors(graph, order)
     tokens_est = _expected_tokens(st, work)

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
-import time
-import traceback
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +32,7 @@ import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
+from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -45,59 +42,11 @@ META_FILE = "megatron_engine.json"
 INSTALL_HINT = "pip install --no-deps --ignore-requires-python megatron-core==0.19.2"
 
 
-class MegatronRankError(EngineError):
+class MegatronRankError(RankProcessError):
     """A rank process raised or died; the engine's processes have been stopped.
 
     ``remote_traceback`` holds the rank's traceback text.
     """
-
-    def __init__(self, message: str, remote_traceback: str = ""):
-        super().__init__(message)
-        self.remote_traceback = remote_traceback
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cloudpickle() -> Any:
-    """cloudpickle (pickles closures and lambdas by value); Ray's vendored copy if the package is absent."""
-    try:
-        import cloudpickle
-    except ImportError:  # pragma: no cover - cloudpickle comes with vLLM; Ray vendors it
-        from ray import cloudpickle
-    return cloudpickle
-
-
-def _rank_main(rank: int, world: int, init_method: str, options: RankOptions, inbox: Any, outbox: Any) -> None:
-    """Body of a rank process: build the rank, then serve ``(method, kwargs)`` until ``shutdown``."""
-    cloudpickle = _cloudpickle()
-    from flowrl.engines.megatron.worker import MegatronRank
-
-    def answer(call: Any) -> None:
-        try:
-            outbox.put((rank, True, call()))
-        except EngineError as exc:  # a user-facing error: send it as is (its type and message)
-            outbox.put((rank, False, (exc, traceback.format_exc())))
-        except BaseException as exc:  # anything else: its text
-            outbox.put((rank, False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
-
-    holder: dict[str, Any] = {}
-    answer(lambda: holder.setdefault("rank", MegatronRank(rank, world, init_method, options)).coords)
-    if "rank" not in holder:
-        return
-    worker = holder["rank"]
-    while True:
-        method, kwargs = inbox.get()
-        if method == "shutdown":
-            worker.shutdown()
-            outbox.put((rank, True, None))
-            return
-        if "loss_fn" in kwargs:  # closures travel as cloudpickle bytes
-            kwargs = {**kwargs, "loss_fn": cloudpickle.loads(kwargs["loss_fn"])}
-        answer(lambda: getattr(worker, method)(**kwargs))
 
 
 _PRELOAD = (
@@ -112,126 +61,12 @@ _PRELOAD = (
 (importing torch + Megatron costs ~10 s of CPU per process otherwise)."""
 
 
-_MAIN_ENV = "_FLOWRL_FORKSERVER_MAIN"
+def _rank_group(options: RankOptions, start_timeout_s: float) -> RankGroup:
+    """Start ``tp * pp * dp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` processes."""
+    from flowrl.engines.megatron.worker import MegatronRank
 
-
-def _context() -> Any:
-    """The ``forkserver`` multiprocessing context with :data:`_PRELOAD` (``spawn`` where unavailable).
-
-    Ranks are forked from a clean server process that has imported modules but never run
-    a torch op (so no OpenMP/thread pool is forked mid-flight); the server outlives one
-    engine, so later engines of the same driver start in about a second.
-    """
-    import multiprocessing.forkserver as forkserver
-
-    import torch.multiprocessing as mp
-
-    try:
-        ctx = mp.get_context("forkserver")
-    except ValueError:
-        return mp.get_context("spawn")
-    ctx.set_forkserver_preload(list(_PRELOAD))
-    main_file = getattr(sys.modules["__main__"], "__file__", None)
-    if main_file:
-        # Python 3.11's fork server never imports the parent's main script, so every child
-        # re-runs it (multiprocessing.spawn._fixup_main_from_path) - seconds per rank when it
-        # imports transformers or pytest. The server records the path instead (see
-        # _adopt_parent_main); ranks need nothing from __main__ (loss functions travel
-        # by value through cloudpickle).
-        os.environ[_MAIN_ENV] = os.path.normpath(os.path.abspath(main_file))
-        try:
-            forkserver.ensure_running()
-        finally:
-            os.environ.pop(_MAIN_ENV, None)
-    return ctx
-
-
-def _adopt_parent_main() -> None:
-    """In the fork server only: make ``__main__`` claim the parent's main file, so forked ranks skip re-running it."""
-    path = os.environ.get(_MAIN_ENV)
-    main = sys.modules.get("__main__")
-    if path and main is not None and getattr(main, "__file__", None) is None:
-        main.__file__ = path
-
-
-_adopt_parent_main()
-
-
-class _RankGroup:
-    """The spawned rank processes and their queues (one inbox each, one shared outbox)."""
-
-    def __init__(self, options: RankOptions, start_timeout_s: float):
-        ctx = _context()
-        self.world = options.world_size
-        self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(self.world)]
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        self.procs = [
-            ctx.Process(target=_rank_main, args=(r, self.world, init_method, options, self.inboxes[r], self.outbox),
-                        daemon=True, name=f"megatron-rank{r}")
-            for r in range(self.world)
-        ]
-        for proc in self.procs:
-            proc.start()
-        self.coords: list[dict[str, int]] = self._collect("start", start_timeout_s)
-
-    def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
-        """Run ``method(**kwargs)`` on every rank; the answers in rank order."""
-        for box in self.inboxes:
-            box.put((method, kwargs))
-        return self._collect(method, timeout_s)
-
-    def _collect(self, method: str, timeout_s: float, grace_s: float = 5.0) -> list[Any]:
-        results: dict[int, Any] = {}
-        errors: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
-        first_error = None
-        while len(results) + len(errors) < self.world:
-            try:
-                rank, ok, value = self.outbox.get(timeout=0.2)
-                (results if ok else errors)[rank] = value
-                if not ok and first_error is None:
-                    first_error = time.monotonic()
-                continue
-            except Exception:  # queue.Empty: check on the processes
-                pass
-            dead = [p for p in self.procs if p.exitcode is not None]
-            now = time.monotonic()
-            if dead or now > deadline or (first_error is not None and now - first_error > grace_s):
-                # Ranks blocked in a collective with a failed peer never return: stop them all.
-                self.kill()
-                raise self._failure(method, errors, dead, now > deadline)
-        if errors:
-            raise self._failure(method, errors, [], False)
-        return [results[r] for r in range(self.world)]
-
-    def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
-        if errors:
-            rank = min(errors)
-            exc, tb = errors[rank]
-            if isinstance(exc, EngineError):
-                return exc
-            return MegatronRankError(f"megatron rank {rank} failed in {method}: {exc}", tb)
-        if dead:
-            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
-            return MegatronRankError(f"megatron rank process died during {method} ({codes}); the engine was stopped")
-        return MegatronRankError(f"megatron ranks did not answer {method} in time; the engine was stopped")
-
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        if not any(p.is_alive() for p in self.procs):
-            return
-        try:
-            self.call("shutdown", timeout_s)
-        except EngineError:
-            pass
-        self.kill()
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self.procs:
-            proc.join(timeout=10)
+    return RankGroup(MegatronRank, options, options.world_size, start_timeout_s, name="megatron",
+                     preload=_PRELOAD, error_cls=MegatronRankError)
 
 
 class MegatronTrainEngine:
@@ -294,9 +129,9 @@ class MegatronTrainEngine:
             compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )
         self.step = 0
-        self._group = _RankGroup(self.options, self.timeout_s)
+        self._group = _rank_group(self.options, self.timeout_s)
         # Stop the rank processes if the engine is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, _RankGroup.kill, self._group)
+        self._finalizer = weakref.finalize(self, RankGroup.kill, self._group)
 
     @property
     def layout(self) -> dict[str, int]:
@@ -350,7 +185,7 @@ class MegatronTrainEngine:
         ``capture_grads`` the synchronised, unclipped gradients are kept for
         :meth:`last_gradients` (a testing and debugging aid; it costs a copy of the grads).
         """
-        cloudpickle = _cloudpickle()
+        cloudpickle = cloudpickle_module()
         if micro_batch_size < 1:
             raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
         if batch.size < self.options.dp:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from flowrl.algos.losses import combine_metrics
+from flowrl.engines.ranks import dp_slices
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError
 from flowrl.engines.megatron.convert import (
     Layout,
@@ -146,16 +147,6 @@ def load_hf_state(path: str) -> dict[str, torch.Tensor]:
     for file in files:
         state.update(load_file(str(file)))
     return state
-
-
-def dp_slices(rows: int, dp: int) -> list[slice]:
-    """Contiguous balanced row ranges, one per data-parallel rank (rank order kept).
-
-    >>> dp_slices(5, 2)
-    [slice(0, 2, None), slice(2, 5, None)]
-    """
-    bounds = [round(i * rows / dp) for i in range(dp + 1)]
-    return [slice(bounds[i], bounds[i + 1]) for i in range(dp)]
 
 
 def micro_batches(batch: TokenBatch, size: int) -> list[TokenBatch]:

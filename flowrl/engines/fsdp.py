@@ -1,0 +1,235 @@
+"""The ``fsdp`` :class:`~flowrl.engines.base.TrainEngine`: ``dp`` FSDP2 rank processes.
+
+``FsdpTrainEngine`` is the driver-side handle. It starts ``dp`` processes through
+:class:`~flowrl.engines.ranks.RankGroup` (the machinery the megatron engine uses), each
+hosting one :class:`~flowrl.engines.fsdp_rank.FsdpRank`: a transformers model whose
+decoder layers and root are wrapped with ``torch.distributed.fsdp.fully_shard`` on a 1-D
+``dp`` DeviceMesh (gloo on CPU, NCCL on GPUs), so parameters, gradients and AdamW state
+are sharded ``1/dp`` per rank. Every Protocol call goes to all ranks; each takes its
+contiguous slice of the batch rows and the answers are merged here:
+
+* ``forward``: each rank's ``[rows_r, T]`` outputs, concatenated in rank order.
+* ``train_step``: per-rank micro-batches with the GLOBAL denominator, gradients
+  reduce-scattered as a sum, metrics combined over ranks, global grad-norm clipping
+  (DTensor-aware ``clip_grad_norm_``), one AdamW step.
+* ``named_weights``: full tensors (all-gathered) in transformers naming.
+* ``save`` / ``load``: torch.distributed.checkpoint (sharded) + per-rank scheduler/RNG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
+from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
+from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module
+from flowrl.engines.torch_train import _DTYPES, OptimConfig
+from flowrl.engines.types import TokenBatch
+
+META_FILE = "fsdp_engine.json"
+"""Written by :meth:`FsdpTrainEngine.save`: dp, role, step and model path."""
+
+_PRELOAD = ("flowrl.engines.fsdp_rank", "transformers", "torch.distributed.fsdp",
+            "torch.distributed.checkpoint")
+"""Modules the fork server imports once (seconds of CPU per rank otherwise)."""
+
+
+class FsdpRankError(RankProcessError):
+    """An fsdp rank process raised or died; the engine's processes have been stopped."""
+
+
+class FsdpTrainEngine:
+    """Data-parallel train engine over FSDP2 (``fully_shard``), one process per dp rank.
+
+    Args:
+        model_path: transformers checkpoint directory (``save_pretrained`` output).
+        role: ``"actor"`` (logprobs, entropy) or ``"critic"`` (values; the torch engine's head).
+        optim: AdamW / warm-up / clipping settings.
+        temperature: logits are divided by it before log_softmax.
+        dp: number of rank processes (sharding and data-parallel degree).
+        tp, pp: accepted so a schedule layout passes through; must be 1 (use megatron for tp/pp).
+        offload: GPU only: FSDP2 CPU offload of parameters, grads and optimizer state.
+        dtype: parameter dtype name.
+        seed: rank seed and the critic head's init seed.
+        compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
+        attn_implementation: transformers attention backend; None keeps its default.
+        threads: torch threads per rank (default: CPU cores / dp).
+        timeout_s: longest wait for one call before the ranks are declared stuck.
+        device: accepted for signature compatibility; ranks use CUDA when available, else CPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        role: str = "actor",
+        optim: OptimConfig = OptimConfig(),
+        temperature: float = 1.0,
+        dp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        offload: bool = False,
+        dtype: str = "float32",
+        seed: int = 0,
+        compute_entropy: bool = True,
+        attn_implementation: str | None = None,
+        threads: int | None = None,
+        timeout_s: float = 600.0,
+        device: str | None = None,
+    ):
+        _check_args(model_path, role, temperature, dp, tp, pp, dtype)
+        self.role = role
+        self.temperature = float(temperature)
+        self.timeout_s = float(timeout_s)
+        self.options = FsdpOptions(
+            model_path=str(model_path), dp=dp, role=role, optim=optim, temperature=float(temperature), dtype=dtype,
+            seed=seed, compute_entropy=compute_entropy, attn_implementation=attn_implementation, offload=offload,
+            threads=threads,
+        )
+        self.step = 0
+        self._group = RankGroup(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
+                                error_cls=FsdpRankError)
+        # Stop the rank processes if the engine is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, RankGroup.kill, self._group)
+
+    @property
+    def dp(self) -> int:
+        """Number of data-parallel rank processes."""
+        return self.options.dp
+
+    def forward(
+        self, batch: TokenBatch, *, entropy: bool = False, values: bool = False, micro_batch_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Per-token outputs without grad, each ``[B, T]`` float32 on CPU (0 at position 0 and padding).
+
+        Actor: ``"logprobs"`` and, with ``entropy=True``, ``"entropy"`` (nats). Critic:
+        ``"values"`` (``values[b, t]`` = value of ``input_ids[b, :t]``). ``micro_batch_size``
+        bounds the rows each rank runs at once (default: all its rows).
+        """
+        if values and self.role != "critic":
+            raise EngineConfigError("values=True asked of an actor engine; build FsdpTrainEngine(role='critic')")
+        if entropy and self.role != "actor":
+            raise EngineConfigError("entropy=True asked of a critic engine; entropy comes from an actor")
+        if batch.size == 0:
+            raise EngineConfigError("forward got an empty batch (0 rows)")
+        size = micro_batch_size or max(1, -(-batch.size // self.dp))
+        if size < 1:
+            raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        parts = self._group.call("forward", self.timeout_s, batch=batch, entropy=entropy, values=values,
+                                 micro_batch_size=size)
+        return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int, denominator: Denominator | None = None,
+        capture_grads: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step over ``batch`` (see :meth:`TrainEngine.train_step`).
+
+        Rank ``r`` takes rows ``dp_slices(B, dp)[r]`` and splits them into micro-batches of
+        ``micro_batch_size``; ``loss_fn(outputs, micro, denominator)`` gets ``[b, t]``
+        outputs with grad and the global ``denominator`` (default: counts of the whole
+        ``batch``). Returns ``loss`` and the loss metrics combined over micro-batches and
+        ranks (sum; ``*_max``/``*_min`` by max/min), ``grad_norm`` (global L2 before
+        clipping), ``lr``, ``step`` and ``skipped``. ``capture_grads`` keeps the reduced,
+        unclipped gradients for :meth:`last_gradients` (a testing aid; costs a gather).
+        """
+        if micro_batch_size < 1:
+            raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if batch.size < self.dp:
+            raise EngineConfigError(
+                f"train_step got {batch.size} rows but dp={self.dp}; every data-parallel rank needs a row"
+            )
+        denominator = denominator or {"tokens": int(batch.response_mask.sum().item()), "sequences": batch.size}
+        stats = self._group.call(
+            "train_step", self.timeout_s, batch=batch, loss_fn=cloudpickle_module().dumps(loss_fn),
+            micro_batch_size=micro_batch_size, denominator=denominator, capture_grads=capture_grads,
+        )
+        self.step = int(stats[0]["step"])
+        return dict(stats[0])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` full (all-gathered) CPU tensors in transformers naming.
+
+        A critic yields its base model under ``model.`` plus ``value_head.weight`` / ``value_head.bias``.
+        """
+        yield from self._group.call("gather_weights", self.timeout_s, source="weights")[0].items()
+
+    def last_gradients(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, grad)`` of the last ``train_step(capture_grads=True)``: summed over ranks, before clipping."""
+        yield from self._group.call("gather_weights", self.timeout_s, source="grads")[0].items()
+
+    def save(self, path: str) -> None:
+        """Write the sharded model and AdamW state (``dcp/``), ``rank{r}.pt`` and ``fsdp_engine.json`` into ``path``."""
+        os.makedirs(path, exist_ok=True)
+        self._group.call("save", self.timeout_s, path=str(path))
+        meta = {"dp": self.dp, "role": self.role, "step": self.step, "model_path": self.options.model_path}
+        Path(path, META_FILE).write_text(json.dumps(meta, indent=1))
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote; dp and role must match this engine's."""
+        meta_file = Path(path, META_FILE)
+        if not meta_file.is_file():
+            raise EngineError(f"no fsdp engine checkpoint at {str(path)!r} ({META_FILE} missing)")
+        meta = json.loads(meta_file.read_text())
+        if meta["dp"] != self.dp or meta["role"] != self.role:
+            raise EngineConfigError(
+                f"checkpoint {str(path)!r} holds role={meta['role']!r} with dp={meta['dp']}; this engine has "
+                f"role={self.role!r} with dp={self.dp}; build the engine with the checkpoint's dp to load it"
+            )
+        self._group.call("load", self.timeout_s, path=str(path))
+        self.step = int(meta["step"])
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        if self.role != "actor":
+            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
+        os.makedirs(path, exist_ok=True)
+        for file in Path(self.options.model_path).iterdir():
+            weights = file.name.endswith((".safetensors", ".bin")) or file.name.endswith(".index.json")
+            if file.is_file() and not weights:  # config, tokenizer and generation files
+                shutil.copy(file, Path(path, file.name))
+        tensors = {name: t.contiguous().clone() for name, t in self.named_weights()}
+        if self._tied():
+            tensors.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
+        save_file(tensors, str(Path(path, "model.safetensors")), metadata={"format": "pt"})
+
+    def _tied(self) -> bool:
+        config = json.loads(Path(self.options.model_path, "config.json").read_text())
+        return bool(config.get("tie_word_embeddings", False))
+
+    def shutdown(self) -> None:
+        """Stop the rank processes (the engine is unusable afterwards)."""
+        self._group.shutdown()
+        self._finalizer.detach()
+
+    def __enter__(self) -> "FsdpTrainEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _check_args(model_path: str, role: str, temperature: float, dp: int, tp: int, pp: int, dtype: str) -> None:
+    checks = (
+        (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
+        (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
+        (isinstance(dp, int) and dp >= 1, f"dp={dp!r} must be an integer >= 1"),
+        (tp == 1 and pp == 1,
+         f"tp={tp!r}, pp={pp!r}: the fsdp engine shards by data parallelism only; use megatron(tp=..., pp=...)"),
+        (dtype in _DTYPES, f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}"),
+        (os.path.isdir(model_path), f"model_path={model_path!r} is not a directory; pass a save_pretrained dir"),
+    )
+    for ok, message in checks:
+        if not ok:
+            raise EngineConfigError(message)

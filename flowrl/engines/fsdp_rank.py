@@ -1,0 +1,287 @@
+"""One rank of the ``fsdp`` train engine: a transformers model sharded with FSDP2 over a dp mesh.
+
+An :class:`FsdpRank` lives in its own process (started by
+:class:`~flowrl.engines.fsdp.FsdpTrainEngine` through :class:`~flowrl.engines.ranks.RankGroup`),
+joins a ``torch.distributed`` group (gloo on CPU, NCCL on GPUs), builds the same model as
+:class:`~flowrl.engines.torch_train.TorchTrainEngine` (it *is* one, with its model then
+wrapped by ``torch.distributed.fsdp.fully_shard`` per decoder layer and at the root) and
+rebuilds AdamW over the sharded (DTensor) parameters.
+
+Every method is collective: all ranks get the same whole batch and take their contiguous
+dp slice. FSDP2 all-gathers a layer's parameters before it runs, so every rank must run
+the same number of forward/backward passes: a rank with fewer micro-batches than the
+busiest one runs *padding* micro-batches (one row, loss ``0 * sum(outputs)``) that add
+nothing to the gradients. Gradients are reduce-scattered as a SUM (divide factor 1),
+because each rank's loss is already normalised by the global denominator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.algos.losses import combine_metrics
+from flowrl.engines.base import Denominator, EngineConfigError, LossFn
+from flowrl.engines.ranks import dp_slices
+from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
+from flowrl.engines.types import TokenBatch
+
+GRAD_STATS = ("grad_norm", "lr", "step", "skipped")
+"""train_step stats that every rank computes identically (not summed across ranks)."""
+
+DCP_DIR = "dcp"
+"""Sub-directory of a checkpoint holding the sharded model/optimizer (torch.distributed.checkpoint)."""
+
+
+@dataclass(frozen=True)
+class FsdpOptions:
+    """Everything a rank needs to build its part of the engine (picklable plain data)."""
+
+    model_path: str
+    """transformers checkpoint directory."""
+    dp: int = 1
+    """Data-parallel size = number of rank processes (parameters, grads and AdamW state sharded over it)."""
+    role: str = "actor"
+    """``"actor"`` (logprobs / entropy) or ``"critic"`` (values from a Linear(H, 1) head)."""
+    optim: OptimConfig = OptimConfig()
+    """AdamW / warm-up / clipping settings (the torch engine's)."""
+    temperature: float = 1.0
+    """Logits are divided by this before log_softmax."""
+    dtype: str = "float32"
+    """Parameter dtype name."""
+    seed: int = 0
+    """Global torch seed of each rank and the critic head's init seed."""
+    compute_entropy: bool = True
+    """Whether ``train_step`` passes ``"entropy"`` to the loss (actor)."""
+    attn_implementation: str | None = None
+    """transformers attention backend; None keeps its default."""
+    offload: bool = False
+    """GPU only: keep sharded parameters, grads and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."""
+    threads: int | None = None
+    """torch intra-op threads per rank; None = cpu_count // dp."""
+    backend: str | None = None
+    """torch.distributed backend; None = "nccl" with CUDA, else "gloo"."""
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly) sharded DTensor, on CPU (collective for DTensors)."""
+    return (t.full_tensor() if _is_dtensor(t) else t).detach().cpu()
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (``model.model.layers`` for both the causal LM and the critic's base)."""
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise EngineConfigError(
+            f"cannot find decoder layers at model.model.layers in {type(model).__name__}; "
+            "the fsdp engine supports Llama/Qwen2-style transformers checkpoints"
+        )
+    return list(layers)
+
+
+class FsdpRank:
+    """One process of the fsdp engine (see the module docstring).
+
+    Args:
+        rank, world_size: this process's rank and the group size (= dp).
+        init_method: ``torch.distributed`` rendezvous URL (``tcp://host:port``).
+        options: the engine's :class:`FsdpOptions`.
+    """
+
+    def __init__(self, rank: int, world_size: int, init_method: str, options: FsdpOptions):
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if world_size != options.dp:
+            raise EngineConfigError(f"world_size={world_size} != dp={options.dp}")
+        self.options = options
+        self.rank, self.world = rank, world_size
+        torch.set_num_threads(options.threads or max(1, (os.cpu_count() or 1) // world_size))
+        cuda = torch.cuda.is_available()
+        device = f"cuda:{rank % torch.cuda.device_count()}" if cuda else "cpu"
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(options.backend or ("nccl" if cuda else "gloo"), init_method=init_method,
+                                rank=rank, world_size=world_size)
+        self.mesh = init_device_mesh("cuda" if cuda else "cpu", (world_size,), mesh_dim_names=("dp",))
+        torch.manual_seed(options.seed)
+        self.engine = TorchTrainEngine(
+            options.model_path, role=options.role, optim=options.optim, temperature=options.temperature,
+            dtype=options.dtype, device=device, seed=options.seed, compute_entropy=options.compute_entropy,
+            attn_implementation=options.attn_implementation,
+        )
+        self._shard(offload=options.offload and cuda)
+        self.coords = {"rank": rank, "dp": rank}
+        self._grads: dict[str, torch.Tensor] = {}
+
+    def _shard(self, offload: bool) -> None:
+        """Wrap each decoder layer and the root with FSDP2, then rebuild AdamW over the DTensor parameters."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        eng = self.engine
+        policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+        for layer in _decoder_layers(eng.model):
+            fully_shard(layer, mesh=self.mesh, offload_policy=policy)
+        fully_shard(eng.model, mesh=self.mesh, offload_policy=policy)
+        for module in eng.model.modules():
+            if hasattr(module, "set_gradient_divide_factor"):
+                # Losses are normalised by the global denominator: the dp gradients must add, not average.
+                module.set_gradient_divide_factor(1.0)
+                # A divide factor makes FSDP use PREMUL_SUM, which gloo lacks: plain SUM (+ scaling) instead.
+                module.set_force_sum_reduction_for_comms(True)
+        # fully_shard replaced the parameters by DTensors: the optimizer must hold the new ones.
+        cfg = eng.optim_config
+        eng.optimizer = torch.optim.AdamW([p for p in eng.model.parameters() if p.requires_grad], lr=cfg.lr,
+                                          betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        warmup = max(int(cfg.warmup_steps), 0)
+        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            eng.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+
+    # ---------------------------------------------------------------- batches
+
+    def _plan(self, batch: TokenBatch, size: int) -> tuple[list[TokenBatch], int]:
+        """This rank's trimmed micro-batches and how many padding passes keep it in step with the busiest rank."""
+        mine = dp_slices(batch.size, self.world)[self.rank]
+        local = batch.select(mine)
+        micros = [trim_padding(local.select(slice(s, s + size))) for s in range(0, local.size, size)]
+        most = max(math.ceil((s.stop - s.start) / size) for s in dp_slices(batch.size, self.world))
+        return micros, most - len(micros)
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(self, batch: TokenBatch, entropy: bool, values: bool, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """This rank's slice of the per-token outputs: ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0)."""
+        eng = self.engine
+        eng._check_request(entropy=entropy, values=values)
+        micros, padding = self._plan(batch, micro_batch_size)
+        width = batch.input_ids.shape[1]
+        parts: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for micro in micros:
+                for key, value in eng._outputs(micro, entropy=entropy).items():
+                    padded = torch.zeros(micro.size, width, dtype=torch.float32)
+                    padded[:, : value.shape[1]] = value.detach().float().cpu()
+                    parts.setdefault(key, []).append(padded)
+            for _ in range(padding):  # keep FSDP's all-gathers in step with the other ranks
+                dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy)
+                for key in dummy:
+                    parts.setdefault(key, []).append(torch.zeros(0, width, dtype=torch.float32))
+        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+
+    # --------------------------------------------------------------- training
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, micro_batch_size: int, denominator: Denominator,
+                   capture_grads: bool = False) -> dict[str, float]:
+        """Backward over this rank's micro-batches, FSDP grad reduce-scatter (sum), global clip, AdamW step.
+
+        Returns the loss and loss metrics combined over all ranks
+        (:func:`~flowrl.algos.losses.combine_metrics`) plus ``grad_norm`` (global L2 before
+        clipping), ``lr``, ``step`` and ``skipped`` - identical on every rank.
+        """
+        import torch.distributed as dist
+
+        eng = self.engine
+        entropy = eng.role == "actor" and eng.compute_entropy
+        eng.model.train()
+        eng.optimizer.zero_grad(set_to_none=True)
+        micros, padding = self._plan(batch, micro_batch_size)
+        totals: dict[str, float] = {"loss": 0.0}
+        for micro in micros:
+            loss, metrics = _split_loss(loss_fn(eng._outputs(micro, entropy=entropy), micro, denominator))
+            loss.backward()
+            totals["loss"] += float(loss.detach())
+            combine_metrics(totals, metrics)
+        for _ in range(padding):  # a zero-weight pass so every rank joins the same reduce-scatters
+            dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy)
+            (sum(v.sum() for v in dummy.values()) * 0.0).backward()
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, totals)
+        merged: dict[str, float] = {}
+        for part in gathered:
+            combine_metrics(merged, part)
+        if capture_grads:
+            self._grads = self._collect(lambda p: p.grad, eng.model.named_parameters())
+        return {**merged, **eng._apply_gradients()}
+
+    # ------------------------------------------------------------ weights & io
+
+    def _collect(self, pick: Any, named: Any) -> dict[str, torch.Tensor]:
+        """Full tensors (collective) of ``pick(t)`` for each ``(name, t)``; kept on rank 0 only."""
+        out: dict[str, torch.Tensor] = {}
+        for name, t in named:
+            value = pick(t)
+            if value is None:
+                continue
+            full = _full(value)
+            if self.rank == 0:
+                out[name] = full.clone()
+        return out
+
+    def gather_weights(self, source: str = "weights") -> dict[str, torch.Tensor] | None:
+        """Rank 0: ``{hf_name: full tensor}`` of the weights (``source="weights"``) or of the grads
+        captured by the last ``train_step(capture_grads=True)`` (``"grads"``); other ranks: None."""
+        if source == "grads":
+            return self._grads if self.rank == 0 else None
+        full = self._collect(lambda t: t, self.engine.model.state_dict().items())
+        return full if self.rank == 0 else None
+
+    def save(self, path: str) -> None:
+        """Sharded model + AdamW state via torch.distributed.checkpoint, plus ``rank{r}.pt`` (scheduler, step, RNG)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        eng = self.engine
+        # Before the first step AdamW has no state; get_optimizer_state_dict would create it
+        # (a step-1 state) and change later updates, so a fresh optimizer is not saved.
+        has_optim = bool(eng.optimizer.state)
+        state = {"model": get_model_state_dict(eng.model)}
+        if has_optim:
+            state["optim"] = get_optimizer_state_dict(eng.model, eng.optimizer)
+        dcp.save(state, checkpoint_id=str(Path(path, DCP_DIR)))
+        torch.save({"step": eng.step, "scheduler": eng.scheduler.state_dict(), "has_optim": has_optim,
+                    "rng_cpu": torch.get_rng_state()}, Path(path, f"rank{self.rank}.pt"))
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote (same dp)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        eng = self.engine
+        extra = torch.load(Path(path, f"rank{self.rank}.pt"), weights_only=True)
+        state = {"model": get_model_state_dict(eng.model)}
+        if extra["has_optim"]:
+            state["optim"] = get_optimizer_state_dict(eng.model, eng.optimizer)
+        dcp.load(state, checkpoint_id=str(Path(path, DCP_DIR)))
+        set_model_state_dict(eng.model, state["model"])
+        if extra["has_optim"]:
+            set_optimizer_state_dict(eng.model, eng.optimizer, state["optim"])
+        else:
+            eng.optimizer.state.clear()
+        eng.scheduler.load_state_dict(extra["scheduler"])
+        eng.step = int(extra["step"])
+        torch.set_rng_state(extra["rng_cpu"])
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,232 @@
+"""Rank processes for multi-process train engines (``megatron``, ``fsdp``).
+
+A :class:`RankGroup` forks ``world`` processes, each hosting one *rank worker* (an
+object built as ``worker_cls(rank, world, init_method, options)`` that joins a
+``torch.distributed`` group at ``init_method``). The driver-side engine broadcasts
+every Protocol call as ``(method, kwargs)`` to all ranks' inboxes and collects one
+answer per rank from the shared outbox. A rank that raises or dies stops the whole
+group (ranks blocked in a collective with a failed peer would never return), and the
+error reaches the caller as the rank's own :class:`~flowrl.engines.base.EngineError`
+or as a :class:`RankProcessError` carrying the remote traceback.
+
+Rank workers must expose ``coords`` (a dict, returned by the start call) and
+``shutdown()``. A ``loss_fn`` keyword travels as cloudpickle bytes (closures and
+lambdas by value) and is unpickled in the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from flowrl.engines.base import EngineError
+
+
+class RankProcessError(EngineError):
+    """A rank process raised or died; the engine's processes have been stopped.
+
+    ``remote_traceback`` holds the rank's traceback text.
+    """
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for the rendezvous URL)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cloudpickle_module() -> Any:
+    """cloudpickle (pickles closures and lambdas by value); Ray's vendored copy if the package is absent."""
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - cloudpickle comes with vLLM; Ray vendors it
+        from ray import cloudpickle
+    return cloudpickle
+
+
+def rank_main(rank: int, world: int, init_method: str, worker_cls: type, options: Any, inbox: Any,
+              outbox: Any) -> None:
+    """Body of a rank process: build ``worker_cls``, then serve ``(method, kwargs)`` until ``shutdown``."""
+    cloudpickle = cloudpickle_module()
+
+    def answer(call: Any) -> None:
+        try:
+            outbox.put((rank, True, call()))
+        except EngineError as exc:  # a user-facing error: send it as is (its type and message)
+            outbox.put((rank, False, (exc, traceback.format_exc())))
+        except BaseException as exc:  # anything else: its text
+            outbox.put((rank, False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+
+    holder: dict[str, Any] = {}
+    answer(lambda: holder.setdefault("rank", worker_cls(rank, world, init_method, options)).coords)
+    if "rank" not in holder:
+        return
+    worker = holder["rank"]
+    while True:
+        method, kwargs = inbox.get()
+        if method == "shutdown":
+            worker.shutdown()
+            outbox.put((rank, True, None))
+            return
+        if "loss_fn" in kwargs:  # closures travel as cloudpickle bytes
+            kwargs = {**kwargs, "loss_fn": cloudpickle.loads(kwargs["loss_fn"])}
+        answer(lambda: getattr(worker, method)(**kwargs))
+
+
+_MAIN_ENV = "_FLOWRL_FORKSERVER_MAIN"
+
+
+def mp_context(preload: tuple[str, ...]) -> Any:
+    """The ``forkserver`` multiprocessing context preloading ``preload`` (``spawn`` where unavailable).
+
+    Ranks are forked from a clean server process that has imported modules but never run
+    a torch op (so no OpenMP/thread pool is forked mid-flight); the server outlives one
+    engine, so later engines of the same driver start in about a second. The preload list
+    only takes effect for the first engine that starts the server; later ones import
+    what they miss after the fork.
+    """
+    import multiprocessing.forkserver as forkserver
+
+    import torch.multiprocessing as mp
+
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(["flowrl.engines.ranks", *preload])
+    main_file = getattr(sys.modules["__main__"], "__file__", None)
+    if main_file:
+        # Python 3.11's fork server never imports the parent's main script, so every child
+        # re-runs it (multiprocessing.spawn._fixup_main_from_path) - seconds per rank when it
+        # imports transformers or pytest. The server records the path instead (see
+        # _adopt_parent_main); ranks need nothing from __main__ (loss functions travel
+        # by value through cloudpickle).
+        os.environ[_MAIN_ENV] = os.path.normpath(os.path.abspath(main_file))
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(_MAIN_ENV, None)
+    return ctx
+
+
+def _adopt_parent_main() -> None:
+    """In the fork server only: make ``__main__`` claim the parent's main file, so forked ranks skip re-running it."""
+    path = os.environ.get(_MAIN_ENV)
+    main = sys.modules.get("__main__")
+    if path and main is not None and getattr(main, "__file__", None) is None:
+        main.__file__ = path
+
+
+_adopt_parent_main()
+
+
+class RankGroup:
+    """``world`` rank processes and their queues (one inbox each, one shared outbox).
+
+    Args:
+        worker_cls: importable class built in each rank as ``worker_cls(rank, world, init_method, options)``.
+        options: picklable plain data handed to every rank.
+        world: number of rank processes.
+        start_timeout_s: longest wait for every rank to be built.
+        name: engine name used in process names and error messages (``"megatron"``, ``"fsdp"``).
+        preload: modules the fork server imports once (see :func:`mp_context`).
+        error_cls: :class:`RankProcessError` subclass raised for failures that are not ``EngineError``.
+    """
+
+    def __init__(self, worker_cls: type, options: Any, world: int, start_timeout_s: float, *, name: str = "engine",
+                 preload: tuple[str, ...] = (), error_cls: type[RankProcessError] = RankProcessError):
+        ctx = mp_context(preload)
+        self.world = world
+        self.name = name
+        self.error_cls = error_cls
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(world)]
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.procs = [
+            ctx.Process(target=rank_main,
+                        args=(r, world, init_method, worker_cls, options, self.inboxes[r], self.outbox),
+                        daemon=True, name=f"{name}-rank{r}")
+            for r in range(world)
+        ]
+        for proc in self.procs:
+            proc.start()
+        self.coords: list[Any] = self._collect("start", start_timeout_s)
+
+    def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
+        """Run ``method(**kwargs)`` on every rank; the answers in rank order."""
+        for box in self.inboxes:
+            box.put((method, kwargs))
+        return self._collect(method, timeout_s)
+
+    def _collect(self, method: str, timeout_s: float, grace_s: float = 5.0) -> list[Any]:
+        results: dict[int, Any] = {}
+        errors: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        first_error = None
+        while len(results) + len(errors) < self.world:
+            try:
+                rank, ok, value = self.outbox.get(timeout=0.2)
+                (results if ok else errors)[rank] = value
+                if not ok and first_error is None:
+                    first_error = time.monotonic()
+                continue
+            except Exception:  # queue.Empty: check on the processes
+                pass
+            dead = [p for p in self.procs if p.exitcode is not None]
+            now = time.monotonic()
+            if dead or now > deadline or (first_error is not None and now - first_error > grace_s):
+                # Ranks blocked in a collective with a failed peer never return: stop them all.
+                self.kill()
+                raise self._failure(method, errors, dead, now > deadline)
+        if errors:
+            raise self._failure(method, errors, [], False)
+        return [results[r] for r in range(self.world)]
+
+    def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
+        if errors:
+            rank = min(errors)
+            exc, tb = errors[rank]
+            if isinstance(exc, EngineError):
+                return exc
+            return self.error_cls(f"{self.name} rank {rank} failed in {method}: {exc}", tb)
+        if dead:
+            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
+            return self.error_cls(f"{self.name} rank process died during {method} ({codes}); the engine was stopped")
+        return self.error_cls(f"{self.name} ranks did not answer {method} in time; the engine was stopped")
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask every rank to shut down, then stop any process still alive."""
+        if not any(p.is_alive() for p in self.procs):
+            return
+        try:
+            self.call("shutdown", timeout_s)
+        except EngineError:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Terminate every live rank process and reap it."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=10)
+
+
+def dp_slices(rows: int, dp: int) -> list[slice]:
+    """Contiguous balanced row ranges, one per data-parallel rank (rank order kept).
+
+    >>> dp_slices(5, 2)
+    [slice(0, 2, None), slice(2, 5, None)]
+    """
+    bounds = [round(i * rows / dp) for i in range(dp + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(dp)]
