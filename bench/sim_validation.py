@@ -13,7 +13,7 @@ measured on the first two cases only (two batch sizes separate fixed from per-it
 flowrl.cost.validate.calibrate), and the other cases are predictions from that profile. The a-priori column is the plan as
 `flowrl plan` estimates it (the compiler's workload assumptions, no measured sizes).
 
-    .venv/bin/python bench/sim_validation.py [--steps 6] [--cases rloo_s1,ppo_s1,grpo_s1,grpo_s2,rpp_s1]
+    .venv/bin/python bench/sim_validation.py [--steps 6] [--cases rloo_s1,ppo_s1,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1]
                                              [--fixture tests/cost/fixtures/sim_validation_run.json]
 
 Prints a table and writes bench/results/sim_validation.json and a Gantt PNG per case
@@ -38,10 +38,24 @@ RESULTS = ROOT / "bench" / "results"
 
 CALIBRATION_CASES = 2
 """The first cases of --cases calibrate the profile (two batch sizes: fixed vs per-item costs)."""
+DISAGGREGATED_2 = """schedule main on cluster(nodes = 1, gpus_per_node = 2) {
+  pool gen = gpus(gpus = 1)
+  pool train = gpus(gpus = 1)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+  policy.train = torch(dp = 1)
+  policy.rollout = vllm(tp = 1)
+  staleness 2
+}
+"""
+"""One logical GPU each for the rollout engine and the trainer, one-step-off: on 2 CPU cores
+each process has a core, as two GPUs would give each engine its own device."""
+
 CASES = {
-    # name: (flow file, staleness override or None, sets, what the schedule is)
+    # name: (flow file, staleness override or None, sets, what the schedule is[, schedule block replacing the file's])
     "grpo_s1": ("flows/arith_grpo.flow", None, {}, "colocated, staleness 1 (sync)"),
     "grpo_s2": ("flows/arith_grpo.flow", 2, {}, "colocated, staleness 2 (one-step-off)"),
+    "grpo_s2_disagg": ("flows/arith_grpo.flow", None, {}, "2 pools, staleness 2 (one-step-off)", DISAGGREGATED_2),
     "rloo_s1": ("flows/arith_rloo.flow", None, {}, "colocated, staleness 1 (sync)"),
     "ppo_s1": ("flows/arith_ppo.flow", None, {}, "colocated, staleness 1, critic"),
     "rpp_s1": ("flows/arith_reinforce_pp.flow", None, {}, "colocated, staleness 1 (sync)"),
@@ -49,9 +63,11 @@ CASES = {
 TARGET_PCT = 25.0
 
 
-def flow_variant(src: str, staleness: int | None, tmp: Path) -> str:
-    """A copy of the flow file (data paths made absolute), with another `staleness` if given: the
-    runs and the predictions read this copy, so the fixture can keep the exact text."""
+def flow_variant(src: str, staleness: int | None, tmp: Path, schedule: str | None = None,
+                 name: str | None = None) -> str:
+    """A copy of the flow file (data paths made absolute), with another `staleness` or a whole other
+    `schedule` block if given: the runs and the predictions read this copy, so the fixture can keep
+    the exact text."""
     path = ROOT / src
     text = path.read_text()
     text = re.sub(r'"(\.\./[^"]+)"', lambda m: json.dumps(str((path.parent / m.group(1)).resolve())), text)
@@ -59,7 +75,11 @@ def flow_variant(src: str, staleness: int | None, tmp: Path) -> str:
         text, n = re.subn(r"(?m)^(\s*)staleness \d+\s*$", rf"\g<1>staleness {staleness}", text)
         if n != 1:
             raise SystemExit(f"{src}: expected one `staleness` line to replace, found {n}")
-    out = tmp / f"{path.stem}_s{staleness or 'as_written'}.flow"
+    if schedule is not None:
+        text, n = re.subn(r"(?ms)^schedule main on .*?^}\n", lambda _: schedule, text)
+        if n != 1:
+            raise SystemExit(f"{src}: expected one `schedule main` block to replace, found {n}")
+    out = tmp / (f"{name}.flow" if name else f"{path.stem}_s{staleness or 'as_written'}.flow")
     out.write_text(text)
     return str(out)
 
@@ -88,7 +108,7 @@ def run_case(name: str, flow_file: str, steps: int, tmp: Path) -> tuple[Path, fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="real steps per case (the first is warm-up)")
-    ap.add_argument("--cases", default="rloo_s1,ppo_s1,grpo_s1,grpo_s2,rpp_s1",
+    ap.add_argument("--cases", default="rloo_s1,ppo_s1,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1",
                     help=f"comma-separated; the first {CALIBRATION_CASES} calibrate (generate, logprobs and update "
                          f"ops, two batch sizes): {', '.join(CASES)}")
     ap.add_argument("--fixture", help="also write the first validation case as a test fixture here: "
@@ -118,7 +138,8 @@ def main() -> None:
     print(f"profile: matmul {base.tflops * 1e3:.1f} GFLOP/s, memcpy {base.hbm_gbs:.2f} GB/s, "
           f"gloo {base.nvlink_gbs:.2f} GB/s; load average {load_start[0]:.2f}", flush=True)
 
-    flows = {name: flow_variant(CASES[name][0], CASES[name][1], tmp) for name in names}
+    flows = {name: flow_variant(CASES[name][0], CASES[name][1], tmp, *CASES[name][4:],
+                                name=name if len(CASES[name]) > 4 else None) for name in names}
     measured, runs = {}, {}
     for name in names:
         if args.reuse:
@@ -141,7 +162,7 @@ def main() -> None:
 
     table = []
     for name in names:
-        src, stal, sets, what = CASES[name]
+        src, stal, sets, what = CASES[name][:4]
         m = measured[name]
         pred = validate.predict(flows[name], sets, m["workload"])
         prior = validate.predict(flows[name], sets, None)

@@ -30,7 +30,7 @@ from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
 from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
                                       wait_placed)
-from flowrl.runtime.workers import MULTI_RANK_TRAIN
+from flowrl.runtime.workers import MULTI_RANK_TRAIN, train_engine_kind
 
 
 _ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
@@ -102,8 +102,12 @@ class Runtime:
         for m in self.plan.models:
             if m.train_engine is not None and m.train_engine.kind not in TRAIN_ENGINES:
                 raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(m.train_engine.kind, 'train')}")
+            if m.train_engine is not None and m.train_engine.cp > 1:
+                raise RuntimeFlowError(f"{m.origin}: context parallelism (cp = {m.train_engine.cp}) is planned and "
+                                       "costed, but the train engines of this build run cp = 1; hint: use dp or tp "
+                                       "for those GPUs")
             if m.train_engine is not None and m.train_engine.world_size > 1 \
-                    and m.train_engine.kind not in MULTI_RANK_TRAIN:
+                    and train_engine_kind(m.train_engine.kind, m.train_engine.dp) not in MULTI_RANK_TRAIN:
                 raise RuntimeFlowError(f"{m.origin}: the `{m.train_engine.kind}` train engine runs on one rank; "
                                        f"tp*pp*dp*cp = {m.train_engine.world_size} needs megatron or fsdp")
             if m.rollout_engine is not None:
@@ -215,7 +219,7 @@ class Runtime:
             if m.train_engine is not None:
                 role = "critic" if m.role == "critic" else "actor"
                 e = m.train_engine
-                actor = self._actor(TrainWorker, e, 0, e.kind, path, role=role,
+                actor = self._actor(TrainWorker, e, 0, train_engine_kind(e.kind, e.dp), path, role=role,
                                     optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
                                     seed=self.seed, layout=_train_layout(e),
                                     share=share[node_of(self.plan, e, 0)])
@@ -503,7 +507,7 @@ class _SyncEnds:
 def _train_layout(engine) -> dict:
     """What a multi-rank train engine is built with from the plan: tp/pp/dp, and fsdp's ``offload``."""
     layout = {"tp": engine.tp, "pp": engine.pp, "dp": engine.dp}
-    if engine.kind == "fsdp":
+    if train_engine_kind(engine.kind, engine.dp) == "fsdp":
         layout["offload"] = bool(engine.options.get("offload", False))
     return layout
 

@@ -15,7 +15,7 @@ import os
 
 from flowrl.compiler.plan import ExecutionPlan
 from flowrl.runtime.handlers import RuntimeFlowError
-from flowrl.runtime.workers import MULTI_RANK_TRAIN
+from flowrl.runtime.workers import MULTI_RANK_TRAIN, train_engine_kind
 
 
 class PlacementError(RuntimeFlowError):
@@ -118,7 +118,7 @@ def processes_per_node(plan: ExecutionPlan) -> dict[int, int]:
     for m in plan.models:
         if m.train_engine is not None:
             e = m.train_engine
-            for r in range(e.world_size if e.kind in MULTI_RANK_TRAIN else 1):
+            for r in range(e.world_size if train_engine_kind(e.kind, e.dp) in MULTI_RANK_TRAIN else 1):
                 count[node_of(plan, e, r)] += 1
         if m.rollout_engine is not None:
             e = m.rollout_engine

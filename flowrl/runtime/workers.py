@@ -74,6 +74,16 @@ MULTI_RANK_TRAIN = frozenset({"megatron", "fsdp"})
 """Train engines that run tp*pp*dp ranks themselves (a process group started by the engine)."""
 
 
+def train_engine_kind(kind: str, dp: int) -> str:
+    """The registered train engine that runs a schedule's ``kind`` at data-parallel size ``dp``.
+
+    ``torch(dp = N > 1)`` runs on the ``fsdp`` engine's N rank processes: data parallel
+    with the global loss normalisation and summed gradients of one big batch, so the
+    same numbers as DDP; the parameters are sharded as well, which only lowers memory.
+    """
+    return "fsdp" if kind == "torch" and dp > 1 else kind
+
+
 class TrainWorker:
     """Hosts a TrainEngine (one rank). Methods return plain data."""
 

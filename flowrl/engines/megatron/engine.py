@@ -248,19 +248,11 @@ class MegatronTrainEngine:
 
     def save_pretrained(self, path: str) -> None:
         """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
-        import shutil
-
-        from safetensors.torch import save_file
+        from flowrl.engines.hf_export import write_hf_checkpoint
 
         if self.role != "actor":
             raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
-        os.makedirs(path, exist_ok=True)
-        for file in Path(self.options.model_path).iterdir():
-            weights = file.name.endswith((".safetensors", ".bin")) or file.name.endswith(".index.json")
-            if file.is_file() and not weights:  # config, tokenizer and generation files
-                shutil.copy(file, Path(path, file.name))
-        tensors = {name: t.contiguous().clone() for name, t in self.named_weights()}
-        save_file(tensors, str(Path(path, "model.safetensors")), metadata={"format": "pt"})
+        write_hf_checkpoint(self.options.model_path, path, self.named_weights())
 
     def shutdown(self) -> None:
         """Stop the rank processes (the engine is unusable afterwards)."""
