@@ -57,7 +57,7 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
 
 
 def _models(graph: FlowGraph, st: SchedState, errors: Collector) -> tuple[ModelPlan, ...]:
-    optims = {n.model: {k: plain(n.attr(k)) for k in ("lr", "weight_decay", "grad_clip")}
+    optims = {n.model: {k: plain(n.attr(k)) for k in ("lr", "weight_decay", "beta1", "beta2", "grad_clip")}
               for n in graph.nodes() if n.kind == OpKind.UPDATE}
     out = []
     for n in graph.nodes():

@@ -97,6 +97,7 @@ class TrainWorker:
 
         torch.manual_seed(seed)
         cfg = OptimConfig(lr=optim.get("lr", 1e-5), weight_decay=optim.get("weight_decay", 0.0),
+                          betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.999))),
                           max_grad_norm=optim.get("grad_clip", 1.0) or None)
         extra = dict(layout or {}) if kind in MULTI_RANK_TRAIN else {}  # the engine spawns its own ranks
         self.engine = make_train_engine(kind, model_path=model_path, role=role, optim=cfg,
