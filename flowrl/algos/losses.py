@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from flowrl.algos.advantages import AlgoError, broadcast_to_tokens, check_2d, check_same_shape, masked_mean
+from flowrl.algos.advantages import AlgoError, broadcast_to_tokens, check_2d, check_same_shape
 from flowrl.algos.kl import kl_estimate, kl_k3
 
 Denominator = Mapping[str, float]

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
+from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
-from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module
+from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module, load_ranked, save_ranked
 from flowrl.engines.torch_train import _DTYPES, OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -167,23 +167,13 @@ class FsdpTrainEngine:
 
     def save(self, path: str) -> None:
         """Write the sharded model and AdamW state (``dcp/``), ``rank{r}.pt`` and ``fsdp_engine.json`` into ``path``."""
-        os.makedirs(path, exist_ok=True)
-        self._group.call("save", self.timeout_s, path=str(path))
-        meta = {"dp": self.dp, "role": self.role, "step": self.step, "model_path": self.options.model_path}
-        Path(path, META_FILE).write_text(json.dumps(meta, indent=1))
+        save_ranked(self._group, path, self.timeout_s, META_FILE,
+                    {"dp": self.dp, "role": self.role, "step": self.step, "model_path": self.options.model_path})
 
     def load(self, path: str) -> None:
         """Restore what :meth:`save` wrote; dp and role must match this engine's."""
-        meta_file = Path(path, META_FILE)
-        if not meta_file.is_file():
-            raise EngineError(f"no fsdp engine checkpoint at {str(path)!r} ({META_FILE} missing)")
-        meta = json.loads(meta_file.read_text())
-        if meta["dp"] != self.dp or meta["role"] != self.role:
-            raise EngineConfigError(
-                f"checkpoint {str(path)!r} holds role={meta['role']!r} with dp={meta['dp']}; this engine has "
-                f"role={self.role!r} with dp={self.dp}; build the engine with the checkpoint's dp to load it"
-            )
-        self._group.call("load", self.timeout_s, path=str(path))
+        meta = load_ranked(self._group, path, self.timeout_s, META_FILE, engine="fsdp", role=self.role,
+                           key="dp", value=self.dp)
         self.step = int(meta["step"])
 
     def save_pretrained(self, path: str) -> None:

@@ -230,3 +230,37 @@ def dp_slices(rows: int, dp: int) -> list[slice]:
     """
     bounds = [round(i * rows / dp) for i in range(dp + 1)]
     return [slice(bounds[i], bounds[i + 1]) for i in range(dp)]
+
+
+def save_ranked(group: "RankGroup", path: str, timeout_s: float, meta_file: str, meta: dict) -> None:
+    """Every rank writes its part of a checkpoint into ``path``; then ``meta`` (layout, role, step) as ``meta_file``."""
+    import json
+    from pathlib import Path
+
+    os.makedirs(path, exist_ok=True)
+    group.call("save", timeout_s, path=str(path))
+    Path(path, meta_file).write_text(json.dumps(meta, indent=1))
+
+
+def load_ranked(group: "RankGroup", path: str, timeout_s: float, meta_file: str, *, engine: str, role: str,
+                key: str, value: Any) -> dict:
+    """Restore what :func:`save_ranked` wrote, if it holds ``role`` with ``meta[key] == value``; returns the meta.
+
+    ``key`` is what fixes how the state is sharded (``layout`` for megatron, ``dp`` for fsdp):
+    a checkpoint of another sharding or role is refused before any rank reads it.
+    """
+    import json
+    from pathlib import Path
+
+    from flowrl.engines.base import EngineConfigError
+
+    file = Path(path, meta_file)
+    if not file.is_file():
+        raise EngineError(f"no {engine} engine checkpoint at {str(path)!r} ({meta_file} missing)")
+    meta = json.loads(file.read_text())
+    if meta[key] != value or meta["role"] != role:
+        raise EngineConfigError(
+            f"checkpoint {str(path)!r} holds role={meta['role']!r} with {key} {meta[key]}; this engine has "
+            f"role={role!r} with {key} {value}; build the engine with the checkpoint's {key} to load it")
+    group.call("load", timeout_s, path=str(path))
+    return meta

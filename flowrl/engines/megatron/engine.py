@@ -21,18 +21,16 @@ Only the rank processes apply the CPU shims (:mod:`flowrl.engines.megatron.cpu_s
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError, EngineNotInstalledError, LossFn
+from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
-from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module
+from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module, load_ranked, save_ranked
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -227,23 +225,13 @@ class MegatronTrainEngine:
     def save(self, path: str) -> None:
         """Write one ``mp_rank_{tp}_{pp}_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and
         ``megatron_engine.json`` (layout, role, step) into directory ``path``."""
-        os.makedirs(path, exist_ok=True)
-        self._group.call("save", self.timeout_s, path=str(path))
-        meta = {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path}
-        Path(path, META_FILE).write_text(json.dumps(meta, indent=1))
+        save_ranked(self._group, path, self.timeout_s, META_FILE,
+                    {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path})
 
     def load(self, path: str) -> None:
         """Restore what :meth:`save` wrote; the layout and role must match this engine's."""
-        meta_file = Path(path, META_FILE)
-        if not meta_file.is_file():
-            raise EngineError(f"no Megatron engine checkpoint at {str(path)!r} ({META_FILE} missing)")
-        meta = json.loads(meta_file.read_text())
-        if meta["layout"] != self.layout or meta["role"] != self.role:
-            raise EngineConfigError(
-                f"checkpoint {str(path)!r} holds role={meta['role']!r} with layout {meta['layout']}; this engine has "
-                f"role={self.role!r} with {self.layout}; build the engine with the checkpoint's layout to load it"
-            )
-        self._group.call("load", self.timeout_s, path=str(path))
+        meta = load_ranked(self._group, path, self.timeout_s, META_FILE, engine="Megatron", role=self.role,
+                           key="layout", value=self.layout)
         self.step = int(meta["step"])
 
     def save_pretrained(self, path: str) -> None:
