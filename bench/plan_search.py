@@ -50,7 +50,10 @@ PROMPTS_PER_GPU = 4
 GROUP = 8
 MAX_TOKENS = 4096
 
-from flowrl.compiler.auto import ASYNC_FLOW as FLOW  # noqa: E402  (the same GRPO program auto benchmarks)
+from flowrl.compiler.auto import ASYNC_FLOW  # noqa: E402
+
+FLOW = ASYNC_FLOW.split("\nschedule main auto")[0] + "\n"
+"""The GRPO program of the async comparison, without its schedule (each row adds its own)."""
 
 CLUSTER = 'cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "H100")'
 

@@ -7,13 +7,14 @@ tokens and the reward op's seconds from metrics.jsonl), and compare seconds per 
 (medians over the steps after the first, as the machine is shared and single steps are noisy).
 
 Calibration: `flowrl profile` figures (matmul, memcpy, gloo) are measured here first; what a
-matmul cannot show (dispatching an op to an engine over Ray; vLLM's per-sequence cost of a
-decode iteration; the achieved fraction of the matmul peak in log-prob and update passes) is
-measured on the first two cases only (two batch sizes separate fixed from per-item costs;
-flowrl.cost.validate.calibrate), and the other cases are predictions from that profile. The a-priori column is the plan as
+matmul cannot show (dispatching an op to an engine over Ray; vLLM's costs per decode iteration,
+per running sequence and per request; the achieved fraction of the matmul peak in log-prob and
+update passes) is measured on the first three cases only (two batch sizes separate fixed from
+per-item costs, long answers per-token from per-request ones; flowrl.cost.validate.calibrate),
+and the other cases are predictions from that profile. The a-priori column is the plan as
 `flowrl plan` estimates it (the compiler's workload assumptions, no measured sizes).
 
-    .venv/bin/python bench/sim_validation.py [--steps 6] [--cases rloo_s1,ppo_s1,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1]
+    .venv/bin/python bench/sim_validation.py [--steps 6] [--cases rloo_s1,ppo_s1,grpo_long,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1]
                                              [--fixture tests/cost/fixtures/sim_validation_run.json]
 
 Prints a table and writes bench/results/sim_validation.json and a Gantt PNG per case
@@ -30,14 +31,16 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 
-CALIBRATION_CASES = 2
-"""The first cases of --cases calibrate the profile (two batch sizes: fixed vs per-item costs)."""
+CALIBRATION_CASES = 3
+"""The first cases of --cases calibrate the profile: two batch sizes (fixed vs per-item costs) and
+one with long answers (per generated token vs per request)."""
 DISAGGREGATED_2 = """schedule main on cluster(nodes = 1, gpus_per_node = 2) {
   pool gen = gpus(gpus = 1)
   pool train = gpus(gpus = 1)
@@ -51,35 +54,55 @@ DISAGGREGATED_2 = """schedule main on cluster(nodes = 1, gpus_per_node = 2) {
 """One logical GPU each for the rollout engine and the trainer, one-step-off: on 2 CPU cores
 each process has a core, as two GPUs would give each engine its own device."""
 
+@dataclass(frozen=True)
+class Case:
+    flow: str
+    staleness: int | None
+    """Replaces the flow's `staleness` line (None: as written)."""
+    sets: dict
+    what: str
+    schedule: str | None = None
+    """Replaces the flow's `schedule main` block."""
+    model: str | None = None
+    """Replaces the flow's `model policy = ...` declaration."""
+
+
 CASES = {
-    # name: (flow file, staleness override or None, sets, what the schedule is[, schedule block replacing the file's])
-    "grpo_s1": ("flows/arith_grpo.flow", None, {}, "colocated, staleness 1 (sync)"),
-    "grpo_s2": ("flows/arith_grpo.flow", 2, {}, "colocated, staleness 2 (one-step-off)"),
-    "grpo_s2_disagg": ("flows/arith_grpo.flow", None, {}, "2 pools, staleness 2 (one-step-off)", DISAGGREGATED_2),
-    "rloo_s1": ("flows/arith_rloo.flow", None, {}, "colocated, staleness 1 (sync)"),
-    "ppo_s1": ("flows/arith_ppo.flow", None, {}, "colocated, staleness 1, critic"),
-    "rpp_s1": ("flows/arith_reinforce_pp.flow", None, {}, "colocated, staleness 1 (sync)"),
+    "grpo_s1": Case("flows/arith_grpo.flow", None, {}, "colocated, staleness 1 (sync)"),
+    "grpo_s2": Case("flows/arith_grpo.flow", 2, {}, "colocated, staleness 2 (one-step-off)"),
+    "grpo_s2_disagg": Case("flows/arith_grpo.flow", None, {}, "2 pools, staleness 2 (one-step-off)",
+                           schedule=DISAGGREGATED_2),
+    "rloo_s1": Case("flows/arith_rloo.flow", None, {}, "colocated, staleness 1 (sync)"),
+    "ppo_s1": Case("flows/arith_ppo.flow", None, {}, "colocated, staleness 1, critic"),
+    "rpp_s1": Case("flows/arith_reinforce_pp.flow", None, {}, "colocated, staleness 1 (sync)"),
+    # the tiny model before its supervised warm start emits end-of-sequence about as often as any
+    # of its 17 tokens: answers ~3x longer than the trained model's 3.5 tokens
+    "grpo_long": Case("flows/arith_grpo.flow", None, {"max_tokens": "16", "batch": "16"},
+                      "colocated, staleness 1, untrained model: long answers",
+                      model='model policy = tiny(task = "arith", warm_start = 0)'),
 }
 TARGET_PCT = 25.0
 
 
-def flow_variant(src: str, staleness: int | None, tmp: Path, schedule: str | None = None,
-                 name: str | None = None) -> str:
-    """A copy of the flow file (data paths made absolute), with another `staleness` or a whole other
-    `schedule` block if given: the runs and the predictions read this copy, so the fixture can keep
-    the exact text."""
-    path = ROOT / src
+def flow_variant(name: str, case: Case, tmp: Path) -> str:
+    """A copy of the case's flow file (data paths made absolute) with its `staleness`, `schedule`
+    block or policy model replaced if the case says so: the runs and the predictions read this
+    copy, so the fixture can keep the exact text."""
+    path = ROOT / case.flow
     text = path.read_text()
     text = re.sub(r'"(\.\./[^"]+)"', lambda m: json.dumps(str((path.parent / m.group(1)).resolve())), text)
-    if staleness is not None:
-        text, n = re.subn(r"(?m)^(\s*)staleness \d+\s*$", rf"\g<1>staleness {staleness}", text)
+    subs = []
+    if case.staleness is not None:
+        subs.append((r"(?m)^(\s*)staleness \d+\s*$", rf"\g<1>staleness {case.staleness}", "`staleness` line"))
+    if case.schedule is not None:
+        subs.append((r"(?ms)^schedule main on .*?^}\n", case.schedule, "`schedule main` block"))
+    if case.model is not None:
+        subs.append((r"(?m)^model policy = .*$", case.model, "`model policy` declaration"))
+    for pattern, repl, what in subs:
+        text, n = re.subn(pattern, (lambda _m, r=repl: r) if "\\g<" not in repl else repl, text)
         if n != 1:
-            raise SystemExit(f"{src}: expected one `staleness` line to replace, found {n}")
-    if schedule is not None:
-        text, n = re.subn(r"(?ms)^schedule main on .*?^}\n", lambda _: schedule, text)
-        if n != 1:
-            raise SystemExit(f"{src}: expected one `schedule main` block to replace, found {n}")
-    out = tmp / (f"{name}.flow" if name else f"{path.stem}_s{staleness or 'as_written'}.flow")
+            raise SystemExit(f"{case.flow}: expected one {what} to replace, found {n}")
+    out = tmp / f"{name}.flow"
     out.write_text(text)
     return str(out)
 
@@ -96,19 +119,20 @@ def prompt_tokens(plan) -> float:
     return statistics.fmean(lens)
 
 
-def run_case(name: str, flow_file: str, steps: int, tmp: Path) -> tuple[Path, float]:
+def run_case(name: str, flow_file: str, steps: int, tmp: Path, sets: dict) -> tuple[Path, float]:
     from flowrl.runtime.api import run_file
 
     out = tmp / name
     t0 = time.time()
-    run_file(flow_file, sets={"eval_every": "100000"}, steps=steps, out=str(out), stream=open(os.devnull, "w"))
+    run_file(flow_file, sets={"eval_every": "100000", **sets}, steps=steps, out=str(out),
+             stream=open(os.devnull, "w"))
     return out, time.time() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="real steps per case (the first is warm-up)")
-    ap.add_argument("--cases", default="rloo_s1,ppo_s1,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1",
+    ap.add_argument("--cases", default="rloo_s1,ppo_s1,grpo_long,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1",
                     help=f"comma-separated; the first {CALIBRATION_CASES} calibrate (generate, logprobs and update "
                          f"ops, two batch sizes): {', '.join(CASES)}")
     ap.add_argument("--fixture", help="also write the first validation case as a test fixture here: "
@@ -138,18 +162,18 @@ def main() -> None:
     print(f"profile: matmul {base.tflops * 1e3:.1f} GFLOP/s, memcpy {base.hbm_gbs:.2f} GB/s, "
           f"gloo {base.nvlink_gbs:.2f} GB/s; load average {load_start[0]:.2f}", flush=True)
 
-    flows = {name: flow_variant(CASES[name][0], CASES[name][1], tmp, *CASES[name][4:],
-                                name=name if len(CASES[name]) > 4 else None) for name in names}
+    flows = {name: flow_variant(name, CASES[name], tmp) for name in names}
     measured, runs = {}, {}
     for name in names:
         if args.reuse:
             out, wall = tmp / name, 0.0
         else:
-            out, wall = run_case(name, flows[name], args.steps, tmp)
+            out, wall = run_case(name, flows[name], args.steps, tmp, CASES[name].sets)
         plan_dict, rows, events = validate.read_run(out)
         m = validate.measure_run(plan_dict, rows, events)
         m["workload"]["prompt_tokens"] = round(prompt_tokens(ExecutionPlan.from_json((out / "plan.json").read_text())), 3)
         m["wall_s"] = round(wall, 1)
+        m["sets"] = CASES[name].sets
         m["load_avg_after"] = round(os.getloadavg()[0], 2) if not args.reuse else None
         measured[name], runs[name] = m, out
         print(f"ran {name}: {m['step_s']:.3f} s/step (median of {m['steps_used']}), "
@@ -162,7 +186,7 @@ def main() -> None:
 
     table = []
     for name in names:
-        src, stal, sets, what = CASES[name][:4]
+        src, sets, what = CASES[name].flow, CASES[name].sets, CASES[name].what
         m = measured[name]
         pred = validate.predict(flows[name], sets, m["workload"])
         prior = validate.predict(flows[name], sets, None)
@@ -192,9 +216,9 @@ def main() -> None:
     print(f"wrote {RESULTS / 'sim_validation.json'}")
     if args.fixture:
         case = names[len(calib)] if len(names) > len(calib) else names[-1]
-        fx = {"case": case, "flow": CASES[case][0], "calibrated_on": calib,
+        fx = {"case": case, "flow": CASES[case].flow, "calibrated_on": calib,
               "flow_text": Path(flows[case]).read_text().replace(str(ROOT), "{ROOT}"),
-              "sets": CASES[case][2], "profile": cal.to_dict(),
+              "sets": CASES[case].sets, "profile": cal.to_dict(),
               "measured": {k: measured[case][k] for k in ("step_s", "step_s_all", "phases", "engine", "dispatch_s",
                                                          "workload", "staleness", "steps_used")},
               "load_avg": measured[case]["load_avg_after"], "date": doc["date"],

@@ -75,7 +75,8 @@ def rows_for(spec, costs) -> Rows:
     for ph in spec.phases:
         engine = where.get(ph.id) or where.get(ph.id.split(".switch")[0], ph.lane)
         gpu = bool(spec.lanes.get(ph.lane))
-        row = f"{ph.lane}{SEP}{engine}" if gpu and engine != ph.lane else ph.lane
+        pool = ph.lane.split(":", 1)[0]  # cpu profiles give each engine a lane ``pool:engine``
+        row = f"{pool}{SEP}{engine}" if gpu and engine != ph.lane else ph.lane
         base = ph.id.split("@")[0]
         row_of.setdefault(ph.id, row)
         row_of.setdefault(base, row)

@@ -66,6 +66,7 @@ REASONS = {
     "E430": "the KV cache holds less than one sequence", "E431": "partial-rollout recycling needs staleness >= 2",
     "E432": "`inplace` needs colocated engines", "E433": "`ipc` needs both engines on one node",
     "E434": "`overlap` needs separate GPUs", "E435": "`checkpoint` across nodes needs a shared `dir`",
+    "E438": "a sampling option the rollout engine refuses",
 }
 
 
@@ -423,7 +424,10 @@ def _role_seconds(prob: _Problem, placement, train, rollout_tp: int, role: str) 
 
 
 def _analytic(prob: _Problem, c: _Choice, train_s: float, gen_s: float, cache: dict) -> float:
-    """A lower-bound style step time: colocated phases add up; disaggregated pools pipeline up to staleness."""
+    """A lower-bound style step time, as the runtime pipelines a step (:func:`flowrl.cost.sim.simulate`):
+    engines that take turns on GPUs add up; otherwise generation overlaps training up to the
+    staleness, and every push waits for the queued generation (so each step pays a resync on
+    the generation side as well as on the training side)."""
     from flowrl.compiler.passes.estimate_cost import build_sim
 
     key = (c.placement, c.train, c.rollout, c.protocol)
@@ -433,28 +437,33 @@ def _analytic(prob: _Problem, c: _Choice, train_s: float, gen_s: float, cache: d
         resync = sum(sec for _p, kind, _w, sec, _t in costs if kind == "resync")
         other = sum(sec for _p, _k, where, sec, _t in costs if where in ("reward", "driver", "env"))
         switch = sum(p.seconds for p in spec.phases if p.label == "sleep/wake")
-        stream = _stream_gen(spec, gen_s)
-        block = sum(p.block_s for p in spec.phases if p.kind == "resync")
-        cache[key] = (resync, other, switch, stream, block)
-    resync, other, switch, stream, block = cache[key]
-    if c.placement[0] == "colocated":
-        return gen_s + train_s + resync + other + switch
-    cycle = gen_s + other + train_s + resync
-    return max(stream if c.staleness > 1 else gen_s, train_s + block, cycle / c.staleness)
+        cache[key] = (resync, other, switch, _partial_gen(spec))
+    resync, other, switch, partial = cache[key]
+    gen = min(partial, gen_s) if partial else gen_s
+    if c.placement[0] == "colocated" and prob.hw.kind == "gpu":
+        return gen + train_s + resync + other + switch
+    cycle = gen + other + train_s + resync
+    if c.staleness == 1:
+        return cycle
+    return max(gen + resync, train_s, cycle / c.staleness)
 
 
-def _stream_gen(spec, gen_s: float) -> float:
-    """Generation time per step when replicas stream across steps (staleness >= 2 on their own pool):
-    throughput-bound, tokens / (concurrency / iteration time), not waiting for the longest response."""
+def _partial_gen(spec) -> float:
+    """Generation time per step with partial rollout (over-provisioned requests, recycled): the slots
+    stay full and a step ends at its N-th completion, so it is throughput-bound (tokens x iteration
+    time at a full batch / slots), not waiting for the longest response; 0 without partial rollout."""
+    if spec.over_provision <= 1.0:
+        return 0.0
     out = 0.0
     for p in spec.phases:
         if p.kind != "generate":
             continue
         g = p.gen
-        per_rep = math.ceil(g.samples * max(spec.over_provision, 1.0) / max(g.replicas, 1))
-        work = per_rep * (g.lengths.mean() * g.iter_s + g.prompt_tokens * g.prefill_s)
-        out = max(out, work / max(g.concurrency, 1))
-    return min(out, gen_s) if out else gen_s
+        per_rep = math.ceil(g.samples / max(g.replicas, 1))
+        it = g.iter_s + g.seq_s * g.concurrency
+        work = per_rep * (g.lengths.mean() * it + g.prompt_tokens * g.prefill_s)
+        out = max(out, work / max(g.concurrency, 1) + per_rep * spec.over_provision * g.request_s)
+    return out
 
 
 # ---- the report --------------------------------------------------------------------------------------------

@@ -188,6 +188,17 @@ def decode_iter_s(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: f
     return max(t_mem, t_flops) + t_comm + hw.iter_overhead_s + hw.seq_overhead_s * batch
 
 
+def decode_iter_parts(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: float) -> tuple[float, float]:
+    """``(fixed, per sequence)`` seconds of a decode iteration: :func:`decode_iter_s` as a line
+    through batch 1 and ``batch`` (exact where one of memory or compute time dominates), so the
+    simulator can charge an iteration for the sequences actually running in it."""
+    one = decode_iter_s(f, hw, tp=tp, batch=1, context=context)
+    if batch <= 1:
+        return one - hw.seq_overhead_s, hw.seq_overhead_s
+    per = (decode_iter_s(f, hw, tp=tp, batch=batch, context=context) - one) / (batch - 1)
+    return one - per, per
+
+
 def prefill_s(f: ModelFacts, hw: Profile, *, tp: int, tokens: float) -> float:
     """Seconds to prefill ``tokens`` prompt tokens on one replica (compute-bound)."""
     return 2 * f.params * tokens / (tp * hw.tflops * 1e12 * hw.mfu_forward)
@@ -268,6 +279,6 @@ def lognormal_mean(median: float, sigma: float) -> float:
     return median * math.exp(sigma * sigma / 2)
 
 
-__all__ = ["Memory", "train_memory", "rollout_memory", "concurrency", "decode_iter_s", "prefill_s",
+__all__ = ["Memory", "train_memory", "rollout_memory", "concurrency", "decode_iter_s", "decode_iter_parts", "prefill_s",
            "forward_s", "train_s", "gather_s", "transfer_s", "offload_s", "reward_s", "pipeline_bubble",
            "kv_bytes_per_token_per_gpu", "GB"]

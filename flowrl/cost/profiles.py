@@ -78,6 +78,11 @@ class Profile:
     batch is one kernel; on CPU vLLM it dominates a decode iteration of a tiny model (measured
     here: 14 ms per iteration at 128 sequences, 29 ms at 256), so ``flowrl profile
     --calibrate`` measures it."""
+    request_overhead_s: float = 0.0
+    """Serial cost per request in a rollout replica outside the model (input processing,
+    detokenisation, building the output): ~0 against a GPU's decode; on CPU vLLM with a tiny
+    model about twice a decoded token's cost (measured here: 0.19 ms per request, 0.11 ms per
+    sequence per iteration)."""
     memory_total_gb: float = 0.0
     """``cpu``: the whole machine's RAM (shared by its logical GPUs); 0 for GPUs."""
     source: str = "public data sheet"

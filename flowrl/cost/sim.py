@@ -8,24 +8,34 @@ their own), the staleness and the partial-rollout setting. The output is a
 utilisation, the average time of each phase, and a timeline for Gantt charts.
 
 What is modelled
+  * **The runtime's modulo schedule** (:mod:`flowrl.runtime.pipeline`): the producer
+    phases (generate, and those marked ``stage = "producer"``: sampling, scoring) of a step
+    run one after another on a producer thread, the consumer phases (log-probs, update,
+    resync...) one after another on the driver's main thread; the producers of steps up to
+    k + depth - 1 are queued before step k's consumers run (depth = staleness, one less when
+    partial rollouts are recycled).
   * **Generation** on ``replicas`` rollout replicas, each with ``concurrency`` slots
     (continuous batching): requests go round-robin to replicas, start FIFO as slots free,
-    and take ``prefill_s + length x iter_s``. Lengths are drawn per request from a
-    lognormal or Pareto distribution capped at ``max_tokens`` (:class:`LengthDist`), so a
-    step waits for its longest responses: the long-tail bubble.
-  * **Staleness** s: generation of step k may start once the resync of step k - s is done
-    (the loop-carried weight edge has distance s). On a lane of its own (disaggregated),
-    each replica's slots persist across steps, so fast replicas start the next step's
-    requests while stragglers finish (streaming, AReaL-style); on a shared lane
-    (colocated, time-sharing) the engine drains every step.
+    and take ``prefill + length x`` the iteration time, which is ``iter_s`` plus ``seq_s``
+    per sequence actually running (the batch shrinks as the queue empties); each replica
+    also spends ``request_s`` of serial work per request. Lengths are drawn per request from
+    a lognormal or Pareto distribution capped at ``max_tokens`` (:class:`LengthDist`), so a
+    step waits for its longest responses: the long-tail bubble. A generate call drains: the
+    next step's requests start when it has returned.
+  * **Staleness** s: generation of step j reads the weights pushed at step j - depth (the
+    loop-carried weight edge has distance s), so it starts once that resync is done; the
+    resync itself first waits for every queued generation (weights never change under a
+    running generation, as in the runtime).
   * **Partial rollout** (over-provision f): f x N requests are in flight (new ones plus
     those recycled from the previous step, which keep their progress but re-prefill
     their prefix); the step stops at the N-th completion; unfinished requests are
     recycled (``recycle``) or dropped.
   * **Resync**: blocks the trainer's lane for ``block_s`` (packing, or the whole transfer
     without overlap) and delivers the weights ``seconds`` after it starts.
+  * **Lanes**: a lane with GPUs runs one phase at a time (colocated engines time-share a
+    GPU); lanes of 0 GPUs (driver, reward workers) do not serialise.
 
-Utilisation counts a rollout replica busy for ``(prefill + tokens x iter_s) / concurrency``
+Utilisation counts a rollout replica busy for ``(prefill + tokens x iteration) / concurrency``
 per request: decoding below full batch is counted as the bubble it is.
 
 Deterministic for a given ``seed`` (``random.Random``); pure Python.
@@ -155,7 +165,7 @@ class GenPhase:
     concurrency: int
     """Slots (concurrent sequences) per replica."""
     iter_s: float
-    """Seconds per decode iteration (one token for every active sequence)."""
+    """Seconds per decode iteration (one token for every active sequence), its fixed part."""
     prefill_s: float
     """Seconds per prompt token of prefill (a recycled request re-prefills its prefix)."""
     samples: int
@@ -165,6 +175,12 @@ class GenPhase:
     overhead_s: float = 0.0
     """Fixed seconds per generate call before any token (dispatch to the replicas, result
     transfer back: a Ray round trip with the prompts and completions on CPU clusters)."""
+    seq_s: float = 0.0
+    """Seconds a decode iteration grows per sequence running in it (KV reads, sampling, output
+    processing): an iteration takes ``iter_s + seq_s x`` the batch actually running."""
+    request_s: float = 0.0
+    """Serial seconds per request on its replica (input processing, detokenisation, building
+    the output; ~0 on GPUs, the largest part of a tiny model's generation on CPU)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +207,9 @@ class Phase:
     """What the breakdown calls it (``generate``, ``update``, ``logprobs``...)."""
     every: int = 1
     """``resync``: push every N-th step only."""
+    stage: str = ""
+    """``producer`` for phases of the producer stage besides generates (sampling, scoring:
+    :func:`flowrl.runtime.pipeline.split_stages`); anything else runs on the consumer side."""
 
 
 @dataclass(frozen=True)
@@ -252,16 +271,6 @@ class _Req:
     done: int = 0
 
 
-class _Replica:
-    """Slots of one rollout replica: a heap of times at which each slot is free."""
-
-    def __init__(self, slots: int):
-        self.slots = [0.0] * max(slots, 1)
-
-    def reset(self, t: float) -> None:
-        self.slots = [t] * len(self.slots)
-
-
 # ---- a measured workload ----------------------------------------------------------------------------
 
 
@@ -296,177 +305,228 @@ def with_workload(spec: SimSpec, *, prompt_tokens: float | None = None, mean_res
 # ---- the simulation --------------------------------------------------------------------------------
 
 
+def depth_of(spec: SimSpec) -> int:
+    """Producer stages in flight (the runtime's modulo-schedule depth,
+    :func:`flowrl.runtime.partial.producer_depth`): ``s``, or ``s - 1`` when recycling partial
+    rollouts (recycled groups are one step older than fresh ones)."""
+    if spec.recycle and spec.over_provision > 1.0:
+        return max(1, spec.staleness - 1)
+    return max(1, spec.staleness)
+
+
 def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
-    """Run ``steps`` steps of ``spec``; statistics over the steps after a warm-up of ``staleness + 1``."""
+    """Run ``steps`` steps of ``spec``; statistics over the steps after a warm-up of ``depth + 1``.
+
+    The runtime's modulo schedule (:mod:`flowrl.runtime.pipeline`), event for event: producer
+    phases run one after another on a producer thread, ``depth`` steps ahead of the consumer
+    phases, which run one after another on the driver's main thread. Before step k's consumers
+    start, the producers of steps up to k + depth - 1 are queued; a producer's generate reads
+    the weights pushed at step ``j - depth``; a resync first waits for every queued producer
+    (so a generation never sees weights change under it) and the consumers of the next step
+    start once it is done. A lane with GPUs runs one phase at a time (colocated engines take
+    turns); lanes of 0 GPUs do not serialise.
+    """
     rng = random.Random(seed)
     steps = max(steps, 3)
-    warm = min(spec.staleness + 1, steps // 2)
-    gen_lanes = {p.lane for p in spec.phases if p.kind == "generate"}
-    shared = {p.lane for p in spec.phases if p.kind != "generate"}
-    exclusive = gen_lanes - shared
+    depth = depth_of(spec)
+    warm = min(depth + 1, steps // 2)
+    prod_ids = producer_ids(spec)
+    producers = [p for p in spec.phases if p.id in prod_ids]
+    consumers = [p for p in spec.phases if p.id not in prod_ids]
     lane_free = {lane: 0.0 for lane in spec.lanes}
-    replicas = {p.id: [_Replica(p.gen.concurrency) for _ in range(p.gen.replicas)]
-                for p in spec.phases if p.kind == "generate"}
     recycled: dict[str, list[_Req]] = {p.id: [] for p in spec.phases if p.kind == "generate"}
-    resync_end: list[dict[str, float]] = []  # per step: gated generate id -> weights available at
+    pushes: list[dict[str, float] | None] = []  # per step: gated generate id -> weights available at
     busy = {lane: 0.0 for lane in spec.lanes}  # GPU-seconds within the measured window
     durations: dict[str, list[float]] = {}
     per_phase: dict[str, list[float]] = {}
     timeline: list = []
     ids: list[str] = []
+    # producers run up to depth - 1 steps past the last consumer, as in a longer run
+    ends: list[dict[str, float]] = [{} for _ in range(steps + depth)]
+    tokens: list[dict[str, int]] = [{} for _ in range(steps + depth)]
     step_end: list[float] = []
     window_start = 0.0
-    trained_tokens = samples_done = gen_tokens = wasted = 0
-    for k in range(steps):
-        measuring = k >= warm
-        if k == warm:
-            window_start = step_end[-1] if step_end else 0.0
-        end: dict[str, float] = {}
-        tokens: dict[str, int] = {}
-        gates_k: dict[str, float] = {}
-        for ph in spec.phases:
-            ready = max((end[d] for d in ph.deps if d in end), default=0.0)
-            if ph.kind == "generate":
-                g = ph.gen
-                gate = _gate(resync_end, k - spec.staleness, ph.id)
-                release = max(ready, gate)
-                if ph.lane not in exclusive:
-                    release = max(release, lane_free[ph.lane])
-                    for r in replicas[ph.id]:
-                        r.reset(release + g.overhead_s)
-                # the call's fixed cost (dispatch, results back) delays the first token, not the slots
-                t_end, toks, used, n_gen, n_waste = _generate(ph, g, replicas[ph.id], recycled,
-                                                              release + g.overhead_s, spec, rng)
-                tokens[ph.id] = toks
-                if ph.lane not in exclusive:
-                    lane_free[ph.lane] = t_end
-                end[ph.id] = t_end
-                if measuring:
-                    busy[ph.lane] += used
-                    trained_tokens += toks
-                    samples_done += g.samples
-                    gen_tokens += n_gen
-                    wasted += n_waste
-                    durations.setdefault(ph.label or "generate", []).append(t_end - release)
-                    per_phase.setdefault(ph.id, []).append(t_end - release)
-                timeline.append((ph.lane, ph.label or ph.id, k, release, t_end))
-                ids.append(ph.id)
-            elif ph.kind == "resync":
-                if (k + 1) % max(ph.every, 1):
-                    end[ph.id] = ready  # `every K`: no push this step; readers keep older weights
-                    continue
-                start = max(ready, lane_free[ph.lane])
+    stats = {"trained": 0, "samples": 0, "gen": 0, "wasted": 0}
+    threads = {"producer": 0.0, "main": 0.0}
+
+    def record(ph: Phase, k: int, start: float, stop: float, seconds: float, lane_busy: float) -> None:
+        if k >= steps:
+            return
+        if k >= warm:
+            busy[ph.lane] += lane_busy
+            durations.setdefault(ph.label or ph.id, []).append(seconds)
+            per_phase.setdefault(ph.id, []).append(seconds)
+        timeline.append((ph.lane, ph.label or ph.id, k, start, stop))
+        ids.append(ph.id)
+
+    def run(ph: Phase, k: int, thread: str, not_before: float = 0.0) -> None:
+        end, toks = ends[k], tokens[k]
+        ready = max([threads[thread], not_before] + [end[d] for d in ph.deps if d in end])
+        gpus = spec.lanes.get(ph.lane, 0)
+        if gpus:
+            ready = max(ready, lane_free[ph.lane])
+        if ph.kind == "generate":
+            g = ph.gen
+            release = max(ready, _gate(pushes, k - depth, ph.id))
+            t_end, n_tok, used, n_gen, n_waste = _generate(ph, g, recycled, release + g.overhead_s, spec, rng)
+            toks[ph.id] = n_tok
+            stop = t_end
+            if steps > k >= warm:
+                stats["trained"] += n_tok
+                stats["samples"] += g.samples
+                stats["gen"] += n_gen
+                stats["wasted"] += n_waste
+            record(ph, k, release, stop, stop - release, used)
+            start = release
+        elif ph.kind == "resync":
+            if (k + 1) % max(ph.every, 1):
+                end[ph.id] = ready  # `every K`: no push this step; readers keep older weights
+                pushes[k] = None
+                return
+            start = ready
+            stop = start + ph.seconds
+            pushes[k] = {gid: stop for gid in ph.gates}
+            record(ph, k, start, stop, ph.seconds, ph.block_s * gpus)
+            if gpus:
                 lane_free[ph.lane] = start + ph.block_s
-                done = start + ph.seconds
-                end[ph.id] = done
-                for gid in ph.gates:
-                    gates_k[gid] = max(gates_k.get(gid, 0.0), done)
-                if measuring:
-                    busy[ph.lane] += ph.block_s * spec.lanes.get(ph.lane, 0)
-                    durations.setdefault(ph.label or "resync", []).append(ph.seconds)
-                    per_phase.setdefault(ph.id, []).append(ph.seconds)
-                timeline.append((ph.lane, ph.label or ph.id, k, start, done))
-                ids.append(ph.id)
-            else:
-                dur = ph.seconds + ph.per_token_s * tokens.get(ph.tokens_from, 0)
-                # CPU lanes (driver, reward workers) do not hold a step's ops back behind the previous
-                # step's: the driver samples step k+1's prompts while step k trains.
-                start = max(ready, lane_free[ph.lane]) if spec.lanes.get(ph.lane) else ready
-                lane_free[ph.lane] = start + dur
-                end[ph.id] = start + dur
-                if measuring:
-                    busy[ph.lane] += dur * spec.lanes.get(ph.lane, 0)
-                    durations.setdefault(ph.label or ph.id, []).append(dur)
-                    per_phase.setdefault(ph.id, []).append(dur)
-                timeline.append((ph.lane, ph.label or ph.id, k, start, start + dur))
-                ids.append(ph.id)
-        resync_end.append(gates_k)
-        step_end.append(max(end.values(), default=0.0))
+        else:
+            start = ready
+            dur = ph.seconds + ph.per_token_s * toks.get(ph.tokens_from, 0)
+            stop = start + dur
+            record(ph, k, start, stop, dur, dur * gpus)
+        if gpus and ph.kind != "resync":
+            lane_free[ph.lane] = stop
+        end[ph.id] = stop
+        threads[thread] = stop
+
+    produced = 0
+    for k in range(steps):
+        while produced < k + depth:  # the pipeline fills up to step k + depth - 1
+            pushes.append({})
+            for ph in producers:
+                run(ph, produced, "producer")
+            produced += 1
+        for ph in consumers:
+            # a resync waits for every queued producer stage first (the runtime's drain)
+            run(ph, k, "main", not_before=threads["producer"] if ph.kind == "resync" else 0.0)
+        if k == warm - 1:
+            window_start = max(ends[k].values(), default=0.0)
+        step_end.append(max(ends[k].values(), default=0.0))
     window = max(step_end[-1] - window_start, 1e-12)
     n = steps - warm
     gpu_total = sum(spec.lanes.values())
     util = {lane: (min(busy[lane] / (gpus * window), 1.0) if gpus else 0.0) for lane, gpus in spec.lanes.items()}
     bubble = 1.0 - (sum(min(busy[l], spec.lanes[l] * window) for l in spec.lanes) / (gpu_total * window)
                     if gpu_total else 0.0)
-    step_s = window / n
-    return SimResult(step_s=step_s, samples_per_s=samples_done / window, tokens_per_s=trained_tokens / window,
-                     gen_tokens_per_s=gen_tokens / window, bubble=max(0.0, min(1.0, bubble)), utilization=util,
+    return SimResult(step_s=window / n, samples_per_s=stats["samples"] / window,
+                     tokens_per_s=stats["trained"] / window, gen_tokens_per_s=stats["gen"] / window,
+                     bubble=max(0.0, min(1.0, bubble)), utilization=util,
                      breakdown={k: sum(v) / n for k, v in durations.items()}, steps=steps, warmup=warm,
-                     timeline=timeline, wasted_tokens=wasted, step_ends=step_end,
+                     timeline=timeline, wasted_tokens=stats["wasted"], step_ends=step_end,
                      by_phase={k: sum(v) / n for k, v in per_phase.items()}, timeline_ids=ids)
 
 
-def _gate(resync_end: list, src: int, gen_id: str) -> float:
-    """When the weights generation of a step reads (those of step ``src``, or of the last push
-    before it) are available; 0 for the initial weights."""
+def producer_ids(spec: SimSpec) -> set[str]:
+    """Phases of the producer stage: those marked ``stage = "producer"`` (the compiler marks
+    sampling, generation and scoring that read only the rollouts, as
+    :func:`flowrl.runtime.pipeline.split_stages`); unmarked generates and what they depend on."""
+    by_id = {p.id: p for p in spec.phases}
+    out = {p.id for p in spec.phases if p.stage == "producer"}
+    todo = [p.id for p in spec.phases if p.kind == "generate" and not p.stage]
+    while todo:
+        pid = todo.pop()
+        if pid in out or by_id[pid].stage == "consumer":
+            continue
+        out.add(pid)
+        todo.extend(d for d in by_id[pid].deps if d in by_id and not by_id[d].stage)
+    return out
+
+
+def _gate(pushes: list, src: int, gen_id: str) -> float:
+    """When the weights a generation of a step reads (those pushed at step ``src``, or by the
+    last push before it) are available; 0 for the initial weights."""
     while src >= 0:
-        if gen_id in resync_end[src]:
-            return resync_end[src][gen_id]
+        push = pushes[src]
+        if push is not None and gen_id in push:
+            return push[gen_id]
         src -= 1
     return 0.0
 
 
-def _generate(ph: Phase, g: GenPhase, reps: list[_Replica], recycled: dict, release: float, spec: SimSpec,
-              rng: random.Random):
-    """One step of a generate phase; returns (end time, trained tokens, busy GPU-s, generated, wasted)."""
+def _iteration_s(g: GenPhase, lengths: list[int]) -> float:
+    """Seconds per decode iteration on a replica serving ``lengths``: the fixed part plus
+    ``seq_s`` per sequence actually running. Continuous batching keeps the slots full until
+    the queue empties, then the batch shrinks to the stragglers: the average batch is the
+    tokens over the iterations, ``max(longest, tokens / slots)`` of them."""
+    if not g.seq_s or not lengths:
+        return g.iter_s
+    total = sum(lengths)
+    iters = max(max(lengths), total / max(g.concurrency, 1))
+    return g.iter_s + g.seq_s * total / iters
+
+
+def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimSpec, rng: random.Random):
+    """One generate call (it drains: every request of the step ends before the call returns);
+    returns (end time, trained tokens, busy GPU-s, generated, wasted)."""
     partial = spec.over_provision > 1.0
-    issued = math.ceil(g.samples * spec.over_provision) if partial else g.samples
     b = max(g.concurrency, 1)
-    n_rep = len(reps)
-    pre0, pre_tok, it = g.prompt_tokens * g.prefill_s, g.prefill_s, g.iter_s
+    n_rep = max(g.replicas, 1)
+    pre0, pre_tok = g.prompt_tokens * g.prefill_s, g.prefill_s
     pop, push = heapq.heappop, heapq.heappush
     if not partial:  # the common case, kept lean: lengths straight from the table
-        t_end, tokens, rep_i = release, 0, 0
-        heaps = [r.slots for r in reps]
         lens = g.lengths.draw(rng, g.samples)
-        for length in lens:
-            slots = heaps[rep_i]
-            rep_i = rep_i + 1 if rep_i + 1 < n_rep else 0
-            free = pop(slots)
-            fin = (release if release > free else free) + pre0 + length * it
-            push(slots, fin)
-            if fin > t_end:
-                t_end = fin
-            tokens += length
+        t_end, tokens, used = release, 0, 0.0
+        for r in range(n_rep):
+            mine = lens[r::n_rep]
+            it = _iteration_s(g, mine)
+            start = release + len(mine) * g.request_s  # the replica's serial work per request
+            slots = [start] * b
+            for length in mine:
+                fin = pop(slots) + pre0 + length * it
+                push(slots, fin)
+                if fin > t_end:
+                    t_end = fin
+            tokens += sum(mine)
+            used += len(mine) * pre0 + sum(mine) * it
         n = len(lens)
-        used = (n * pre0 + tokens * it) / b * g.gpus_per_replica
-        return t_end, n * g.prompt_tokens + tokens, used, tokens, 0
+        return t_end, n * g.prompt_tokens + tokens, used / b * g.gpus_per_replica, tokens, 0
+    issued = math.ceil(g.samples * spec.over_provision)
     reqs = recycled[ph.id]
     recycled[ph.id] = []
     fresh = max(issued - len(reqs), 0)
     reqs = reqs + [_Req(l, l) for l in g.lengths.draw(rng, fresh)]
-    # (finish, start, prefill, request, replica index)
-    runs: list[tuple[float, float, float, _Req, int]] = []
-    for i, req in enumerate(reqs):
-        slots = reps[i % n_rep].slots
-        pre = pre0 + req.done * pre_tok
-        free = pop(slots)
-        start = release if release > free else free
-        fin = start + pre + req.remaining * it
-        push(slots, fin)
-        runs.append((fin, start, pre, req, i % n_rep))
-    runs.sort(key=lambda r: r[0])
+    # (finish, start, prefill, request, iteration seconds)
+    runs: list[tuple[float, float, float, _Req, float]] = []
+    for r in range(n_rep):
+        mine = reqs[r::n_rep]
+        it = _iteration_s(g, [q.remaining for q in mine])
+        slots = [release + len(mine) * g.request_s] * b
+        for req in mine:
+            pre = pre0 + req.done * pre_tok  # a recycled request re-prefills its prefix
+            start = pop(slots)
+            fin = start + pre + req.remaining * it
+            push(slots, fin)
+            runs.append((fin, start, pre, req, it))
+    runs.sort(key=lambda x: x[0])
     need = min(g.samples, len(runs))
     t_end = runs[need - 1][0] if need else release
     toks = gen = waste = 0
     used = 0.0
     carry: list[_Req] = []
-    for fin, start, pre, req, rep_i in runs:
+    for fin, start, pre, req, it in runs:
         if fin <= t_end and need > 0:
             need -= 1
             toks += g.prompt_tokens + req.total
             gen += req.remaining
-            used += pre + req.remaining * g.iter_s
+            used += pre + req.remaining * it
             continue
-        done = int(min(max((t_end - start - pre) / g.iter_s, 0.0), req.remaining)) if g.iter_s > 0 else 0
-        used += (min(pre, max(t_end - start, 0.0)) + done * g.iter_s)
+        done = int(min(max((t_end - start - pre) / it, 0.0), req.remaining)) if it > 0 else 0
+        used += (min(pre, max(t_end - start, 0.0)) + done * it)
         gen += done
         if spec.recycle:
             carry.append(_Req(req.remaining - done, req.total, req.done + done))
         else:
             waste += req.done + done
-    for rep in reps:  # aborted slots are free at the stop
-        rep.slots = sorted(min(s, t_end) for s in rep.slots)
     recycled[ph.id] = carry
     return t_end, toks, used / b * g.gpus_per_replica, gen, waste
 

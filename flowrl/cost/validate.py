@@ -190,11 +190,14 @@ def compare(predicted, measured: dict) -> dict:
 
 
 def generate_iterations(spec, workload: dict | None = None, steps: int = 12, seed: int = 0) -> dict:
-    """Generate phase id -> ``(a, b)``: its simulated duration is ``a x iter_s + b x prefill_s``
-    (decode iterations on the critical path, and prompt tokens prefilled on it), under ``workload``.
+    """Generate phase id -> ``(a, s, n, b)``: its simulated duration is ``a x iter_s + s x seq_s +
+    n x request_s + b x prefill_s`` under ``workload`` (decode iterations on the critical path;
+    sequences running summed over them; requests served before the last completion; prompt
+    tokens prefilled on the critical path).
 
-    Both come from the simulator itself (slots, waves of continuous batching, the long tail), so
-    a measured generate time can be turned into seconds per iteration without guessing waves.
+    All four come from the simulator itself (slots, waves of continuous batching, the long
+    tail), so a measured generate time turns into per-iteration, per-sequence and per-request
+    seconds without guessing waves.
     """
     from flowrl.cost.sim import Phase, simulate, with_workload
 
@@ -205,29 +208,32 @@ def generate_iterations(spec, workload: dict | None = None, steps: int = 12, see
         if ph.kind != "generate":
             continue
 
-        def alone(iter_s: float, prefill_s: float) -> float:
-            gen = replace(ph, deps=(), gen=replace(ph.gen, iter_s=iter_s, prefill_s=prefill_s, overhead_s=0.0))
-            # a no-op on the same lane makes it a shared lane: every step drains, as one engine call does
+        def alone(iter_s=0.0, seq_s=0.0, request_s=0.0, prefill_s=0.0) -> float:
+            g = replace(ph.gen, iter_s=iter_s, seq_s=seq_s, request_s=request_s, prefill_s=prefill_s, overhead_s=0.0)
+            gen = replace(ph, deps=(), gen=g)
             drain = Phase("calibrate.drain", "work", ph.lane, (ph.id,))
             one = replace(base, phases=(gen, drain), staleness=1, over_provision=1.0)
             return simulate(one, steps=steps, seed=seed).by_phase[ph.id]
 
-        # linear in iter_s and prefill_s for fixed lengths (same seed: the same draws)
-        out[ph.id] = (alone(1.0, 0.0), alone(0.0, 1.0))
+        # linear in each for fixed lengths (same seed: the same draws)
+        out[ph.id] = (alone(iter_s=1.0), alone(seq_s=1.0), alone(request_s=1.0), alone(prefill_s=1.0))
     return out
 
 
 def calibrate(profile: Profile, runs: list[tuple[str, dict]], sets: dict | None = None) -> Profile:
     """``profile`` with what a matmul and a memcpy cannot show, measured from runs on this machine.
 
-    ``runs`` are ``(flow file, measure_run(...))`` pairs. Each figure comes from the phases
+    ``runs`` are ``(flow file, measure_run(...))`` pairs (a run's ``"sets"``, if any, are the
+    parameter overrides it ran with; else ``sets``). Each figure comes from the phases
     that show it, in the runs' own traces and workloads:
 
     * ``op_overhead_s``: the median dispatch overhead (driver span minus engine span);
-    * decode: a generate's engine seconds = ``a x iter_s + b x prefill_s``
-      (:func:`generate_iterations`) give the seconds per iteration; less the cost model's
-      own part (weights + KV reads, FLOPs) that is ``iter_overhead_s + seq_overhead_s x
-      batch``: both from runs of two batch sizes (least squares), else all per sequence;
+    * decode: a generate's engine seconds are ``a x iteration + s x per sequence + n x per
+      request + b x prefill`` (:func:`generate_iterations`); less the cost model's own part
+      (weights + KV reads, FLOPs), the rest is ``iter_overhead_s``, ``seq_overhead_s`` and
+      ``request_overhead_s``, solved by non-negative least squares over the runs (runs whose
+      responses differ in length separate per-sequence from per-request costs; when they
+      cannot tell two apart, the per-iteration and per-sequence costs are kept);
     * update: engine seconds = ``micro-batches x micro_overhead_s + FLOP time / mfu_train``:
       both from runs whose shapes differ, else ``mfu_train`` alone;
     * ``mfu_forward``: the achieved fraction of the matmul peak in log-prob / value passes.
@@ -245,7 +251,7 @@ def calibrate(profile: Profile, runs: list[tuple[str, dict]], sets: dict | None 
         current = _calibrate_once(current, runs, sets)
     parts = [f"dispatch {current.op_overhead_s * 1e3:.1f} ms/op",
              f"decode {current.iter_overhead_s * 1e3:.1f} ms + {current.seq_overhead_s * 1e6:.0f} us/sequence "
-             "per iteration",
+             f"per iteration + {current.request_overhead_s * 1e6:.0f} us/request",
              f"{current.micro_overhead_s * 1e3:.1f} ms/micro-batch",
              f"mfu forward {current.mfu_forward:.2f} / train {current.mfu_train:.2f}"]
     names = ", ".join(Path(f).name for f, _ in runs)
@@ -260,15 +266,14 @@ CALIBRATION_ROUNDS = 4
 def _calibrate_once(profile: Profile, runs: list[tuple[str, dict]], sets) -> Profile:
     dispatch, decode, update, forward = [], [], [], []
     for flow_file, measured in runs:
-        obs = _observations(profile, flow_file, measured, sets)
+        obs = _observations(profile, flow_file, measured, measured.get("sets", sets))
         dispatch.append(measured.get("dispatch_s", profile.op_overhead_s))
         decode += obs["decode"]
         update += obs["update"]
         forward += obs["forward"]
     changes: dict = {"op_overhead_s": _median(dispatch)}
-    if decode:  # y = iter_overhead + seq_overhead x batch
-        f, slope = _line([(b, y) for b, y in decode])
-        changes.update(iter_overhead_s=f, seq_overhead_s=slope)
+    if decode:  # y = iter_overhead x a + seq_overhead x s + request_overhead x n
+        changes.update(zip(("iter_overhead_s", "seq_overhead_s", "request_overhead_s"), _nnls3(decode)))
     if update:  # engine = n_micro x micro_overhead + w / mfu
         # e / w = 1 / mfu + micro_overhead x (n / w): a line in n / w
         inv, c = _line([(n / w, e / w) for n, w, e in update], through_origin_if_degenerate=False)
@@ -297,11 +302,11 @@ def _observations(profile: Profile, flow_file: str, measured: dict, sets) -> dic
         if ph.id not in engine:
             continue
         if ph.kind == "generate" and ph.id in iters and iters[ph.id][0] > 0:
-            a, b = iters[ph.id]
+            a, s_, n, b = iters[ph.id]
             g = ph.gen
-            per_iter = (engine[ph.id] - b * g.prefill_s) / a
-            core = g.iter_s - profile.iter_overhead_s - profile.seq_overhead_s * g.concurrency
-            out["decode"].append((g.concurrency, max(per_iter - core, 0.0)))
+            core = (a * (g.iter_s - profile.iter_overhead_s) + s_ * (g.seq_s - profile.seq_overhead_s)
+                    + n * (g.request_s - profile.request_overhead_s) + b * g.prefill_s)
+            out["decode"].append(((a, s_, n), max(engine[ph.id] - core, 0.0)))
         elif ph.kind == "work" and ph.per_token_s > 0 and ph.tokens_from in gens:
             g = gens[ph.tokens_from]
             tokens = g.samples * (float(w.get("prompt_tokens") or g.prompt_tokens)
@@ -313,6 +318,48 @@ def _observations(profile: Profile, flow_file: str, measured: dict, sets) -> dic
             else:
                 out["forward"].append(profile.mfu_forward * ph.per_token_s * tokens / max(engine[ph.id], 1e-9))
     return out
+
+
+DECODE_PREFERENCE = ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (0,), (2,))
+"""Which of (per iteration, per sequence, per request) :func:`_nnls3` tries first when several
+fit the runs equally well (the runs cannot tell them apart)."""
+
+
+def _nnls3(rows: list[tuple[tuple[float, float, float], float]]) -> tuple[float, float, float]:
+    """Non-negative least squares ``y = x . c`` in three unknowns: every subset of them solved
+    by its normal equations; the best-fitting full-rank subset with non-negative values wins
+    (ties go by :data:`DECODE_PREFERENCE`)."""
+    best, best_r = (0.0, 0.0, 0.0), sum(y * y for _, y in rows)
+    scale = max(best_r, 1e-30)
+    for subset in DECODE_PREFERENCE:
+        sol = _solve([[x[i] for i in subset] for x, _ in rows], [y for _, y in rows])
+        if sol is None or any(v < 0 for v in sol):
+            continue
+        c = [0.0, 0.0, 0.0]
+        for i, v in zip(subset, sol):
+            c[i] = v
+        r = sum((y - sum(ci * xi for ci, xi in zip(c, x))) ** 2 for x, y in rows)
+        if r < best_r - 1e-9 * scale:
+            best, best_r = tuple(c), r
+    return best
+
+
+def _solve(xs: list[list[float]], ys: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (Gauss-Jordan); None when rank-deficient."""
+    k = len(xs[0])
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(k)] + [sum(x[i] * y for x, y in zip(xs, ys))]
+         for i in range(k)]
+    norm = max(max(abs(v) for v in row[:k]) for row in a) or 1.0
+    for col in range(k):
+        piv = max(range(col, k), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) <= 1e-9 * norm:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(k):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+    return [a[i][k] / a[i][i] for i in range(k)]
 
 
 def _line(points: list[tuple[float, float]], through_origin_if_degenerate: bool = True):

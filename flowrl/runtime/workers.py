@@ -65,6 +65,12 @@ def rollout_engine_args(kind: str, options: dict, seed: int) -> tuple[str, dict]
               "max_model_len": int(options.get("max_model_len", 512)),
               "gpu_memory_utilization": float(options.get("gpu_memory_utilization", 0.5))}
         return "vllm", kw
+    if kind == "sglang":  # dp is the worker group's replica count, as for vLLM
+        kw = {"seed": seed, "dtype": options.get("dtype", "float32"),
+              "tensor_parallel_size": int(options.get("tp", 1)),
+              "max_model_len": int(options.get("max_model_len", 512)),
+              "mem_fraction_static": float(options.get("mem_fraction", 0.5))}
+        return "sglang", kw
     if kind in ("hf_generate", "torch"):
         return "torch", {"seed": seed, "dtype": options.get("dtype", "float32")}
     return kind, {"seed": seed, **options}

@@ -93,6 +93,7 @@ def assert_round_trip(f: Flow, path: str = "<builder-text>") -> str:
 SHARED = [("clip", "float", 0.2), ("kl", "float", 0.001), ("kl_kind", "str", "k3"), ("entropy", "float", 0.0),
           ("normalize_std", "bool", True), ("agg", "str", "token-mean"),
           ("lr", "float", 1e-6), ("grad_clip", "float", 1.0),
+          ("weight_decay", "float", 0.0), ("beta1", "float", 0.9), ("beta2", "float", 0.999),
           ("epochs", "int", 1), ("minibatches", "int", 1), ("micro_batch", "int", 8),
           ("tis", "float", 0.0), ("seed", "int", 0)]
 SAMPLING = [("temperature", "float", 1.0), ("top_p", "float", 1.0)]
@@ -114,7 +115,7 @@ def build_grpo() -> Flow:
     adv = f.group_advantage(scores, group=p.group, normalize_std=p.normalize_std, name="adv")
     f.update(policy, rollouts, adv, old_lp, ref_lp,
              loss=f.ppo_clip(p.clip, agg=p.agg), kl=p.kl, kl_kind=p.kl_kind, entropy=p.entropy,
-             tis=p.tis, lr=p.lr, grad_clip=p.grad_clip,
+             tis=p.tis, lr=p.lr, grad_clip=p.grad_clip, weight_decay=p.weight_decay, beta1=p.beta1, beta2=p.beta2,
              epochs=p.epochs, minibatches=p.minibatches, micro_batch=p.micro_batch)
     return f
 
@@ -127,6 +128,7 @@ def build_ppo() -> Flow:
                             ("lam", "float", 0.95), ("clip", "float", 0.2), ("vclip", "float", 0.2),
                             ("entropy", "float", 0.0), ("agg", "str", "token-mean"),
                             ("lr", "float", 1e-6), ("critic_lr", "float", 1e-5), ("grad_clip", "float", 1.0),
+                            ("weight_decay", "float", 0.0), ("beta1", "float", 0.9), ("beta2", "float", 0.999),
                             ("epochs", "int", 1), ("minibatches", "int", 1), ("micro_batch", "int", 8),
                             ("tis", "float", 0.0), ("seed", "int", 0)])
     p = f.params
@@ -144,11 +146,11 @@ def build_ppo() -> Flow:
     adv = f.gae(shaped, old_values, rollouts, gamma=p.gamma, lam=p.lam, name="adv")
     f.update(policy, rollouts, adv, old_lp,
              loss=f.ppo_clip(p.clip, agg=p.agg), entropy=p.entropy, tis=p.tis, lr=p.lr,
-             grad_clip=p.grad_clip, epochs=p.epochs, minibatches=p.minibatches,
-             micro_batch=p.micro_batch, name="actor_update")
+             grad_clip=p.grad_clip, weight_decay=p.weight_decay, beta1=p.beta1, beta2=p.beta2,
+             epochs=p.epochs, minibatches=p.minibatches, micro_batch=p.micro_batch, name="actor_update")
     f.update(critic, rollouts, adv, old_values,
              loss=f.value_clip(p.vclip), lr=p.critic_lr, grad_clip=p.grad_clip,
-             epochs=p.epochs, minibatches=p.minibatches, micro_batch=p.micro_batch, name="critic_update")
+             weight_decay=p.weight_decay, beta1=p.beta1, beta2=p.beta2, epochs=p.epochs, minibatches=p.minibatches, micro_batch=p.micro_batch, name="critic_update")
     return f
 
 
@@ -173,7 +175,7 @@ def build_agentic() -> Flow:
     adv = f.group_advantage(scores, group=p.group, normalize_std=p.normalize_std, name="adv")
     f.update(policy, convo, adv, old_lp, ref_lp,
              loss=f.ppo_clip(p.clip, agg=p.agg), kl=p.kl, kl_kind=p.kl_kind, entropy=p.entropy,
-             tis=p.tis, lr=p.lr, grad_clip=p.grad_clip,
+             tis=p.tis, lr=p.lr, grad_clip=p.grad_clip, weight_decay=p.weight_decay, beta1=p.beta1, beta2=p.beta2,
              epochs=p.epochs, minibatches=p.minibatches, micro_batch=p.micro_batch)
     return f
 

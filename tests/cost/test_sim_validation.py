@@ -89,8 +89,7 @@ def test_calibrate_recovers_the_costs_it_was_given(_cost_cpu_profile, test_flow)
     engine = {}
     for ph in spec.phases:
         if ph.kind == "generate":
-            a, b = iters[ph.id]
-            engine[ph.id] = a * ph.gen.iter_s + b * ph.gen.prefill_s
+            engine[ph.id] = _gen_seconds(iters[ph.id], ph.gen)
         elif ph.per_token_s > 0:
             g = gens[ph.tokens_from]
             engine[ph.id] = ph.per_token_s * g.samples * (7.0 + 3.5)
@@ -104,6 +103,57 @@ def test_calibrate_recovers_the_costs_it_was_given(_cost_cpu_profile, test_flow)
     assert cal.op_overhead_s == pytest.approx(0.0123)
     assert "calibrated from runs of grpo_test.flow" in cal.source
     assert (cal.tflops, cal.hbm_gbs) == (prof.tflops, prof.hbm_gbs)  # measured figures stay
+
+
+def _gen_seconds(parts, g) -> float:
+    """A generate's seconds from generate_iterations' (a, s, n, b) and the phase's own costs."""
+    a, s, n, b = parts
+    return a * g.iter_s + s * g.seq_s + n * g.request_s + b * g.prefill_s
+
+
+def test_generate_seconds_are_linear_in_the_decode_costs(_cost_cpu_profile, test_flow):
+    """generate_iterations' coefficients reproduce the simulated generate time of any costs."""
+    _, spec, _ = validate.compile_spec(test_flow)
+    workload = {"prompt_tokens": 7.0, "mean_response": 3.5}
+    parts = validate.generate_iterations(spec, workload)
+    ph = next(p for p in spec.phases if p.kind == "generate")
+    a, s, n, b = parts[ph.id]
+    assert a >= 5 and s > a and n == ph.gen.samples and b > 0  # one replica, every request, 3.5-token answers
+    costs = replace(ph.gen, iter_s=0.003, seq_s=2e-4, request_s=1.5e-4, prefill_s=1e-5, overhead_s=0.0)
+    alone = replace(spec, phases=(replace(ph, deps=(), gen=costs), Phase("d", "work", ph.lane, (ph.id,))),
+                    staleness=1)
+    res = simulate(with_workload(alone, prompt_tokens=7.0, mean_response=3.5), steps=12, seed=0)
+    assert res.by_phase[ph.id] == pytest.approx(_gen_seconds(parts[ph.id], costs), rel=1e-3)  # waves: nearly
+
+
+def test_runs_with_other_response_lengths_separate_per_request_costs(_cost_cpu_profile, tmp_path):
+    """Three runs: two batch sizes and one with long answers; calibration finds the fixed cost
+    per iteration, the cost per running sequence and the serial cost per request."""
+    from cost_cases import TEST_FLOW
+
+    prof = load_profile(_cost_cpu_profile)
+    true = replace(prof, iter_overhead_s=0.002, seq_overhead_s=1e-4, request_overhead_s=2e-4)
+    runs = []
+    for name, batch, tokens, mean in (("big", 64, 8, 3.5), ("small", 16, 8, 3.5), ("long", 16, 16, 14.0)):
+        text = TEST_FLOW.replace("{ROOT}", str(ROOT)).replace("batch = 64", f"batch = {batch}")
+        text = text.replace("max_tokens = 8", f"max_tokens = {tokens}")
+        assert f"max_tokens = {tokens}" in text
+        (tmp_path / f"{name}.flow").write_text(text)
+        flow = str(tmp_path / f"{name}.flow")
+        workload = {"prompt_tokens": 7.0, "mean_response": mean}
+        _, spec, _ = validate.compile_spec(flow, profile=true)
+        iters = validate.generate_iterations(spec, workload)
+        engine = {ph.id: _gen_seconds(iters[ph.id], ph.gen) for ph in spec.phases if ph.kind == "generate"}
+        runs.append((flow, {"dispatch_s": 0.01, "engine": engine, "workload": workload}))
+    cal = validate.calibrate(prof, runs)
+    assert cal.iter_overhead_s == pytest.approx(0.002, rel=1e-3)
+    assert cal.seq_overhead_s == pytest.approx(1e-4, rel=1e-3)
+    assert cal.request_overhead_s == pytest.approx(2e-4, rel=1e-3)
+    assert "us/request" in cal.source
+    # two runs of the same answer length cannot tell per-sequence from per-request costs apart:
+    # the per-iteration and per-sequence model is kept
+    two = validate.calibrate(prof, runs[:2])
+    assert two.request_overhead_s == 0.0 and two.seq_overhead_s > 1e-4
 
 
 def test_decode_iteration_pays_per_sequence():
@@ -164,8 +214,7 @@ def test_two_batch_sizes_separate_fixed_from_per_item_costs(_cost_cpu_profile, t
         engine = {}
         for ph in spec.phases:
             if ph.kind == "generate":
-                a, b = iters[ph.id]
-                engine[ph.id] = a * ph.gen.iter_s + b * ph.gen.prefill_s
+                engine[ph.id] = _gen_seconds(iters[ph.id], ph.gen)
             elif ph.per_token_s > 0:
                 g = next(p.gen for p in spec.phases if p.id == ph.tokens_from)
                 engine[ph.id] = ph.per_token_s * g.samples * 10.5 + (ph.seconds - true.op_overhead_s)

@@ -26,7 +26,7 @@ from flowrl.engines.types import SamplingSpec
 
 
 def test_tables_name_the_engines():
-    assert sorted(registry.ROLLOUT_ENGINES) == ["torch", "vllm"]
+    assert sorted(registry.ROLLOUT_ENGINES) == ["sglang", "torch", "vllm"]
     assert sorted(registry.TRAIN_ENGINES) == ["fsdp", "megatron", "torch"]
 
 
@@ -40,8 +40,7 @@ def test_factories_build_engines_that_satisfy_the_protocols(tiny_model_dir):
 @pytest.mark.parametrize(
     ("name", "kind", "expected"),
     [
-        ("vlm", "rollout", "unknown rollout engine 'vlm'; available: torch, vllm (did you mean 'vllm'?)"),
-        ("sglang", "rollout", "rollout engine 'sglang' is not available: SGLang"),
+        ("vlm", "rollout", "unknown rollout engine 'vlm'; available: sglang, torch, vllm (did you mean 'vllm'?)"),
         ("vllm", "train", "'vllm' is a rollout engine, not a train engine; train engines: fsdp, megatron, torch"),
         ("zzz", "train", "unknown train engine 'zzz'; available: fsdp, megatron, torch"),
     ],
@@ -53,10 +52,14 @@ def test_missing_engine_error_texts(name, kind, expected):
 def test_unknown_names_raise():
     with pytest.raises(UnknownEngineError, match="unknown rollout engine 'vlm'"):
         make_rollout_engine("vlm")
-    with pytest.raises(UnknownEngineError, match="'sglang' is not available"):
-        make_rollout_engine("sglang")
     with pytest.raises(UnknownEngineError, match="unknown train engine 'fsdq'.*did you mean 'fsdp'"):
         make_train_engine("fsdq")
+
+
+def test_planned_engines_are_named_as_such(monkeypatch):
+    monkeypatch.setitem(registry.PLANNED_ENGINES, "trtllm", "TensorRT-LLM rollout engine; not in this build yet")
+    with pytest.raises(UnknownEngineError, match="rollout engine 'trtllm' is not available: TensorRT-LLM"):
+        make_rollout_engine("trtllm")
 
 
 def test_register_engine_adds_a_factory():

@@ -4,7 +4,6 @@ for an actor and a critic, and run GRPO end to end through Ray + vLLM with an ex
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,39 +121,18 @@ schedule main on cluster(nodes = 1, gpus_per_node = 2) {
 GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr = 3e-3, kl = 0.0, seed = 1)"
 
 
-def _flow(tmp: Path, steps: int) -> Path:
-    path = tmp / "fsdp.flow"
-    path.write_text(f"""
-import stdlib.grpo
-model policy = hf("model")
-dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
-reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
-flow main(steps: int = {steps}, eval_every: int = 0) {{
-  {GRPO}
-}}
-{FSDP_SCHEDULE}""")
-    return path
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_fsdp_dp2_grpo_runs_and_matches_vllm(tmp_path):
+def test_fsdp_dp2_grpo_runs_and_matches_vllm(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     pytest.importorskip("ray")
-    from flowrl.models.tiny import build_tiny_model
     from flowrl.runtime.api import run_file
-    from flowrl.tasks.arith import make_split
 
-    build_tiny_model(tmp_path / "model", seed=0)
-    rows = make_split(60, 7)
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:50]))
-    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[50:]))
-    rewards_dir = str(Path(__file__).resolve().parents[1] / "runtime")  # e2e_rewards.py lives there
-    sys.path.insert(0, rewards_dir)
-    try:
-        result = run_file(str(_flow(tmp_path, steps=2)), out=str(tmp_path / "run"))
-    finally:
-        sys.path.remove(rewards_dir)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "runtime"))  # e2e_kit, e2e_rewards
+    from e2e_kit import make_workdir, write_flow
+
+    make_workdir(tmp_path, rows=60, train=50)
+    result = run_file(str(write_flow(tmp_path / "fsdp.flow", GRPO, 2, FSDP_SCHEDULE)), out=str(tmp_path / "run"))
     assert [r["policy/version"] for r in result.rows] == [1, 2]
     for row in result.rows:
         assert row["mismatch/abs_max"] < 1e-4, row  # vLLM vs the FSDP-sharded trainer, after each resync

@@ -42,6 +42,12 @@ def pg_loss(outputs: dict, mb: TokenBatch, denom: dict) -> tuple:
     return loss, {"entropy_sum": ent.detach()}
 
 
+def value_loss(outputs: dict, mb: TokenBatch, denom: dict) -> torch.Tensor:
+    """A critic's squared error to the advantages, over the *global* token count."""
+    mask = mb.response_mask
+    return (((outputs["values"] - mb.extras["advantages"]) ** 2) * mask).sum() / denom["tokens"]
+
+
 @dataclass
 class StepResult:
     """Everything compared between engines for one training step on :func:`make_batch`."""
@@ -58,11 +64,12 @@ class StepResult:
     """HF-named weights before the step (from named_weights)."""
 
 
-def run_megatron(path: str, **layout) -> StepResult:
-    """Build a MegatronTrainEngine with ``layout`` and run the reference step on it."""
+def run_megatron(path: str, batch: TokenBatch | None = None, **layout) -> StepResult:
+    """Build a MegatronTrainEngine with ``layout`` and run the reference step on it (on ``batch``,
+    default :func:`make_batch`)."""
     from flowrl.engines.megatron import MegatronTrainEngine
 
-    batch = make_batch()
+    batch = make_batch() if batch is None else batch
     with MegatronTrainEngine(path, optim=OPTIM, **layout) as eng:
         initial = {k: v.clone() for k, v in eng.named_weights()}
         forward = eng.forward(batch, entropy=True, micro_batch_size=3)

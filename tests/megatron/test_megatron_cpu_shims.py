@@ -28,6 +28,7 @@ NEEDED = {
     "cuda_literals_utils": ({}, "train_step", "Torch not compiled with CUDA"),
     "clip_type_check": ({}, "train_step", "AssertionError"),
     "dist_opt_type_check": ({"dp": 2}, "start", "Wrapped parameters must be one of torch.cuda.FloatTensor"),
+    "cp_pos_emb": ({"cp": 2}, "forward", "pin_memory=True requires a CUDA or other accelerator"),
 }
 
 

@@ -7,17 +7,11 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-import torch  # noqa: E402
-from mcore_cases import MICRO_BATCH, OPTIM, TOL, assert_close, make_batch  # noqa: E402
+from mcore_cases import MICRO_BATCH, OPTIM, TOL, assert_close, make_batch, value_loss  # noqa: E402
 
 from flowrl.engines.base import EngineConfigError  # noqa: E402
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine  # noqa: E402
-
-
-def value_loss(outputs: dict, mb, denom: dict) -> torch.Tensor:
-    mask = mb.response_mask
-    return (((outputs["values"] - mb.extras["advantages"]) ** 2) * mask).sum() / denom["tokens"]
 
 
 def test_critic_tp2_matches_torch_critic(tiny_dir):

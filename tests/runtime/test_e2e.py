@@ -15,41 +15,23 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 
+from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
+
 from flowrl.runtime.api import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-VOLATILE = ("time/", "perf/", "pipeline/", "sync/seconds", "sync/unpack_seconds")
 
 
 def _flow(tmp: Path, body: str, steps: int) -> Path:
-    path = tmp / "e2e.flow"
-    path.write_text(f"""
-import stdlib.grpo
-import stdlib.ppo
-model policy = hf("model")
-dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
-reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
-flow main(steps: int = {steps}, eval_every: int = 0) {{
-  {body}
-}}
-""")
-    return path
+    return write_flow(tmp / "e2e.flow", body, steps, imports=("grpo", "ppo"))
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    from flowrl.models.tiny import build_tiny_model
-    from flowrl.tasks.arith import make_split
-
-    tmp = tmp_path_factory.mktemp("e2e")
-    build_tiny_model(tmp / "model", seed=0)
-    rows = make_split(120, 7)
-    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:100]))
-    (tmp / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[100:]))
-    return tmp
+    return make_workdir(tmp_path_factory.mktemp("e2e"))
 
 
 GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr = 3e-3, kl = 0.0, seed = 1)"
@@ -59,10 +41,6 @@ GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr =
 def grpo_run(workdir):
     path = _flow(workdir, GRPO, steps=6)
     return run_file(str(path), out=str(workdir / "grpo"), save_every=3)
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 def test_grpo_reward_rises(grpo_run):
@@ -96,7 +74,7 @@ def test_kill_and_resume_reproduces_metrics(workdir, grpo_run):
         run_file(str(path), out=str(out), save_every=3, faults=Faults(stop_after_step=3))
     # step 4 (index 3) ran but its checkpoint was never written: the resume redoes it
     resumed = run_file(str(path), resume=str(out))
-    assert _stable(resumed.rows) == _stable(grpo_run.rows)
+    assert stable(resumed.rows) == stable(grpo_run.rows)
 
 
 def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir):
@@ -150,7 +128,7 @@ def test_one_step_off_resume_reproduces_metrics(workdir, async_run):
     with pytest.raises(SystemExit):
         run_file(str(path), out=str(out), save_every=2, faults=Faults(stop_after_step=2))
     resumed = run_file(str(path), resume=str(out))
-    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+    assert stable(resumed.rows) == stable(uninterrupted.rows)
     for row in resumed.rows:
         assert max(int(k.rsplit("/", 1)[1]) for k in row if k.startswith("staleness/hist/")) <= 1
 
@@ -187,4 +165,4 @@ def test_megatron_resume_reproduces_metrics(workdir, megatron_run):
     with pytest.raises(SystemExit):
         run_file(str(path), out=str(out), save_every=3, faults=Faults(stop_after_step=3))
     resumed = run_file(str(path), resume=str(out))
-    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+    assert stable(resumed.rows) == stable(uninterrupted.rows)

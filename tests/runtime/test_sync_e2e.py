@@ -16,6 +16,8 @@ import pytest
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
+from e2e_kit import make_workdir, write_flow  # noqa: E402
+
 from flowrl.runtime.api import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
@@ -27,15 +29,7 @@ GRPO = "grpo(policy, prompts, sevens, batch = 4, group = 4, max_tokens = 6, lr =
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    from flowrl.models.tiny import build_tiny_model
-    from flowrl.tasks.arith import make_split
-
-    tmp = tmp_path_factory.mktemp("sync_e2e")
-    build_tiny_model(tmp / "model", seed=0)
-    rows = make_split(40, 7)
-    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
-    (tmp / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[32:]))
-    return tmp
+    return make_workdir(tmp_path_factory.mktemp("sync_e2e"), rows=40, train=32)
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +48,7 @@ def ray_address():
 
 
 def _run(workdir: Path, ray_address: str, name: str, resync: str, steps: int, faults=None):
-    path = workdir / f"{name}.flow"
-    path.write_text(f"""
-import stdlib.grpo
-model policy = hf("model")
-dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
-reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
-flow main(steps: int = {steps}, eval_every: int = 0) {{
-  {GRPO}
-}}
+    path = write_flow(workdir / f"{name}.flow", GRPO, steps, f"""
 schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   resync policy via {resync}
 }}

@@ -56,11 +56,9 @@ def test_single_rank_torch_keeps_the_torch_engine(tmp_path):
     assert processes_per_node(plan) == {0: 2}
 
 
-def test_context_parallel_training_is_refused_before_anything_starts(tmp_path):
-    import pytest
-
-    from flowrl.runtime.handlers import RuntimeFlowError
-
+def test_context_parallel_megatron_is_executable_and_gets_cp_rank_processes(tmp_path):
     plan = _plan("megatron(tp = 1, cp = 2)", gpus=2)
-    with pytest.raises(RuntimeFlowError, match=r"kind_test.flow:\d+:\d+: context parallelism \(cp = 2\)"):
-        Runtime(plan, tmp_path).check_executable()
+    e = plan.model("policy").train_engine
+    assert (e.kind, e.cp, e.world_size) == ("megatron", 2, 2)
+    Runtime(plan, tmp_path).check_executable()  # refused before the engine had context parallelism
+    assert _train_layout(e) == {"tp": 1, "pp": 1, "dp": 1, "cp": 2}

@@ -161,9 +161,12 @@ def test_simulation_is_deterministic_and_sane():
 
 def test_colocated_engines_gain_nothing_from_staleness():
     """Time-sharing: generation cannot overlap training on the same GPUs."""
-    s1 = simulate(_spec(s=1, shared=True), steps=12)
-    s2 = simulate(_spec(s=2, shared=True), steps=12)
-    assert s2.step_s == pytest.approx(s1.step_s, rel=0.02)
+    s1 = simulate(_spec(s=1, shared=True), steps=40)
+    s2 = simulate(_spec(s=2, shared=True), steps=40)
+    assert s2.step_s == pytest.approx(s1.step_s, rel=0.03)
+    for r in (s1, s2):  # a shared lane never runs two phases at once
+        spans = sorted((t0, t1) for lane, _l, _k, t0, t1 in r.timeline if lane == "gpu")
+        assert all(b0 >= a1 - 1e-9 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]))
 
 
 def test_disaggregated_one_step_off_overlaps_generation_and_training():
@@ -174,12 +177,34 @@ def test_disaggregated_one_step_off_overlaps_generation_and_training():
     assert s2.step_s < s1.breakdown["generate"] + s1.breakdown["update"]
 
 
-def test_more_staleness_absorbs_the_long_tail():
-    """Replicas stream across steps: with a deeper pipeline the straggler matters less."""
+def _by(r, label):
+    return {k: (t0, t1) for _lane, lab, k, t0, t1 in r.timeline if lab == label}
+
+
+@pytest.mark.parametrize("s", [1, 2, 4])
+def test_the_modulo_schedule_of_the_runtime(s):
+    """As flowrl.runtime.pipeline runs it: one generate call at a time, generation of step j
+    after the push of step j - s, and each push after every queued generation (j < k + s)."""
+    r = simulate(_spec(s=s, shared=False, sigma=1.5, train_s=3.0), steps=12)
+    gen, push, upd = _by(r, "generate"), _by(r, "resync"), _by(r, "update")
+    ks = sorted(gen)
+    assert all(gen[b][0] >= gen[a][1] - 1e-9 for a, b in zip(ks, ks[1:]))
+    for j in ks:
+        if j - s in push:
+            assert gen[j][0] >= push[j - s][1] - 1e-9
+    for k, (t0, _t1) in push.items():
+        assert t0 >= max(gen[j][1] for j in gen if j < k + s) - 1e-9
+        if k + 1 in upd:  # the driver's main thread: the next update after this push
+            assert upd[k + 1][0] >= push[k][1] - 1e-9
+
+
+def test_a_deeper_pipeline_never_costs_throughput():
+    """Every push waits for the queued generations, so beyond one step off a deeper pipeline
+    only absorbs step-to-step variation; it never makes a step slower."""
     kw = dict(shared=False, sigma=1.5, train_s=0.5)
     s2 = simulate(_spec(s=2, **kw), steps=24)
     s4 = simulate(_spec(s=4, **kw), steps=24)
-    assert s4.step_s < s2.step_s and s4.bubble < s2.bubble
+    assert s4.step_s <= s2.step_s * 1.001
 
 
 def test_partial_rollout_cuts_the_tail_and_recycles():

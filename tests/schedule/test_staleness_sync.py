@@ -63,6 +63,18 @@ schedule main on cluster() { staleness 2 }
     assert any("no effect" in n for n in plan.estimate.notes)
 
 
+@pytest.mark.parametrize("s,tis,noted", [(1, None, False), (2, None, True), (4, None, True), (4, "2.0", False)])
+def test_stale_samples_without_an_off_policy_correction_are_noted(plan_of, s, tis, noted):
+    text = grpo(schedule=f"schedule main on cluster() {{ staleness {s} }}")
+    if tis is not None:
+        text = text.replace("kl = 0.001)", f"kl = 0.001, tis = {tis})")
+        assert f"tis = {tis}" in text
+    notes = [n for n in plan_of(text).estimate.notes if "off-policy" in n]
+    assert bool(notes) == noted
+    if noted:
+        assert f"up to {s - 1} version(s) behind" in notes[0] and "tis = 2.0" in notes[0]
+
+
 @pytest.mark.parametrize("cluster,pools,expect", [
     ('cluster(gpus_per_node = 8)', "", ("inplace", "local", "ray")),
     ('cluster(gpus_per_node = 8, gpu = "H100")', "", ("inplace", "local", "cuda")),

@@ -69,14 +69,15 @@ def estimate(graph: FlowGraph, st: SchedState, work: Workload, steps: int = SIM_
     ops = tuple(OpCost(oid, kind, where, round(res.by_phase.get(oid, secs), 6), toks)
                 for oid, kind, where, secs, toks in costs)
     util = {}
+    used = {p.lane for p in spec.phases}
     for lane, frac in res.utilization.items():
-        if spec.lanes.get(lane):
+        if spec.lanes.get(lane) and lane in used:
             util[lane_pools.get(lane, lane)] = round(frac, 4)
     notes = list(st.notes)
     unknown = sorted(m for m, f in st.facts.items() if f is None and any(k.startswith(m + ".") for k in st.engines))
     if unknown:
         notes.append(f"shape of {', '.join(unknown)} unknown: times are estimated as for a tiny model")
-    if st.staleness > 1 and _all_colocated(st):
+    if st.staleness > 1 and hw_shares_gpus(st) and _all_colocated(st):
         notes.append(f"staleness {st.staleness} with colocated engines: they take turns on the same GPUs, "
                      "so generation cannot overlap training")
     assumptions = {"prompt_tokens": {g.op: prompt_tokens(st.facts.get(g.model)) for g in work.gens},
@@ -92,6 +93,11 @@ def estimate(graph: FlowGraph, st: SchedState, work: Workload, steps: int = SIM_
 
 def _profile_label(st: SchedState) -> str:
     return f"{st.hw.name}: {st.hw.source}"
+
+
+def hw_shares_gpus(st: SchedState) -> bool:
+    """Colocated engines take turns on a GPU; on logical GPUs of a CPU machine they run side by side."""
+    return st.hw.kind == "gpu"
 
 
 def _all_colocated(st: SchedState) -> bool:
@@ -129,10 +135,38 @@ def lanes_of(st: SchedState) -> dict[str, str]:
     return lane
 
 
+def engine_lanes(st: SchedState) -> dict[str, str]:
+    """Engine key -> lane on ``cpu`` profiles: every engine process has a lane of its own.
+
+    Logical GPUs on a CPU machine do not time-share: each engine process runs on its share
+    of the cores (``flowrl.runtime.workers``), so colocated engines compute side by side.
+    An engine alone on its pool's GPUs keeps the pool's lane name."""
+    shared = lanes_of(st)
+    count: dict[str, int] = {}
+    for lane in shared.values():
+        count[lane] = count.get(lane, 0) + 1
+    return {k: (lane if count[lane] == 1 else f"{lane}:{k}") for k, lane in shared.items()}
+
+
+PRODUCER_KINDS = frozenset({OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE})
+"""Op kinds the runtime's producer stage runs (:data:`flowrl.runtime.pipeline.PRODUCER_KINDS`)."""
+
+
+def producer_ops(graph: FlowGraph, order: list[Node]) -> set[str]:
+    """Ops of the producer stage, by the runtime's rule (:func:`flowrl.runtime.pipeline.split_stages`):
+    sampling, generation and scoring that read only other producer ops (and resources)."""
+    out: set[str] = set()
+    for n in order:
+        if n.kind in PRODUCER_KINDS and all(u in out or graph.node(u).kind in RESOURCE_KINDS
+                                            for u, e in graph.in_edges(n.id) if e.distance == 0):
+            out.add(n.id)
+    return out
+
+
 def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
     """``(SimSpec, [(op id, kind, where, seconds, tokens)], lane -> pool label, generate id -> LengthDist)``."""
     hw = st.hw
-    lane_of = lanes_of(st)
+    lane_of = lanes_of(st) if hw.kind == "gpu" else engine_lanes(st)
     lane_gpus: dict[str, set] = {}
     for key, lane in lane_of.items():
         lane_gpus.setdefault(lane, set()).update(st.engines[key].gpus)
@@ -147,17 +181,19 @@ def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
     dists = {}
     turns_of = {rid: _turns(r) for rid, r in graph.regions.items()}
     unrolled = _unroll(graph, order, turns_of)
+    producers = producer_ops(graph, order)
     for n, t, deps in unrolled:
         pid = n.id if t is None else f"{n.id}@{t}"
         ph, cost = _phase(graph, st, work, n, pid, deps, lane_of, gen_of, tokens_est, dists)
         if ph is None:
             continue
-        phases.append(ph)
+        stage = "producer" if n.id in producers else "consumer"
+        phases.append(replace(ph, stage=stage))
         costs.append(cost)
         if n.kind == OpKind.GENERATE and hw.kind == "gpu":
             sw = _switch(graph, st, n, pid, lane_of)
             if sw is not None:
-                phases.append(sw)
+                phases.append(replace(sw, stage=stage))
     valid = {p.id for p in phases}
     phases = [replace(p, deps=tuple(d for d in p.deps if d in valid)) for p in phases]
     spec = SimSpec(tuple(phases), lanes, staleness=st.staleness,
@@ -273,12 +309,16 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         per_rep = -(-issued // max(e.dp, 1))
         conc = cm.concurrency(e.memory, seq, hw) if e.memory is not None else hw.max_num_seqs
         conc = max(1, min(conc, per_rep)) if e.memory is not None else max(1, min(hw.max_num_seqs, per_rep))
-        iter_s = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=ptoks + dist.mean() / 2)
+        context = ptoks + dist.mean() / 2
+        fixed, per_seq = cm.decode_iter_parts(f, hw, tp=e.tp, batch=conc, context=context)
         prefill = 2 * f.params / (e.tp * hw.tflops * 1e12 * hw.mfu_forward)
-        gp = GenPhase(replicas=max(e.dp, 1), gpus_per_replica=e.tp * e.pp, concurrency=conc, iter_s=iter_s,
+        gp = GenPhase(replicas=max(e.dp, 1), gpus_per_replica=e.tp * e.pp, concurrency=conc, iter_s=fixed,
                       prefill_s=prefill, samples=g.samples, prompt_tokens=ptoks, lengths=dist,
-                      overhead_s=hw.op_overhead_s)
-        est = iter_s * dist.quantile(1 - 1 / (g.samples + 1)) + prefill * ptoks
+                      overhead_s=hw.op_overhead_s, seq_s=per_seq, request_s=hw.request_overhead_s)
+        # without simulating: the longest response, or the waves of the slots, whichever is longer
+        busy = max(dist.quantile(1 - 1 / (per_rep + 1)), per_rep * dist.mean() / conc)
+        est = (busy * (fixed + per_seq * min(conc, per_rep * dist.mean() / busy))
+               + prefill * ptoks * -(-per_rep // conc) + hw.request_overhead_s * per_rep)
         return (Phase(pid, "generate", lane_of[where], deps, gen=gp, label="generate"),
                 (pid, n.kind.value, where, est, int(tokens_est.get(n.id, 0))))
     if n.kind in (OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE):
@@ -422,4 +462,4 @@ def _cycle_latency(spec: SimSpec, res) -> float:
     return best
 
 
-__all__ = ["estimate_cost", "estimate", "build_sim", "lanes_of", "pool_memory"]
+__all__ = ["estimate_cost", "estimate", "build_sim", "lanes_of", "engine_lanes", "producer_ops", "pool_memory"]

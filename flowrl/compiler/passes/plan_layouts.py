@@ -14,7 +14,9 @@ contiguous) and its estimated memory per GPU; the layout
 * keeps each tensor-parallel group on one node (E429);
 * fits in memory (E428): weights, gradients, optimizer states, activations (train
   engines), or weights + workspace inside the rollout engine's reservation, with room
-  for at least one sequence of KV cache (E430).
+  for at least one sequence of KV cache (E430);
+
+and every ``generate`` asks its rollout engine only for sampling options it takes (E438).
 
 An engine without a layout gets one: a frozen model or critic colocated with its base's
 trainer shares that trainer's engine and layout (as veRL does for the reference); a
@@ -78,8 +80,30 @@ def plan_layouts(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             if not (inherited and f"{bases.get(model_of(key))}.train" in failed):
                 errors.items.extend(problems)  # a layout borrowed from a failing base is reported once, there
         engines[key] = plan
+    errors.items.extend(sampling_problems(graph, engines))
     errors.raise_if_any()
     return replace(graph, sched=replace(st, engines=engines))
+
+
+SAMPLING_LIMITS = {"vllm": {"temperature": 2.0}}
+"""Sampling options a rollout engine refuses above a limit: vLLM's ``SamplingParams`` takes
+temperatures in [0, 2] (transformers ``generate`` and SGLang take any)."""
+
+
+def sampling_problems(graph: FlowGraph, engines: dict[str, EnginePlan]) -> list[Diagnostic]:
+    """E438: a ``generate`` option its rollout engine would refuse at the first step."""
+    out = []
+    for n in graph.nodes():
+        e = engines.get(f"{n.model}.rollout") if n.kind == OpKind.GENERATE and n.model else None
+        for opt, limit in SAMPLING_LIMITS.get(e.kind if e else "", {}).items():
+            c = n.attr(opt)
+            v = getattr(c, "value", None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > limit:
+                out.append(Diagnostic(
+                    "E438", f"`{opt} = {v}` for `{n.id}` is above {limit:g}, the most the `{e.kind}` rollout engine "
+                            f"of `{n.model}` accepts", getattr(c, "span", None) or n.key_span(opt) or n.span,
+                    f"use {opt} <= {limit:g}, or the rollout engine `hf_generate`, which takes any {opt}"))
+    return out
 
 
 def _span_of(st: SchedState, key: str) -> Span:

@@ -10,7 +10,8 @@ sample can have (``s - 1 + every - 1``), the versioned buffer's capacity and, wi
 ``partial_rollout(over_provision = f)``, the requests sent per step (f x samples).
 
 ``partial_rollout(recycle = true)`` resumes unfinished generations under newer weights,
-so their samples mix policy versions: it needs ``staleness >= 2`` (E431).
+so their samples mix policy versions: it needs ``staleness >= 2`` (E431). An ``update`` that
+will train stale samples without ``tis`` gets a note (:func:`off_policy_notes`).
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
@@ -57,7 +58,28 @@ def resolve_staleness(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     if s > 1 and not any(n.kind == OpKind.RESYNC for n in graph.nodes()):
         notes.append(f"staleness {s} has no effect: no model is both trained and generated with")
     pipeline = pipeline_plan(spec, s, workload(graph).gens)
+    notes += off_policy_notes(graph, pipeline.max_version_lag)
     return replace(out, sched=replace(st, staleness=s, pipeline=pipeline, notes=tuple(notes)))
+
+
+def off_policy_notes(graph: FlowGraph, lag: int) -> list[str]:
+    """Updates that train samples up to ``lag`` versions old without an importance correction.
+
+    With one optimiser step per batch the PPO ratio is taken against log-probs the trainer
+    computes now, so it is 1 and does not see the staleness; truncated importance sampling
+    against the rollout engine's own log-probs (``tis``) does (veRL and AReaL use it for async RL).
+    """
+    if lag < 1:
+        return []
+    out = []
+    for n in graph.nodes():
+        if n.kind != OpKind.UPDATE or not n.model:
+            continue
+        if not getattr(n.attr("tis"), "value", 0.0):
+            out.append(f"`{n.id}` trains samples up to {lag} version(s) behind the weights without an off-policy "
+                       f"correction: consider `tis = 2.0` (truncated importance sampling against the rollout's "
+                       f"log-probs)")
+    return out
 
 
 def staleness_problems(spec: ScheduleSpec, s: int) -> list[Diagnostic]:
@@ -83,4 +105,4 @@ def pipeline_plan(spec: ScheduleSpec, s: int, gens) -> PipelinePlan:
                         origin=str(spec.staleness_span or spec.span))
 
 
-__all__ = ["resolve_staleness", "staleness_problems", "pipeline_plan"]
+__all__ = ["resolve_staleness", "staleness_problems", "pipeline_plan", "off_policy_notes"]

@@ -250,6 +250,30 @@ def _shim_clip_type_check(p: _Patcher) -> None:
     p.set(module, "clip_grad_by_total_norm_fp32", clip)
 
 
+# ------------------------------------------------------ context-parallel RoPE slice
+
+
+def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
+    """``rope_utils.get_pos_emb_on_this_cp_rank`` with its chunk index on the embedding's device.
+
+    Same math as Megatron's: ``2 * cp`` chunks along ``seq_dim``, keep chunks ``r`` and
+    ``2 cp - 1 - r``. Megatron builds the index with ``pin_memory=True`` and ``.cuda()``.
+    """
+    cp_size, cp_rank = cp_group.size(), cp_group.rank()
+    index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=pos_emb.device)
+    shape = pos_emb.shape
+    pos_emb = pos_emb.view(*shape[:seq_dim], 2 * cp_size, -1, *shape[seq_dim + 1:]).index_select(seq_dim, index)
+    return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
+
+
+def _shim_cp_pos_emb(p: _Patcher) -> None:
+    # With cp > 1, RotaryEmbedding.forward slices its table per CP rank through the module
+    # global get_pos_emb_on_this_cp_rank, whose index tensor is pinned and moved to CUDA.
+    for name in ("megatron.core.models.common.embeddings.rotary_pos_embedding",
+                 "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding"):
+        p.set(importlib.import_module(name), "get_pos_emb_on_this_cp_rank", _cpu_pos_emb_on_this_cp_rank)
+
+
 # ------------------------------------------------------------------- the table
 
 SHIMS: tuple[Shim, ...] = (
@@ -264,6 +288,8 @@ SHIMS: tuple[Shim, ...] = (
          _shim_dist_opt_type_check),
     Shim("clip_type_check", "clip_grad_by_total_norm_fp32: assert grad.type() == 'torch.cuda.FloatTensor'",
          _shim_clip_type_check),
+    Shim("cp_pos_emb", "RotaryEmbedding.forward with cp > 1: get_pos_emb_on_this_cp_rank(pin_memory=True, .cuda())",
+         _shim_cp_pos_emb),
 )
 """Every CPU shim, in application order."""
 

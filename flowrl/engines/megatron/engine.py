@@ -1,17 +1,18 @@
 """The ``megatron`` :class:`~flowrl.engines.base.TrainEngine`: a group of Megatron rank processes.
 
-``MegatronTrainEngine`` is the driver-side handle. It spawns ``tp * pp * dp`` processes
+``MegatronTrainEngine`` is the driver-side handle. It spawns ``tp * pp * dp * cp`` processes
 (``torch.multiprocessing``, spawn start method), each hosting one
 :class:`~flowrl.engines.megatron.worker.MegatronRank`; the ranks form one
 ``torch.distributed`` group (gloo on CPU, NCCL on GPUs) with Megatron's
-``parallel_state`` laid out as (tp, pp, dp). Every Protocol call is broadcast to all
-ranks (each takes its data-parallel slice), and the answers are merged here:
+``parallel_state`` laid out as (tp, pp, dp, cp). Every Protocol call is broadcast to all
+ranks (each takes its data-parallel slice; CP ranks split each sequence), and the answers
+are merged here:
 
-* ``forward``: per-token ``[B, T]`` outputs from the last pipeline stage's tp-rank-0
-  process of each dp rank, concatenated in dp order.
+* ``forward``: per-token ``[B, T]`` outputs from the last pipeline stage's tp-rank-0,
+  cp-rank-0 process of each dp rank, concatenated in dp order.
 * ``train_step``: Megatron's forward/backward schedule (pipelined when pp > 1) over
-  micro-batches, grad all-reduce / reduce-scatter over dp, Megatron's optimizer
-  (distributed optimizer when dp > 1), one step. Returns the summed loss and metrics.
+  micro-batches, grad all-reduce / reduce-scatter over dp x cp, Megatron's optimizer
+  (distributed optimizer when dp * cp > 1), one step. Returns the summed loss and metrics.
 * ``named_weights``: each stage's weights all-gathered over TP and converted to
   transformers names and layouts, stages concatenated (what a rollout resync sends).
 * ``save`` / ``load``: one file per rank (model shard, optimizer shard, step, RNG).
@@ -60,7 +61,7 @@ _PRELOAD = (
 
 
 def _rank_group(options: RankOptions, start_timeout_s: float) -> RankGroup:
-    """Start ``tp * pp * dp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` processes."""
+    """Start ``tp * pp * dp * cp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` processes."""
     from flowrl.engines.megatron.worker import MegatronRank
 
     return RankGroup(MegatronRank, options, options.world_size, start_timeout_s, name="megatron",
@@ -68,7 +69,7 @@ def _rank_group(options: RankOptions, start_timeout_s: float) -> RankGroup:
 
 
 class MegatronTrainEngine:
-    """Train engine over Megatron-core with tensor, pipeline and data parallelism.
+    """Train engine over Megatron-core with tensor, pipeline, data and context parallelism.
 
     Args:
         model_path: transformers checkpoint directory (Llama / Qwen2; config.json + safetensors).
@@ -76,7 +77,9 @@ class MegatronTrainEngine:
             seeded like the torch engine's).
         optim: AdamW / warm-up / clipping settings (shared with the torch engine).
         temperature: logits are divided by it before log_softmax.
-        tp, pp, dp: tensor-, pipeline- and data-parallel sizes; ``tp * pp * dp`` processes.
+        tp, pp, dp, cp: tensor-, pipeline-, data- and context-parallel sizes; ``tp * pp * dp * cp``
+            processes. cp > 1 splits every sequence into ``2 * cp`` chunks, two per CP rank
+            (:mod:`~flowrl.engines.megatron.context_parallel`).
         dtype: parameter dtype (``"float32"``; bf16/fp16 need a GPU).
         seed: Megatron's RNG seed and the critic head's init seed.
         compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
@@ -100,6 +103,7 @@ class MegatronTrainEngine:
         tp: int = 1,
         pp: int = 1,
         dp: int = 1,
+        cp: int = 1,
         dtype: str = "float32",
         seed: int = 0,
         compute_entropy: bool = True,
@@ -112,7 +116,7 @@ class MegatronTrainEngine:
         **unused: Any,
     ):
         _check_installed()
-        _check_args(model_path, role, temperature, tp, pp, dp, dtype)
+        _check_args(model_path, role, temperature, tp, pp, dp, cp, dtype)
         from flowrl.engines.megatron.convert import ModelSpec, check_layout
 
         check_layout(ModelSpec.from_pretrained(model_path), tp, pp)  # fail before spawning anything
@@ -120,7 +124,7 @@ class MegatronTrainEngine:
         self.temperature = float(temperature)
         self.timeout_s = float(timeout_s)
         self.options = RankOptions(
-            model_path=str(model_path), tp=tp, pp=pp, dp=dp, role=role, temperature=float(temperature),
+            model_path=str(model_path), tp=tp, pp=pp, dp=dp, cp=cp, role=role, temperature=float(temperature),
             lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             warmup_steps=optim.warmup_steps, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
             distributed_optimizer=distributed_optimizer, vocab_divisible_by=vocab_divisible_by,
@@ -133,8 +137,8 @@ class MegatronTrainEngine:
 
     @property
     def layout(self) -> dict[str, int]:
-        """``{"tp": ..., "pp": ..., "dp": ...}``."""
-        return {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp}
+        """``{"tp": ..., "pp": ..., "dp": ..., "cp": ...}``."""
+        return {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp, "cp": self.options.cp}
 
     # ------------------------------------------------------------------ forward
 
@@ -161,9 +165,9 @@ class MegatronTrainEngine:
         return {key: torch.cat([r.outputs[key] for r in parts]) for key in parts[0].outputs}
 
     def _output_records(self, records: list[StepRecord]) -> list[StepRecord]:
-        """Records of the last stage's tp-rank-0 processes, in dp order (they hold the outputs)."""
+        """Records of the last stage's tp-rank-0, cp-rank-0 processes, in dp order (they hold the outputs)."""
         last = self.options.pp - 1
-        chosen = [r for r in records if r.coords["pp"] == last and r.coords["tp"] == 0]
+        chosen = [r for r in records if r.coords["pp"] == last and r.coords["tp"] == 0 and r.coords["cp"] == 0]
         return sorted(chosen, key=lambda r: r.coords["dp"])
 
     # --------------------------------------------------------------- training
@@ -223,7 +227,7 @@ class MegatronTrainEngine:
                 yield name, tensor
 
     def save(self, path: str) -> None:
-        """Write one ``mp_rank_{tp}_{pp}_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and
+        """Write one ``mp_rank_{tp}_{pp}[_cp{cp}]_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and
         ``megatron_engine.json`` (layout, role, step) into directory ``path``."""
         save_ranked(self._group, path, self.timeout_s, META_FILE,
                     {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path})
@@ -261,12 +265,13 @@ def _check_installed() -> None:
         raise EngineNotInstalledError(f"the megatron train engine needs megatron-core; install it with: {INSTALL_HINT}")
 
 
-def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, dtype: str) -> None:
+def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int,
+                dtype: str) -> None:
     checks = (
         (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
         (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
-        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp)),
-         f"tp={tp!r}, pp={pp!r}, dp={dp!r}: each must be an integer >= 1"),
+        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp)),
+         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}: each must be an integer >= 1"),
         (dtype == "float32" or torch.cuda.is_available(),
          f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
         (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),

@@ -3,7 +3,7 @@
 A :class:`MegatronRank` lives in its own process (spawned by
 :class:`~flowrl.engines.megatron.engine.MegatronTrainEngine`, or hosted by a Ray actor),
 joins a ``torch.distributed`` group (gloo on CPU, NCCL on GPUs), initialises Megatron's
-``parallel_state`` for (tp, pp, dp) and builds its ``GPTModel`` stage. Every method is
+``parallel_state`` for (tp, pp, dp, cp) and builds its ``GPTModel`` stage. Every method is
 collective: all ranks of the group call it with the same arguments (each rank then
 takes its data-parallel slice), like Megatron's own training loop.
 
@@ -11,6 +11,13 @@ Per-token math on the last pipeline stage works on *vocab-parallel* logits
 ``[b, t, V/tp]``: log-probabilities come from Megatron's
 ``vocab_parallel_cross_entropy`` and entropy from the same max / sum-exp all-reduces,
 so no rank ever materialises the full vocabulary.
+
+With context parallelism (cp > 1) each micro-batch is padded to a multiple of ``2 * cp``
+tokens and every CP rank runs the model on its two load-balanced chunks
+(:mod:`~flowrl.engines.megatron.context_parallel`: all-gathered K/V, queries at global
+positions). Per-token outputs are computed on the local tokens, then all-gathered back
+into token order, so ``loss_fn`` sees the whole ``[b, T]`` micro-batch on every CP rank
+(each keeps the gradient of its own tokens) and any loss works unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch
 from flowrl.algos.losses import combine_metrics
 from flowrl.engines.ranks import dp_slices
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError
+from flowrl.engines.megatron.context_parallel import cp_layer_spec, cp_token_index, gather_sequence, padded_width
 from flowrl.engines.megatron.convert import (
     Layout,
     ModelSpec,
@@ -59,6 +67,8 @@ class RankOptions:
     """Pipeline-parallel size (splits the layers into stages)."""
     dp: int = 1
     """Data-parallel size (splits the batch rows)."""
+    cp: int = 1
+    """Context-parallel size (splits each sequence into 2*cp chunks, two per CP rank)."""
     role: str = "actor"
     """``"actor"`` (logprobs / entropy) or ``"critic"`` (values from a Linear(H, 1) head)."""
     temperature: float = 1.0
@@ -94,8 +104,8 @@ class RankOptions:
 
     @property
     def world_size(self) -> int:
-        """Number of rank processes: tp * pp * dp."""
-        return self.tp * self.pp * self.dp
+        """Number of rank processes: tp * pp * dp * cp."""
+        return self.tp * self.pp * self.dp * self.cp
 
 
 @dataclass
@@ -103,7 +113,7 @@ class StepRecord:
     """What one rank reports after a schedule call (merged by the engine)."""
 
     coords: dict[str, int]
-    """``{"rank", "tp", "pp", "dp"}`` of the reporting rank."""
+    """``{"rank", "tp", "pp", "dp", "cp"}`` of the reporting rank."""
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     """forward: per-token ``[rows, T]`` float32 outputs of this rank's dp slice (last stage only)."""
     stats: dict[str, float] = field(default_factory=dict)
@@ -165,14 +175,14 @@ class MegatronRank:
     """One process of the Megatron engine (see the module docstring).
 
     Args:
-        rank, world_size: this process's global rank and the group size (= tp * pp * dp).
+        rank, world_size: this process's global rank and the group size (= tp * pp * dp * cp).
         init_method: ``torch.distributed`` rendezvous URL (``tcp://host:port``).
         options: the engine's :class:`RankOptions`.
     """
 
     def __init__(self, rank: int, world_size: int, init_method: str, options: RankOptions):
         if world_size != options.world_size:
-            raise EngineConfigError(f"world_size={world_size} != tp*pp*dp={options.world_size}")
+            raise EngineConfigError(f"world_size={world_size} != tp*pp*dp*cp={options.world_size}")
         self.options = options
         threads = options.threads or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
@@ -190,6 +200,7 @@ class MegatronRank:
             "tp": self.layout.tp_rank,
             "pp": self.layout.pp_rank,
             "dp": self.ps.get_data_parallel_rank(),
+            "cp": self.ps.get_context_parallel_rank(),
         }
         self.first_stage = self.ps.is_pipeline_first_stage()
         self.last_stage = self.ps.is_pipeline_last_stage()
@@ -213,7 +224,8 @@ class MegatronRank:
         from megatron.core import parallel_state, tensor_parallel
 
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=self.options.tp, pipeline_model_parallel_size=self.options.pp
+            tensor_model_parallel_size=self.options.tp, pipeline_model_parallel_size=self.options.pp,
+            context_parallel_size=self.options.cp,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(self.options.seed)
         self.ps = parallel_state
@@ -229,7 +241,7 @@ class MegatronRank:
             kv_channels=s.head_dim, ffn_hidden_size=s.ffn, normalization="RMSNorm", layernorm_epsilon=s.rms_eps,
             gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
             hidden_dropout=0.0, attention_dropout=0.0,
-            tensor_model_parallel_size=o.tp, pipeline_model_parallel_size=o.pp,
+            tensor_model_parallel_size=o.tp, pipeline_model_parallel_size=o.pp, context_parallel_size=o.cp,
             params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
             use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=False,
             # Fused kernels are CUDA-only; the unfused paths compute the same functions.
@@ -252,8 +264,11 @@ class MegatronRank:
         s, o = self.spec, self.options
         self.config = self._transformer_config()
         self.padded_vocab = padded_vocab_size(s.vocab_size, o.tp, o.vocab_divisible_by)
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        if o.cp > 1:  # Megatron's local attention is cp=1 only; its CP attention needs Transformer Engine
+            spec = cp_layer_spec(spec)
         model = GPTModel(
-            self.config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=self.padded_vocab,
+            self.config, spec, vocab_size=self.padded_vocab,
             max_sequence_length=s.max_position, pre_process=self.first_stage, post_process=self.last_stage,
             parallel_output=True, share_embeddings_and_output_weights=s.tie_embeddings and o.role == "actor",
             position_embedding_type="rope", rotary_base=int(s.rope_theta),
@@ -291,7 +306,9 @@ class MegatronRank:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         o = self.options
-        use_dist_opt = o.distributed_optimizer and o.dp > 1
+        # Megatron's DDP reduces grads (and the distributed optimizer shards its state) over
+        # the dp x cp group: CP ranks hold the same weights and partial grads of them.
+        use_dist_opt = o.distributed_optimizer and o.dp * o.cp > 1
         ddp = DistributedDataParallel(
             self.config,
             DistributedDataParallelConfig(use_distributed_optimizer=use_dist_opt, overlap_grad_reduce=False,
@@ -318,33 +335,68 @@ class MegatronRank:
     def _my_rows(self, batch: TokenBatch) -> TokenBatch:
         return batch.select(dp_slices(batch.size, self.options.dp)[self.coords["dp"]])
 
-    def _model_inputs(self, micro: TokenBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """input_ids [b, t], position_ids [b, t] and the causal mask [1, 1, t, t] (True = masked)."""
+    def _model_inputs(self, micro: TokenBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """input_ids, position_ids and attention mask of ``micro`` as this rank feeds them to the model.
+
+        cp = 1: ``[b, t]`` ids and positions and the causal mask ``[1, 1, t, t]`` (True = masked).
+        cp > 1: the width is padded to a multiple of ``2 * cp`` and this rank gets its two
+        chunks, ``[b, t_pad / cp]`` ids with their global positions; the mask is None (the CP
+        attention masks causally by global position).
+        """
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         ids = micro.input_ids.to(device)
         t = ids.shape[1]
-        positions = torch.arange(t, device=device).unsqueeze(0).expand_as(ids)
         # Right padding: every real token's keys lie at or before it, so a causal mask
         # equals the causal+padding mask on the positions that count.
+        if self.options.cp > 1:
+            mine = self._cp_positions(t, device)
+            ids = torch.nn.functional.pad(ids, (0, padded_width(t, self.options.cp) - t)).index_select(1, mine)
+            return ids, mine.unsqueeze(0).expand_as(ids), None
+        positions = torch.arange(t, device=device).unsqueeze(0).expand_as(ids)
         mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), diagonal=1)[None, None]
         return ids, positions, mask
 
+    def _cp_positions(self, width: int, device: torch.device) -> torch.Tensor:
+        """Global positions of this CP rank's tokens in a micro-batch of ``width`` tokens (padded for CP)."""
+        return cp_token_index(padded_width(width, self.options.cp), self.options.cp, self.coords["cp"], device)
+
+    def _next_tokens(self, micro: TokenBatch, device: torch.device) -> torch.Tensor:
+        """For each position the model ran on, the token that follows it (0 after the last): [b, s]."""
+        ids = micro.input_ids.to(device)
+        following = torch.nn.functional.pad(ids[:, 1:], (0, 1))
+        if self.options.cp == 1:
+            return following
+        t = ids.shape[1]
+        following = torch.nn.functional.pad(following, (0, padded_width(t, self.options.cp) - t))
+        return following.index_select(1, self._cp_positions(t, device))
+
+    def _align(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """[b, s] values computed at each model position for the *next* token -> [b, width] aligned with the
+        token they score (0 at position 0). With cp > 1 the CP ranks' positions are gathered into token
+        order first (each rank keeps the gradient of its own positions: all compute the same loss)."""
+        if self.options.cp > 1:
+            x = gather_sequence(x, 1, self.ps.get_context_parallel_group(), "own")
+        return _shift_right(x[:, : width - 1])
+
     def _token_outputs(self, logits: torch.Tensor, micro: TokenBatch, *, entropy: bool) -> dict[str, torch.Tensor]:
-        """Last stage: model output [b, t, V/tp] (actor) or [b, t, 1] (critic) -> per-token [b, t] outputs."""
+        """Last stage: model output [b, s, V/tp] (actor) or [b, s, 1] (critic) -> per-token [b, t] outputs.
+
+        ``s`` is the micro-batch width ``t``, or with cp > 1 this CP rank's share of it (padded).
+        """
         attn = micro.attention_mask.to(logits.device).float()
+        width = attn.shape[1]
         if self.options.role == "critic":
             # values[t] is the state before token t: the hidden state at t-1.
-            return {"values": _shift_right(logits[:, :-1, 0].float()) * attn}
+            return {"values": self._align(logits[..., 0].float(), width) * attn}
         from megatron.core import tensor_parallel
 
-        z = logits[:, :-1].float() / self.options.temperature
+        z = logits.float() / self.options.temperature
         z = self._mask_padded_vocab(z)
-        targets = micro.input_ids[:, 1:].to(z.device)
         # vocab_parallel_cross_entropy shifts its input in place: give it its own copy.
-        nll = tensor_parallel.vocab_parallel_cross_entropy(z.clone(), targets)
-        out = {"logprobs": _shift_right(-nll) * attn}
+        nll = tensor_parallel.vocab_parallel_cross_entropy(z.clone(), self._next_tokens(micro, z.device))
+        out = {"logprobs": self._align(-nll, width) * attn}
         if entropy:
-            out["entropy"] = _shift_right(self._vocab_parallel_entropy(z)) * attn
+            out["entropy"] = self._align(self._vocab_parallel_entropy(z), width) * attn
         return out
 
     def _mask_padded_vocab(self, z: torch.Tensor) -> torch.Tensor:
@@ -385,7 +437,8 @@ class MegatronRank:
 
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micros), model=[self.ddp],
-            num_microbatches=len(micros), seq_length=max(m.input_ids.shape[1] for m in micros),
+            num_microbatches=len(micros),
+            seq_length=max(padded_width(m.input_ids.shape[1], self.options.cp) for m in micros),
             micro_batch_size=max(m.size for m in micros), forward_only=forward_only,
             force_all_reduce=force_all_reduce,
         )
@@ -499,7 +552,8 @@ class MegatronRank:
 
         ``source``: ``"weights"`` or ``"grads"`` (those of the last ``train_step(capture_grads=True)``).
         Collective over the TP group (every rank must call it); only ranks with
-        tp_rank == 0 and dp_rank == 0 return tensors, the others return ``{}``.
+        tp_rank == 0, dp_rank == 0 and cp_rank == 0 return tensors, the others return ``{}``
+        (dp and cp ranks hold the same weights).
         """
         import torch.distributed as dist
 
@@ -515,7 +569,7 @@ class MegatronRank:
             else:
                 shards = [tensor]
             stage[name] = merge_tp(name, [s.cpu() for s in shards], self.spec, self.options.role)
-        if self.coords["tp"] != 0 or self.coords["dp"] != 0:
+        if self.coords["tp"] != 0 or self.coords["dp"] != 0 or self.coords["cp"] != 0:
             return {}
         full = to_global_names(stage, self.spec, self.options.pp, self.layout.pp_rank)
         return megatron_to_hf(full, self.spec, self.options.role)
@@ -523,9 +577,15 @@ class MegatronRank:
     # ------------------------------------------------------------ checkpoints
 
     def checkpoint_file(self, path: str) -> str:
-        """Megatron's per-rank file name: ``mp_rank_{tp:02d}_{pp:03d}_dp{dp:03d}.pt`` inside ``path``."""
+        """Megatron's per-rank file name: ``mp_rank_{tp:02d}_{pp:03d}_dp{dp:03d}.pt`` inside ``path``
+        (``..._cp{cp:02d}_dp...`` with cp > 1: CP ranks hold different optimizer shards)."""
         c = self.coords
-        return os.path.join(path, f"mp_rank_{c['tp']:02d}_{c['pp']:03d}_dp{c['dp']:03d}.pt")
+        cp = f"_cp{c['cp']:02d}" if self.options.cp > 1 else ""
+        return os.path.join(path, f"mp_rank_{c['tp']:02d}_{c['pp']:03d}{cp}_dp{c['dp']:03d}.pt")
+
+    def _layout(self) -> dict[str, int]:
+        o = self.options
+        return {"tp": o.tp, "pp": o.pp, "dp": o.dp, "cp": o.cp}
 
     def save(self, path: str) -> str:
         """Write this rank's model shard, optimizer state (its dist-optimizer shard), step and RNG states."""
@@ -533,7 +593,7 @@ class MegatronRank:
 
         os.makedirs(path, exist_ok=True)
         state = {
-            "layout": {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp},
+            "layout": self._layout(),
             "role": self.options.role,
             "step": self.step,
             "model": {k: v.clone() for k, v in self.local_weights().items()},
@@ -561,18 +621,18 @@ class MegatronRank:
         ]
 
     def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote for this rank (same tp/pp/dp layout required)."""
+        """Restore what :meth:`save` wrote for this rank (same tp/pp/dp/cp layout required)."""
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
         file = self.checkpoint_file(path)
         if not os.path.isfile(file):
             raise EngineError(f"no Megatron checkpoint file {file!r}; was {path!r} written by this engine's save()?")
         state = torch.load(file, map_location="cpu", weights_only=False)
-        layout = {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp}
+        layout = self._layout()
         if state["layout"] != layout or state["role"] != self.options.role:
             raise EngineConfigError(
                 f"checkpoint {path!r} was written by a {state['role']} with layout {state['layout']}; this engine is "
-                f"a {self.options.role} with {layout}; load it with the same megatron(tp, pp, dp)"
+                f"a {self.options.role} with {layout}; load it with the same megatron(tp, pp, dp, cp)"
             )
         self.load_local(state["model"])
         if state["optimizer"] is not None:
