@@ -58,6 +58,9 @@ DTYPES: dict[str, torch.dtype] = {
 
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
+_TAIL_SLACK = 64 << 10
+"""Bytes a ring buffer holds beyond ``bucket_bytes``, for the trailer a streaming sender appends."""
+
 
 class WeightSyncError(RuntimeError):
     """Weights could not be packed (bad input) or arrived corrupted."""
@@ -113,8 +116,8 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def raw_bytes(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
-    """``(dtype name, [nbytes] uint8 view of the tensor's bytes)``; copies only off-CPU or non-contiguous tensors."""
+def dtype_name_of(name: str, tensor: torch.Tensor) -> str:
+    """The :data:`DTYPES` key of ``tensor``'s dtype, or :class:`WeightSyncError` naming the weight."""
     if not isinstance(tensor, torch.Tensor):
         raise WeightSyncError(
             f"weight {name!r} is a {type(tensor).__name__}, not a torch.Tensor; hint: pass (name, tensor) pairs"
@@ -124,6 +127,12 @@ def raw_bytes(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
         raise WeightSyncError(
             f"weight {name!r} has unsupported dtype {tensor.dtype}; hint: supported are {sorted(DTYPES)}"
         )
+    return dtype_name
+
+
+def raw_bytes(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
+    """``(dtype name, [nbytes] uint8 view of the tensor's bytes)``; copies only off-CPU or non-contiguous tensors."""
+    dtype_name = dtype_name_of(name, tensor)
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     return dtype_name, flat.view(torch.uint8).numpy()
 
@@ -211,8 +220,9 @@ class BucketPacker:
             for i, buf in enumerate(self._free):
                 if buf.nbytes >= nbytes:
                     return self._free.pop(i)  # by position: list.remove would compare arrays elementwise
-        # First use, or an oversized tensor: allocate (and touch) once, then reuse.
-        return np.empty(max(nbytes, self.bucket_bytes), np.uint8)
+        # First use, or an oversized tensor: allocate (and touch) once, then reuse. The slack
+        # above bucket_bytes holds a streaming sender's frame trailer (see fill's ``tail``).
+        return np.empty(max(nbytes, self.bucket_bytes + _TAIL_SLACK), np.uint8)
 
     def release(self, bucket: Bucket) -> None:
         """Return ``bucket``'s buffer to the ring (its data must not be read afterwards)."""
@@ -225,40 +235,29 @@ class BucketPacker:
              ) -> Iterator[Bucket]:
         """Buckets of ``named_tensors`` in order (lazily: a sender holds at most one bucket extra).
 
-        Sizing rule: tensors go into the current bucket in input order while the bucket
-        stays within ``bucket_bytes`` (offsets rounded up to :data:`ALIGN`); a tensor
-        that does not fit starts a new bucket; a tensor larger than ``bucket_bytes``
-        gets a bucket of its own. ``stats`` is filled in place.
+        :func:`plan_buckets` forms each bucket (the sizing rule), :meth:`fill` packs it.
+        ``stats`` is filled in place.
         """
         stats = SyncStats() if stats is None else stats
-        seen: set[str] = set()
-        pending: list[tuple[str, str, tuple[int, ...], int, np.ndarray]] = []
-        end, index = 0, 0
-        for name, tensor in named_tensors:
-            if name in seen:
-                raise WeightSyncError(f"weight {name!r} appears twice in one sync; hint: names must be unique")
-            seen.add(name)
-            started = time.perf_counter()
-            dtype_name, raw = raw_bytes(name, tensor)  # a GPU tensor is copied to the CPU here
-            stats.pack_seconds += time.perf_counter() - started
-            offset = _aligned(end) if pending else 0
-            if pending and offset + raw.nbytes > self.bucket_bytes:
-                yield self._build(index, pending, stats)
-                pending, offset, index = [], 0, index + 1
-            pending.append((name, dtype_name, tuple(tensor.shape), offset, raw))
-            end = offset + raw.nbytes
-        if pending:
-            yield self._build(index, pending, stats)
+        for planned in plan_buckets(named_tensors, self.bucket_bytes):
+            yield self.fill(planned, stats)
 
-    def _build(self, index: int, pending: list, stats: SyncStats) -> Bucket:
-        """Copy the pending tensors into one buffer, zero the padding, checksum each byte once."""
-        _, _, _, last_offset, last_raw = pending[-1]
-        length = last_offset + last_raw.nbytes
+    def fill(self, planned: "PlannedBucket", stats: SyncStats | None = None, tail: int = 0) -> Bucket:
+        """Copy ``planned``'s tensors into one buffer, zero the padding, checksum each byte once.
+
+        ``tail`` bytes more are reserved after the data (the buffer's ``[nbytes, nbytes + tail)``,
+        see :meth:`frame`): a streaming sender writes its frame trailer there and sends
+        data and trailer in one message.
+        """
+        stats = SyncStats() if stats is None else stats
+        length = planned.nbytes
         started = time.perf_counter()
-        buf = self._acquire(length)
+        buf = self._acquire(length + tail)
         data = buf[:length]
         metas, crc, cursor = [], 0, 0
-        for name, dtype_name, shape, offset, raw in pending:
+        for meta, tensor in zip(planned.tensors, planned.sources):
+            _, raw = raw_bytes(meta.name, tensor)  # a GPU tensor is copied to the CPU here
+            offset = meta.offset
             if offset > cursor:
                 data[cursor:offset] = 0
                 crc = crc32(data[cursor:offset], crc)  # padding continues the running CRC
@@ -266,9 +265,9 @@ class BucketPacker:
             view[:] = raw
             tensor_crc = crc32(view)
             crc = tensor_crc if offset == 0 else crc32_combine(crc, tensor_crc, raw.nbytes)
-            metas.append(TensorMeta(name, dtype_name, shape, offset, raw.nbytes, tensor_crc))
+            metas.append(meta._replace(checksum=tensor_crc))
             cursor = offset + raw.nbytes
-        bucket = Bucket(index, data, tuple(metas), crc)
+        bucket = Bucket(planned.index, data, tuple(metas), crc)
         if self.ring:
             with self._lock:
                 self._owner[id(data)] = buf
@@ -277,6 +276,65 @@ class BucketPacker:
         stats.buckets += 1
         stats.tensors += len(metas)
         return bucket
+
+    def frame(self, bucket: Bucket, tail: int) -> np.ndarray:
+        """``bucket``'s data followed by the ``tail`` bytes :meth:`fill` reserved: one contiguous message.
+
+        Only for ``ring=True`` packers, and only until :meth:`release`.
+        """
+        with self._lock:
+            buf = self._owner.get(id(bucket.data))
+        if buf is None:
+            raise WeightSyncError(f"bucket {bucket.index} was not packed by this ring packer or was released; "
+                                  "hint: take the frame before release()")
+        return buf[: bucket.data.nbytes + tail]
+
+
+class PlannedBucket(NamedTuple):
+    """A bucket's layout before its bytes are read: what :func:`plan_buckets` forms and :meth:`BucketPacker.fill` packs."""
+
+    index: int
+    """Position in the sync, 0-based."""
+    nbytes: int
+    """Length of the bucket's data, alignment padding included, bytes."""
+    tensors: tuple[TensorMeta, ...]
+    """Where each tensor goes (``checksum`` is 0 until packed)."""
+    sources: tuple[torch.Tensor, ...]
+    """The tensors themselves, in the same order (any device; read when packed)."""
+
+
+def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[PlannedBucket]:
+    """Form buckets from names, dtypes and shapes alone (no byte is read), lazily, in input order.
+
+    Sizing rule: tensors go into the current bucket in input order while the bucket
+    stays within ``bucket_bytes`` (offsets rounded up to :data:`ALIGN`); a tensor
+    that does not fit starts a new bucket; a tensor larger than ``bucket_bytes``
+    gets a bucket of its own. Raises :class:`WeightSyncError` for a duplicate name,
+    a non-tensor or an unsupported dtype.
+    """
+    seen: set[str] = set()
+    pending: list[tuple[TensorMeta, torch.Tensor]] = []
+    end, index = 0, 0
+    for name, tensor in named_tensors:
+        if name in seen:
+            raise WeightSyncError(f"weight {name!r} appears twice in one sync; hint: names must be unique")
+        seen.add(name)
+        dtype_name = dtype_name_of(name, tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        offset = _aligned(end) if pending else 0
+        if pending and offset + nbytes > bucket_bytes:
+            yield _planned(index, pending)
+            pending, offset, index = [], 0, index + 1
+        pending.append((TensorMeta(name, dtype_name, tuple(tensor.shape), offset, nbytes, 0), tensor))
+        end = offset + nbytes
+    if pending:
+        yield _planned(index, pending)
+
+
+def _planned(index: int, pending: list[tuple[TensorMeta, torch.Tensor]]) -> PlannedBucket:
+    last = pending[-1][0]
+    return PlannedBucket(index, last.offset + last.nbytes, tuple(m for m, _ in pending),
+                         tuple(t for _, t in pending))
 
 
 def iter_buckets(

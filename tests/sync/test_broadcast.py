@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.runtime.sync import BroadcastSync, Rendezvous, WeightSyncError
+from flowrl.runtime.sync.broadcast import HEADER_LEN, trailer_bytes
 from flowrl.runtime.weight_sync import pack_buckets
 from sync_testkit import broadcast_receiver, collect, digest, model_weights, start_children
 
@@ -24,23 +25,39 @@ def flip_first_tensor_of(index: int):
     return tamper
 
 
+def fail_at(index: int):
+    """Tamper hook: packing fails on bucket ``index``, after the layout and earlier buckets went out."""
+
+    def tamper(bucket):
+        if bucket.index == index:
+            raise OSError(f"disk gone while packing bucket {index}")
+        return bucket
+
+    return tamper
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(tmp_path, overlap):
     sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, overlap=overlap, timeout_s=60)
-    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 4, overlap, str(tmp_path)),
-                                                   (sender.rendezvous, 2, 4, overlap, None)])
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 5, overlap, str(tmp_path)),
+                                                   (sender.rendezvous, 2, 5, overlap, None)])
     # v1: a clean sync
     stats = sender.send(model_weights(1), 1)
     # v2: bucket 1 is damaged after checksumming: both receivers must name its first tensor
     sender.tamper = flip_first_tensor_of(1)
     sender.send(model_weights(2), 2)
     sender.tamper = None
-    # v3: the sender fails half-way (a dtype the format cannot carry): receivers must not hang
+    # v3: the sender refuses the weights before anything is sent (a dtype the format cannot carry)
     bad = model_weights(3)[:4] + [("layers.9.complex", torch.zeros(2, dtype=torch.complex64))]
     with pytest.raises(WeightSyncError, match="unsupported dtype"):
         sender.send(bad, 3)
-    # v4: the group is still in step
-    sender.send(model_weights(4), 4)
+    # v4: the sender fails half-way, after two buckets went out: receivers must not hang
+    sender.tamper = fail_at(2)
+    with pytest.raises(OSError, match="disk gone"):
+        sender.send(model_weights(4), 4)
+    sender.tamper = None
+    # v5: the group is still in step
+    sender.send(model_weights(5), 5)
     sender.close()
     results = collect(procs, q)
 
@@ -52,10 +69,28 @@ def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(t
         assert outcomes[1][0] == "error" and f"tensor {damaged!r} in bucket 1 is corrupted" in outcomes[1][1]
         assert outcomes[2][0] == "error" and "sender aborted version 3" in outcomes[2][1]
         assert "unsupported dtype" in outcomes[2][1]
-        assert outcomes[3][:3] == ("ok", 4, digest(model_weights(4)))
+        assert outcomes[3] == ("error", outcomes[3][1])
+        assert "sender aborted version 4: OSError: disk gone while packing bucket 2" in outcomes[3][1]
+        assert outcomes[4][:3] == ("ok", 5, digest(model_weights(5)))
     assert results[0][1] is True  # the receiver's own default group (like vLLM's) still works
     assert stats.buckets > 3 and stats.tensors == len(model_weights(1))
-    assert stats.wire_bytes > stats.bytes  # headers and metadata travel too
+    assert stats.wire_bytes > stats.bytes  # the header, the layout and the CRC trailers travel too
+
+
+def test_each_bucket_is_one_message_of_the_size_the_layout_announced():
+    """The wire carries the header, the layout, then exactly one message per bucket: data + CRC trailer."""
+    sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=60)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 1, True, None)])
+    sizes = []
+    send_blob = sender._send_blob
+    sender._send_blob = lambda blob: sizes.append(blob.nbytes) or send_blob(blob)
+    stats = sender.send(model_weights(1), 1)
+    sender.close()
+    (outcomes, _), = collect(procs, q)
+    buckets, _ = pack_buckets(model_weights(1), BUCKET)
+    assert outcomes[0][:3] == ("ok", 1, digest(model_weights(1)))
+    assert sizes[1:] == [b.data.nbytes + trailer_bytes(len(b.tensors)) for b in buckets]  # sizes[0]: the layout
+    assert stats.wire_bytes == 8 * HEADER_LEN + sum(sizes)
 
 
 def test_receiver_needs_rendezvous_and_valid_rank():

@@ -69,3 +69,19 @@ def test_prefetch_forwards_errors_and_a_second_iteration_does_not_wait():
             got.append(item)
     assert got == [1] and list(source) == []  # draining after the failure returns at once
     source.close()
+
+
+def test_fill_reserves_the_trailer_room_and_frame_needs_an_unreleased_bucket():
+    from flowrl.runtime.weight_sync import plan_buckets
+
+    packer = BucketPacker(1 << 20)
+    planned = next(plan_buckets(model_weights(1), 1 << 20))
+    assert all(m.checksum == 0 for m in planned.tensors)  # the layout comes from shapes alone
+    bucket = packer.fill(planned, tail=48)
+    frame = packer.frame(bucket, 48)
+    assert frame.nbytes == bucket.data.nbytes + 48 and np.shares_memory(frame, bucket.data)
+    assert [m[:5] for m in bucket.tensors] == [m[:5] for m in planned.tensors]
+    assert digest(unpack_bucket(bucket)) == digest(model_weights(1)[:len(bucket.tensors)])
+    packer.release(bucket)
+    with pytest.raises(WeightSyncError, match="was released"):
+        packer.frame(bucket, 48)
