@@ -132,6 +132,16 @@ def check_sampling_spec(spec: SamplingSpec) -> None:
             raise EngineConfigError(f"SamplingSpec.{name}={value!r} is out of range; {hint}")
 
 
+def check_lengths(prompts: list[list[int]], max_tokens: int, max_model_len: int) -> None:
+    """Raise :class:`EngineConfigError` for a prompt whose length plus ``max_tokens`` exceeds ``max_model_len``."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) + max_tokens > max_model_len:
+            raise EngineConfigError(
+                f"prompt {i} has {len(prompt)} tokens + max_tokens={max_tokens} > max_model_len={max_model_len}; "
+                "shorten the prompt, lower max_tokens or raise max_model_len"
+            )
+
+
 def check_prompts(prompts: list[list[int]], vocab_size: int | None = None) -> None:
     """Raise :class:`EngineConfigError` for an empty prompt or a token id outside ``[0, vocab_size)``."""
     for i, prompt in enumerate(prompts):

@@ -49,6 +49,7 @@ from flowrl.engines.base import (
     EngineConfigError,
     EngineError,
     EngineNotInstalledError,
+    check_lengths,
     check_prompts,
     check_sampling_spec,
     derive_seed,
@@ -216,15 +217,6 @@ class SGLangRolloutEngine:
         params["custom_params"] = {"temperature": spec.temperature, "top_k": spec.top_k, "top_p": spec.top_p}
         return params, self._processor
 
-    def _check_lengths(self, prompts: list[list[int]], max_tokens: int) -> None:
-        limit = self.options.max_model_len
-        for i, prompt in enumerate(prompts):
-            if len(prompt) + max_tokens > limit:
-                raise EngineConfigError(
-                    f"prompt {i} has {len(prompt)} tokens + max_tokens={max_tokens} > max_model_len={limit}; "
-                    "shorten the prompt, lower max_tokens or raise max_model_len"
-                )
-
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
         """``spec.n`` completions per prompt, grouped per prompt in prompt order.
 
@@ -234,7 +226,7 @@ class SGLangRolloutEngine:
         """
         check_sampling_spec(spec)
         check_prompts(prompts, self.vocab_size)
-        self._check_lengths(prompts, spec.max_tokens)
+        check_lengths(prompts, spec.max_tokens, self.options.max_model_len)
         # Greedy samples are identical: decode once per prompt and repeat.
         copies = spec.n if spec.temperature == 0.0 else 1
         per_prompt = spec.n // copies

@@ -28,6 +28,7 @@ from flowrl.engines.base import (
     EngineConfigError,
     EngineError,
     EngineNotInstalledError,
+    check_lengths,
     check_prompts,
     check_sampling_spec,
     derive_seed,
@@ -168,15 +169,6 @@ class VLLMRolloutEngine:
             seed=seed,
         )
 
-    def _check_lengths(self, prompts: list[list[int]], max_tokens: int) -> None:
-        limit = self.options.max_model_len
-        for i, prompt in enumerate(prompts):
-            if len(prompt) + max_tokens > limit:
-                raise EngineConfigError(
-                    f"prompt {i} has {len(prompt)} tokens + max_tokens={max_tokens} > max_model_len={limit}; "
-                    "shorten the prompt, lower max_tokens or raise max_model_len"
-                )
-
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
         """``spec.n`` completions per prompt, grouped per prompt in prompt order.
 
@@ -186,7 +178,7 @@ class VLLMRolloutEngine:
         """
         check_sampling_spec(spec)
         check_prompts(prompts, self.vocab_size)
-        self._check_lengths(prompts, spec.max_tokens)
+        check_lengths(prompts, spec.max_tokens, self.options.max_model_len)
         # vLLM rejects n > 1 with greedy decoding; the n greedy samples are identical,
         # so decode once and repeat.
         copies = spec.n if spec.temperature == 0.0 else 1
@@ -208,7 +200,7 @@ class VLLMRolloutEngine:
         :class:`~flowrl.engines.types.TokenBatch`); each list has ``len(sequences[i])`` floats.
         """
         check_prompts(sequences, self.vocab_size)
-        self._check_lengths(sequences, 1)
+        check_lengths(sequences, 1, self.options.max_model_len)
         spec = SamplingSpec(n=1, temperature=0.0, max_tokens=1)
         params = self._sampling_params(spec, None, prompt_logprobs=0)
         outputs = self.llm.generate(
