@@ -354,7 +354,8 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
             return
         if k >= warm:
             busy[ph.lane] += lane_busy
-            durations.setdefault(ph.label or ph.id, []).append(seconds)
+            label = ph.label or (ph.kind if ph.kind in ("generate", "resync") else ph.id)
+            durations.setdefault(label, []).append(seconds)
             per_phase.setdefault(ph.id, []).append(seconds)
         timeline.append((ph.lane, ph.label or ph.id, k, start, stop))
         ids.append(ph.id)

@@ -166,7 +166,7 @@ def producer_ops(graph: FlowGraph, order: list[Node]) -> set[str]:
 def build_sim(graph: FlowGraph, st: SchedState, work: Workload):
     """``(SimSpec, [(op id, kind, where, seconds, tokens)], lane -> pool label, generate id -> LengthDist)``."""
     hw = st.hw
-    lane_of = lanes_of(st) if hw.kind == "gpu" else engine_lanes(st)
+    lane_of = lanes_of(st) if hw_shares_gpus(st) else engine_lanes(st)
     lane_gpus: dict[str, set] = {}
     for key, lane in lane_of.items():
         lane_gpus.setdefault(lane, set()).update(st.engines[key].gpus)
