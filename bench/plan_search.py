@@ -50,10 +50,7 @@ PROMPTS_PER_GPU = 4
 GROUP = 8
 MAX_TOKENS = 4096
 
-from flowrl.compiler.auto import ASYNC_FLOW  # noqa: E402
-
-FLOW = ASYNC_FLOW.split("\nschedule main auto")[0] + "\n"
-"""The GRPO program of the async comparison, without its schedule (each row adds its own)."""
+from flowrl.compiler.auto import ASYNC_PROGRAM as FLOW  # noqa: E402  (each row adds its own schedule)
 
 CLUSTER = 'cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "H100")'
 

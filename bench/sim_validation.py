@@ -93,13 +93,14 @@ def flow_variant(name: str, case: Case, tmp: Path) -> str:
     text = re.sub(r'"(\.\./[^"]+)"', lambda m: json.dumps(str((path.parent / m.group(1)).resolve())), text)
     subs = []
     if case.staleness is not None:
-        subs.append((r"(?m)^(\s*)staleness \d+\s*$", rf"\g<1>staleness {case.staleness}", "`staleness` line"))
+        subs.append((r"(?m)^(\s*)staleness \d+\s*$", lambda m: f"{m.group(1)}staleness {case.staleness}",
+                     "`staleness` line"))
     if case.schedule is not None:
-        subs.append((r"(?ms)^schedule main on .*?^}\n", case.schedule, "`schedule main` block"))
+        subs.append((r"(?ms)^schedule main on .*?^}\n", lambda _m: case.schedule, "`schedule main` block"))
     if case.model is not None:
-        subs.append((r"(?m)^model policy = .*$", case.model, "`model policy` declaration"))
+        subs.append((r"(?m)^model policy = .*$", lambda _m: case.model, "`model policy` declaration"))
     for pattern, repl, what in subs:
-        text, n = re.subn(pattern, (lambda _m, r=repl: r) if "\\g<" not in repl else repl, text)
+        text, n = re.subn(pattern, repl, text)
         if n != 1:
             raise SystemExit(f"{case.flow}: expected one {what} to replace, found {n}")
     out = tmp / f"{name}.flow"

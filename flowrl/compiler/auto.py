@@ -625,7 +625,7 @@ def _rollout_tps(graph: FlowGraph) -> float:
     return res.gen_tokens_per_s / max(wall_share, 1e-12) / spec.lanes[gen.lane]
 
 
-ASYNC_FLOW = '''
+ASYNC_PROGRAM = '''
 model policy = hf("{model}")
 dataset prompts = jsonl("prompts.jsonl")
 reward correct = verifier("math")
@@ -640,7 +640,10 @@ flow main() {{
   adv      = group_advantage(scores, group = {group})
   update(policy, rollouts, adv, old_lp, ref_lp, kl = 0.001)
 }}
+'''
+"""The GRPO program of the async comparison (format fields: model, batch, group, max_tokens)."""
 
+ASYNC_FLOW = ASYNC_PROGRAM + '''
 schedule main auto on cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "{gpu}") {{
   staleness <= {limit}{partial}
 }}

@@ -18,18 +18,14 @@ contiguous slice of the batch rows and the answers are merged here:
 
 from __future__ import annotations
 
-import json
 import os
-import weakref
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
-from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module, load_ranked, save_ranked
+from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import _DTYPES, OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -45,7 +41,7 @@ class FsdpRankError(RankProcessError):
     """An fsdp rank process raised or died; the engine's processes have been stopped."""
 
 
-class FsdpTrainEngine:
+class FsdpTrainEngine(RankedTrainEngine):
     """Data-parallel train engine over FSDP2 (``fully_shard``), one process per dp rank.
 
     Args:
@@ -64,6 +60,10 @@ class FsdpTrainEngine:
         timeout_s: longest wait for one call before the ranks are declared stuck.
         device: accepted for signature compatibility; ranks use CUDA when available, else CPU.
     """
+
+    meta_file = META_FILE
+    engine_name = "fsdp"
+    sharding_key = "dp"
 
     def __init__(
         self,
@@ -94,10 +94,8 @@ class FsdpTrainEngine:
             threads=threads,
         )
         self.step = 0
-        self._group = RankGroup(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
-                                error_cls=FsdpRankError)
-        # Stop the rank processes if the engine is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, RankGroup.kill, self._group)
+        self._start(RankGroup(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
+                              error_cls=FsdpRankError))
 
     @property
     def dp(self) -> int:
@@ -164,40 +162,6 @@ class FsdpTrainEngine:
     def last_gradients(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, grad)`` of the last ``train_step(capture_grads=True)``: summed over ranks, before clipping."""
         yield from self._group.call("gather_weights", self.timeout_s, source="grads")[0].items()
-
-    def save(self, path: str) -> None:
-        """Write the sharded model and AdamW state (``dcp/``), ``rank{r}.pt`` and ``fsdp_engine.json`` into ``path``."""
-        save_ranked(self._group, path, self.timeout_s, META_FILE,
-                    {"dp": self.dp, "role": self.role, "step": self.step, "model_path": self.options.model_path})
-
-    def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote; dp and role must match this engine's."""
-        meta = load_ranked(self._group, path, self.timeout_s, META_FILE, engine="fsdp", role=self.role,
-                           key="dp", value=self.dp)
-        self.step = int(meta["step"])
-
-    def save_pretrained(self, path: str) -> None:
-        """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
-        from flowrl.engines.hf_export import write_hf_checkpoint
-
-        if self.role != "actor":
-            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
-        write_hf_checkpoint(self.options.model_path, path, self.named_weights(), tied=self._tied())
-
-    def _tied(self) -> bool:
-        config = json.loads(Path(self.options.model_path, "config.json").read_text())
-        return bool(config.get("tie_word_embeddings", False))
-
-    def shutdown(self) -> None:
-        """Stop the rank processes (the engine is unusable afterwards)."""
-        self._group.shutdown()
-        self._finalizer.detach()
-
-    def __enter__(self) -> "FsdpTrainEngine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
 
 
 def _check_args(model_path: str, role: str, temperature: float, dp: int, tp: int, pp: int, dtype: str) -> None:

@@ -21,9 +21,10 @@ import socket
 import sys
 import time
 import traceback
+import weakref
 from typing import Any
 
-from flowrl.engines.base import EngineError
+from flowrl.engines.base import EngineConfigError, EngineError
 
 
 class RankProcessError(EngineError):
@@ -232,35 +233,76 @@ def dp_slices(rows: int, dp: int) -> list[slice]:
     return [slice(bounds[i], bounds[i + 1]) for i in range(dp)]
 
 
-def save_ranked(group: "RankGroup", path: str, timeout_s: float, meta_file: str, meta: dict) -> None:
-    """Every rank writes its part of a checkpoint into ``path``; then ``meta`` (layout, role, step) as ``meta_file``."""
-    import json
-    from pathlib import Path
+class RankedTrainEngine:
+    """What a train engine driving a :class:`RankGroup` shares: its lifecycle (the ranks stop on
+    :meth:`shutdown`, on ``with`` exit, or when the engine is dropped), sharded checkpoints and
+    the transformers export.
 
-    os.makedirs(path, exist_ok=True)
-    group.call("save", timeout_s, path=str(path))
-    Path(path, meta_file).write_text(json.dumps(meta, indent=1))
-
-
-def load_ranked(group: "RankGroup", path: str, timeout_s: float, meta_file: str, *, engine: str, role: str,
-                key: str, value: Any) -> dict:
-    """Restore what :func:`save_ranked` wrote, if it holds ``role`` with ``meta[key] == value``; returns the meta.
-
-    ``key`` is what fixes how the state is sharded (``layout`` for megatron, ``dp`` for fsdp):
-    a checkpoint of another sharding or role is refused before any rank reads it.
+    A subclass sets :attr:`meta_file`, :attr:`engine_name` and :attr:`sharding_key` (the name of
+    its attribute that fixes how its state is split over ranks: ``dp`` for fsdp, ``layout`` for
+    megatron; a checkpoint of another sharding is refused before any rank reads it), holds
+    ``role``, ``step``, ``timeout_s`` and ``options.model_path``, and calls :meth:`_start` with
+    its group.
     """
-    import json
-    from pathlib import Path
 
-    from flowrl.engines.base import EngineConfigError
+    meta_file: str
+    engine_name: str
+    sharding_key: str
 
-    file = Path(path, meta_file)
-    if not file.is_file():
-        raise EngineError(f"no {engine} engine checkpoint at {str(path)!r} ({meta_file} missing)")
-    meta = json.loads(file.read_text())
-    if meta[key] != value or meta["role"] != role:
-        raise EngineConfigError(
-            f"checkpoint {str(path)!r} holds role={meta['role']!r} with {key} {meta[key]}; this engine has "
-            f"role={role!r} with {key} {value}; build the engine with the checkpoint's {key} to load it")
-    group.call("load", timeout_s, path=str(path))
-    return meta
+    def _start(self, group: "RankGroup") -> None:
+        self._group = group
+        # Stop the rank processes if the engine is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, RankGroup.kill, group)
+
+    def save(self, path: str) -> None:
+        """Every rank writes its part (model and optimizer shards, RNG) into directory ``path``; then
+        :attr:`meta_file` (sharding, role, step)."""
+        import json
+        from pathlib import Path
+
+        os.makedirs(path, exist_ok=True)
+        self._group.call("save", self.timeout_s, path=str(path))
+        meta = {self.sharding_key: getattr(self, self.sharding_key), "role": self.role, "step": self.step,
+                "model_path": self.options.model_path}
+        Path(path, self.meta_file).write_text(json.dumps(meta, indent=1))
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote; its sharding and role must be this engine's."""
+        import json
+        from pathlib import Path
+
+        file, key = Path(path, self.meta_file), self.sharding_key
+        value = getattr(self, key)
+        if not file.is_file():
+            raise EngineError(f"no {self.engine_name} engine checkpoint at {str(path)!r} ({self.meta_file} missing)")
+        meta = json.loads(file.read_text())
+        if meta[key] != value or meta["role"] != self.role:
+            raise EngineConfigError(
+                f"checkpoint {str(path)!r} holds role={meta['role']!r} with {key} {meta[key]}; this engine has "
+                f"role={self.role!r} with {key} {value}; build the engine with the checkpoint's {key} to load it")
+        self._group.call("load", self.timeout_s, path=str(path))
+        self.step = int(meta["step"])
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
+        import json
+        from pathlib import Path
+
+        from flowrl.engines.hf_export import write_hf_checkpoint
+
+        if self.role != "actor":
+            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
+        config = json.loads(Path(self.options.model_path, "config.json").read_text())
+        write_hf_checkpoint(self.options.model_path, path, self.named_weights(),
+                            tied=bool(config.get("tie_word_embeddings", False)))
+
+    def shutdown(self) -> None:
+        """Stop the rank processes (the engine is unusable afterwards)."""
+        self._group.shutdown()
+        self._finalizer.detach()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -56,6 +56,9 @@ class OpKind(str, Enum):
 
 
 RESOURCE_KINDS = frozenset({OpKind.MODEL, OpKind.DATASET, OpKind.REWARD_FN, OpKind.ENV})
+PRODUCER_KINDS = frozenset({OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE})
+"""Ops the runtime's producer stage may run ahead of training (when they read only producer ops
+and resources): :func:`flowrl.runtime.pipeline.split_stages`, and the simulator's stages."""
 
 # Value types of flow parameters and declarations.
 RESOURCE_TYPES = {"model": OpKind.MODEL, "dataset": OpKind.DATASET, "reward": OpKind.REWARD_FN,

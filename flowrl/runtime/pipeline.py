@@ -34,9 +34,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from flowrl.compiler.plan import ExecutionPlan, OpPlan
+from flowrl.ir.ops import PRODUCER_KINDS
 from flowrl.runtime.handlers import HANDLERS
 
-PRODUCER_KINDS = frozenset({"sample", "generate", "score"})
 
 
 def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:

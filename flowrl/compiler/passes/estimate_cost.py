@@ -44,7 +44,7 @@ from flowrl.compiler.workload import Workload, lengths, prompt_tokens, workload
 from flowrl.cost import model as cm
 from flowrl.cost.sim import GenPhase, Phase, SimSpec, simulate
 from flowrl.ir.graph import EdgeKind, FlowGraph, Node
-from flowrl.ir.ops import RESOURCE_KINDS, OpKind
+from flowrl.ir.ops import PRODUCER_KINDS, RESOURCE_KINDS, OpKind
 
 SIM_STEPS = 6
 MAX_UNROLL = 16
@@ -146,10 +146,6 @@ def engine_lanes(st: SchedState) -> dict[str, str]:
     for lane in shared.values():
         count[lane] = count.get(lane, 0) + 1
     return {k: (lane if count[lane] == 1 else f"{lane}:{k}") for k, lane in shared.items()}
-
-
-PRODUCER_KINDS = frozenset({OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE})
-"""Op kinds the runtime's producer stage runs (:data:`flowrl.runtime.pipeline.PRODUCER_KINDS`)."""
 
 
 def producer_ops(graph: FlowGraph, order: list[Node]) -> set[str]:

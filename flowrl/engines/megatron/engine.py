@@ -23,7 +23,6 @@ Only the rank processes apply the CPU shims (:mod:`flowrl.engines.megatron.cpu_s
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
-from flowrl.engines.ranks import RankGroup, RankProcessError, cloudpickle_module, load_ranked, save_ranked
+from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -68,7 +67,7 @@ def _rank_group(options: RankOptions, start_timeout_s: float) -> RankGroup:
                      preload=_PRELOAD, error_cls=MegatronRankError)
 
 
-class MegatronTrainEngine:
+class MegatronTrainEngine(RankedTrainEngine):
     """Train engine over Megatron-core with tensor, pipeline, data and context parallelism.
 
     Args:
@@ -92,6 +91,10 @@ class MegatronTrainEngine:
         device: accepted for signature compatibility with the torch engine; ranks use
             CUDA when it is available, else the CPU.
     """
+
+    meta_file = META_FILE
+    engine_name = "Megatron"
+    sharding_key = "layout"
 
     def __init__(
         self,
@@ -131,9 +134,7 @@ class MegatronTrainEngine:
             compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )
         self.step = 0
-        self._group = _rank_group(self.options, self.timeout_s)
-        # Stop the rank processes if the engine is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, RankGroup.kill, self._group)
+        self._start(_rank_group(self.options, self.timeout_s))
 
     @property
     def layout(self) -> dict[str, int]:
@@ -225,37 +226,6 @@ class MegatronTrainEngine:
         for r in order:
             for name, tensor in records[r].items():
                 yield name, tensor
-
-    def save(self, path: str) -> None:
-        """Write one ``mp_rank_{tp}_{pp}[_cp{cp}]_dp{dp}.pt`` per rank (model and optimizer shard, RNG) and
-        ``megatron_engine.json`` (layout, role, step) into directory ``path``."""
-        save_ranked(self._group, path, self.timeout_s, META_FILE,
-                    {"layout": self.layout, "role": self.role, "step": self.step, "model_path": self.options.model_path})
-
-    def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote; the layout and role must match this engine's."""
-        meta = load_ranked(self._group, path, self.timeout_s, META_FILE, engine="Megatron", role=self.role,
-                           key="layout", value=self.layout)
-        self.step = int(meta["step"])
-
-    def save_pretrained(self, path: str) -> None:
-        """Write the actor as a transformers checkpoint dir (config, tokenizer files, model.safetensors)."""
-        from flowrl.engines.hf_export import write_hf_checkpoint
-
-        if self.role != "actor":
-            raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
-        write_hf_checkpoint(self.options.model_path, path, self.named_weights())
-
-    def shutdown(self) -> None:
-        """Stop the rank processes (the engine is unusable afterwards)."""
-        self._group.shutdown()
-        self._finalizer.detach()
-
-    def __enter__(self) -> "MegatronTrainEngine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
 
 
 def _check_installed() -> None:
