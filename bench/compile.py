@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from flowrl.compiler.pipeline import check_file  # noqa: E402
 from flowrl.diagnostics import FlowError  # noqa: E402
-from flowrl.ir.ops import RESOURCE_KINDS  # noqa: E402
+from flowrl.catalog.ops import RESOURCE_KINDS  # noqa: E402
 
 OPS_PER_BLOCK = 5
 """sample, generate, score, logprobs, group_advantage."""

@@ -146,7 +146,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
 
-    from flowrl.compiler.plan import ExecutionPlan
+    from flowrl.plan import ExecutionPlan
     from flowrl.cost import profiles, validate
     from flowrl.gantt import gantt_files
 

@@ -54,7 +54,7 @@ from dataclasses import replace
 
 from flowrl.diagnostics import FlowError, SourceMap, Span, did_you_mean
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Symbol
-from flowrl.ir.ops import DECL_KINDS, LOSSES, OPS, OpKind, OpSpec
+from flowrl.catalog.ops import DECL_KINDS, LOSSES, OPS, OpKind, OpSpec
 from flowrl.syntax import ast
 
 __all__ = ["BuilderError", "Flow", "Loss", "Params", "Size", "Value", "ctor", "size"]
@@ -360,8 +360,8 @@ class _Repeat:
 
 
 class Flow:
-    """A flow built in Python. Every built-in op of :data:`flowrl.ir.ops.OPS` is a method
-    (``f.generate(...)``), every loss of :data:`~flowrl.ir.ops.LOSSES` too (``f.ppo_clip(0.2)``).
+    """A flow built in Python. Every built-in op of :data:`flowrl.catalog.ops.OPS` is a method
+    (``f.generate(...)``), every loss of :data:`~flowrl.catalog.ops.LOSSES` too (``f.ppo_clip(0.2)``).
 
     ``params``: ``(name, type)`` or ``(name, type, default)``; a default is a constant
     (int, float, str, bool, list, :func:`size`) or a :func:`ctor` such as ``ctor("tiny")``.

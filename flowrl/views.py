@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from flowrl.ir.graph import Config, Const, Edge, EdgeKind, FlowGraph, Node, Symbol
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 # ---- styling tables ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ staleness), and the best few distinct placements are simulated
 simulated samples per second; ties go to lower staleness, then simpler layouts.
 
 The chosen schedule then goes through the passes like a written one, and
-``flowrl plan --explain`` prints the :class:`~flowrl.compiler.plan.SearchReport`.
+``flowrl plan --explain`` prints the :class:`~flowrl.plan.SearchReport`.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from flowrl.compiler.passes.assign_placement import base_models, place
 from flowrl.compiler.passes.plan_layouts import layout_engine
 from flowrl.compiler.passes.resolve_staleness import pipeline_plan, staleness_problems
 from flowrl.compiler.passes.select_sync_protocol import protocol_problems, route_of, sync_plan
-from flowrl.compiler.plan import Candidate, SearchReport
+from flowrl.plan import Candidate, SearchReport
 from flowrl.compiler.sched import (LayoutSpec, PlaceSpec, PoolSpec, ResyncSpec, SchedState, ScheduleSpec,
                                    engine_label, model_of, role_of)
 from flowrl.compiler.workload import workload
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Diagnostic, FlowError
 from flowrl.ir.graph import FlowGraph
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 MAX_SPLITS = 15
 KEEP_LAYOUTS = 2

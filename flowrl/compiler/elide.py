@@ -23,7 +23,7 @@ model leaves dropped passes out of the step too.
 from __future__ import annotations
 
 from flowrl.ir.graph import EdgeKind, FlowGraph, plain
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 
 def elided_logprobs(graph: FlowGraph) -> dict[str, tuple[str, str]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import string
 
-from flowrl.compiler.plan import EnginePlan, ExecutionPlan
+from flowrl.plan import EnginePlan, ExecutionPlan
 
 BAR = 32
 """Width of the longest bar in the step-time breakdown."""

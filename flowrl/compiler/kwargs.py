@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flowrl.diagnostics import Collector, Span, did_you_mean
 from flowrl.ir.graph import Config, Const, Ref, Symbol, Value
-from flowrl.ir.ops import LOSSES, KwSpec
+from flowrl.catalog.ops import LOSSES, KwSpec
 
 
 def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, span: Span,

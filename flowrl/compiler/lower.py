@@ -22,11 +22,11 @@ import os
 from dataclasses import replace
 
 from flowrl.compiler.elide import elided_logprobs
-from flowrl.compiler.plan import DatasetPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
+from flowrl.plan import DatasetPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
 from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Symbol, plain
-from flowrl.ir.ops import RESOURCE_KINDS, OpKind
+from flowrl.catalog.ops import RESOURCE_KINDS, OpKind
 from flowrl.syntax import ast
 
 RUN_PARAMS = ("steps", "seed", "eval_every", "save_every")
@@ -115,7 +115,7 @@ def _resources(graph: FlowGraph, errors: Collector):
 
 
 def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:
-    from flowrl.ir.ops import OPS
+    from flowrl.catalog.ops import OPS
 
     spec = OPS.get(n.op)
     inputs = {}

@@ -18,12 +18,12 @@ hf_generate    shards are gathered into full tensors first)
 
 Each layout maps its local rows to rows of the checkpoint (HF) tensors: a list of
 segments. A resharding plan joins the source's segments with the destination's: every
-overlap is a :class:`~flowrl.compiler.plan.ReshardPiece` (source rank and rows ->
+overlap is a :class:`~flowrl.plan.ReshardPiece` (source rank and rows ->
 destination rank and rows). That is exactly what the runtime copies, with collectives
 between ranks; a test applies the pieces to real tensors and compares with the
 destination layout built directly (tests/schedule/test_reshard.py).
 
->>> from flowrl.compiler.model_info import tiny_facts
+>>> from flowrl.catalog.models import tiny_facts
 >>> plan = reshard_plan(tiny_facts({}), "megatron", 2, 1, "vllm", 1)
 >>> t = next(t for t in plan.tensors if t.name.endswith("qkv_proj.weight"))
 >>> t.action, t.src_shards, t.dst_shards, len(t.pieces)
@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flowrl.compiler.model_info import ModelFacts
-from flowrl.compiler.plan import ReshardPiece, ReshardPlan, ReshardTensor
+from flowrl.catalog.models import ModelFacts
+from flowrl.plan import ReshardPiece, ReshardPlan, ReshardTensor
 
 FUSED_ENGINES = {"megatron", "vllm", "sglang"}
 """Engines that fuse q/k/v and gate/up and shard by tensor parallelism."""

@@ -11,20 +11,20 @@ thing however the schedule was made.
 at a time (``dataclasses.replace``): pools and engine placements (assign_placement),
 layouts and memory (plan_layouts), staleness and the modulo schedule (resolve_staleness),
 protocols, buckets and resharding (select_sync_protocol), estimates (estimate_cost).
-``lower`` copies it into the :class:`~flowrl.compiler.plan.ExecutionPlan`.
+``lower`` copies it into the :class:`~flowrl.plan.ExecutionPlan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flowrl.compiler.model_info import ModelFacts
-from flowrl.compiler.plan import CostPlan, EnginePlan, PipelinePlan, PoolPlan, SearchReport
+from flowrl.catalog.models import ModelFacts
+from flowrl.plan import CostPlan, EnginePlan, PipelinePlan, PoolPlan, SearchReport
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Span
 from flowrl.ir.graph import FlowGraph
-from flowrl.ir.ops import OpKind
-from flowrl.ir.schedule_catalog import PROTOCOLS
+from flowrl.catalog.ops import OpKind
+from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.syntax import ast
 
 DEFAULT_ENGINE = {"train": "torch", "rollout": "vllm"}

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flowrl.compiler.model_info import ModelFacts
+from flowrl.catalog.models import ModelFacts
 from flowrl.cost.sim import LengthDist
 from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node
-from flowrl.ir.ops import OPS, OpKind
+from flowrl.catalog.ops import OPS, OpKind
 
 LENGTH_MEDIAN_FRACTION = 0.25
 LENGTH_SIGMA = 1.0

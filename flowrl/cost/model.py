@@ -27,7 +27,7 @@ Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam s
   * rollout engines: vLLM/SGLang reserve a fraction of the GPU; within it, the weight
     shard, a workspace, and the KV cache (what is left), which bounds concurrency.
 
->>> from flowrl.compiler.model_info import PRESETS
+>>> from flowrl.catalog.models import PRESETS
 >>> from flowrl.cost.profiles import get_profile
 >>> f, h100 = PRESETS["qwen/qwen2.5-7b"], get_profile("H100")
 >>> round(train_memory(f, h100, "megatron", tp=2, pp=1, dp=4, micro_batch=1, seq_len=4096).weights_gb, 2)
@@ -37,9 +37,9 @@ Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from flowrl.compiler.model_info import ModelFacts
+from flowrl.catalog.models import ModelFacts
+from flowrl.plan import Memory
 from flowrl.cost.profiles import Profile
 
 GB = 1e9
@@ -58,39 +58,6 @@ plus values of the changed ones come to about half of a dense copy."""
 ACT_BYTES_PER_LAYER = 34
 """Activation bytes per token per hidden unit per layer with bf16 activations (Korthikanti et
 al. 2022, selective recompute with sequence parallelism)."""
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Estimated memory of one engine on one of its GPUs, in GB (1e9 bytes)."""
-
-    weights_gb: float
-    grads_gb: float = 0.0
-    optimizer_gb: float = 0.0
-    activations_gb: float = 0.0
-    kv_cache_gb: float = 0.0
-    other_gb: float = 0.0
-    """Workspace, logits, CUDA context."""
-    reserved_gb: float = 0.0
-    """Rollout engines: what the engine takes up front (``gpu_memory_utilization`` x memory)."""
-    kv_tokens: int = 0
-    """Rollout engines: tokens the KV cache holds."""
-
-    @property
-    def total_gb(self) -> float:
-        parts = self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.kv_cache_gb \
-            + self.other_gb
-        return max(parts, self.reserved_gb)
-
-    def to_dict(self) -> dict:
-        return {"weights_gb": _r(self.weights_gb), "grads_gb": _r(self.grads_gb),
-                "optimizer_gb": _r(self.optimizer_gb), "activations_gb": _r(self.activations_gb),
-                "kv_cache_gb": _r(self.kv_cache_gb), "other_gb": _r(self.other_gb),
-                "reserved_gb": _r(self.reserved_gb), "total_gb": _r(self.total_gb), "kv_tokens": int(self.kv_tokens)}
-
-
-def _r(x: float) -> float:
-    return round(float(x), 4)
 
 
 # ---- memory -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flowrl.diagnostics import Span
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Value
-from flowrl.ir.ops import LOSSES, OPS, OpKind
+from flowrl.catalog.ops import LOSSES, OPS, OpKind
 from flowrl.syntax import ast
 
 

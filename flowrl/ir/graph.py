@@ -18,7 +18,7 @@ from typing import Iterator, Union
 import networkx as nx
 
 from flowrl.diagnostics import SourceMap, Span
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 
 # ---- values held in node records -----------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import networkx as nx
 
 from flowrl.ir.graph import Config, EdgeKind, FlowGraph, Ref
-from flowrl.ir.ops import OpKind, RESOURCE_KINDS
+from flowrl.catalog.ops import OpKind, RESOURCE_KINDS
 
 
 class LintError(Exception):

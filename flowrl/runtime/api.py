@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flowrl.compiler.lower import RUN_PARAMS, lower
 from flowrl.compiler.pipeline import compile_file
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1",

@@ -3,7 +3,7 @@
 One process drives everything (a single controller, as in HybridFlow): each op of a
 step is dispatched through :data:`~flowrl.runtime.handlers.HANDLERS` to a small handler,
 which calls a worker group (Ray actors in a placement group, logical GPUs on CPU).
-The driver reads only the :class:`~flowrl.compiler.plan.ExecutionPlan`.
+The driver reads only the :class:`~flowrl.plan.ExecutionPlan`.
 
 A run directory holds ``plan.json``, ``metrics.jsonl``, ``trace.json``, ``curves.png``,
 ``summary.json``, ``events.log`` and ``checkpoints/step_NNNNNN/`` (``--save-every``).
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from pathlib import Path
 
-from flowrl.compiler.plan import ExecutionPlan, OpPlan
+from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.handlers import HANDLERS, RuntimeFlowError, op_seed
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline

@@ -18,7 +18,7 @@ import torch
 from flowrl.algos import advantages as A
 from flowrl.algos.kl import kl_k3, kl_penalty_in_reward
 from flowrl.algos.mismatch import mismatch_metrics, tis_weights
-from flowrl.compiler.plan import OpPlan
+from flowrl.plan import OpPlan
 from flowrl.engines.types import SamplingSpec, TokenBatch
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from flowrl.compiler.plan import ExecutionPlan, ModelPlan
+from flowrl.plan import ExecutionPlan, ModelPlan
 from flowrl.runtime.handlers import RuntimeFlowError
 
 

@@ -33,8 +33,8 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from flowrl.compiler.plan import ExecutionPlan, OpPlan
-from flowrl.ir.ops import PRODUCER_KINDS
+from flowrl.plan import ExecutionPlan, OpPlan
+from flowrl.catalog.ops import PRODUCER_KINDS
 from flowrl.runtime.handlers import HANDLERS
 
 

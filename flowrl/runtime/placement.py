@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 from flowrl.runtime.handlers import RuntimeFlowError
 from flowrl.runtime.workers import MULTI_RANK_TRAIN, train_engine_kind
 

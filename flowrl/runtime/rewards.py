@@ -7,7 +7,7 @@ never the run). ``reward_model(m)`` is scored by a frozen model and is not in th
 
 from __future__ import annotations
 
-from flowrl.compiler.plan import ExecutionPlan, RewardPlan
+from flowrl.plan import ExecutionPlan, RewardPlan
 from flowrl.runtime.handlers import RuntimeFlowError
 
 

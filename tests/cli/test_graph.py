@@ -101,7 +101,7 @@ def test_views_are_deterministic(write_flow):
 def test_model_colours_are_keyed_by_id_and_distinct():
     from flowrl.ir.graph import FlowGraph, Node
     from flowrl.diagnostics import Span
-    from flowrl.ir.ops import OpKind
+    from flowrl.catalog.ops import OpKind
 
     span = Span.point("x", 1, 1)
 

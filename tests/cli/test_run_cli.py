@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = str(ROOT / "flows" / "arith_grpo.flow")

@@ -157,7 +157,7 @@ def test_runs_with_other_response_lengths_separate_per_request_costs(_cost_cpu_p
 
 
 def test_decode_iteration_pays_per_sequence():
-    from flowrl.compiler.model_info import tiny_facts
+    from flowrl.catalog.models import tiny_facts
 
     f, hw = tiny_facts({}), replace(CPU_FALLBACK, iter_overhead_s=0.0, seq_overhead_s=1e-4)
     one = cm.decode_iter_s(f, hw, tp=1, batch=128, context=10)

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from flowrl.compiler.pipeline import check_file, compile_text
 from flowrl.diagnostics import FlowError
 from flowrl.ir.lint import lint
-from flowrl.ir.ops import LOSSES, OPS, PARAM_TYPES
+from flowrl.catalog.ops import LOSSES, OPS, PARAM_TYPES
 from flowrl.ir.printer import print_graph
 from flowrl.syntax.parser import MAX_NESTING, parse
 

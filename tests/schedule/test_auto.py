@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from schedule_flows import grpo
 
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 from flowrl.diagnostics import FlowError
 
 

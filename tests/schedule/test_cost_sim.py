@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from flowrl.compiler.model_info import PRESETS, from_config, preset, tiny_facts
+from flowrl.catalog.models import PRESETS, from_config, preset, tiny_facts
 from flowrl.cost import model as cm
 from flowrl.cost.profiles import CPU_FALLBACK, ProfileError, get_profile, load_profile, save_profile
 from flowrl.cost.sim import GenPhase, LengthDist, Phase, SimSpec, simulate
@@ -95,8 +95,8 @@ def test_gpu_profiles_are_public_figures():
     a100, h200 = get_profile("A100"), get_profile("H200")
     assert (a100.tflops, a100.hbm_gb, a100.hbm_gbs) == (312.0, 80.0, 2039.0)
     assert (h200.tflops, h200.hbm_gb, h200.hbm_gbs) == (989.0, 141.0, 4800.0)
-    with pytest.raises(ProfileError, match="unknown GPU kind 'B200'"):
-        get_profile("B200")
+    with pytest.raises(ProfileError, match="unknown GPU kind 'B300'"):
+        get_profile("B300")
 
 
 def test_cpu_profile_is_read_from_the_profile_file(tmp_path, monkeypatch):

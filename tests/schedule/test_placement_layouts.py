@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from schedule_flows import REPO, grpo
 
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 
 
 def engines(plan: ExecutionPlan) -> dict:

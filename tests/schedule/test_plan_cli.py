@@ -8,7 +8,7 @@ import pytest
 from schedule_flows import REPO
 
 from flowrl.cli import main
-from flowrl.compiler.plan import ExecutionPlan
+from flowrl.plan import ExecutionPlan
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flowrl.compiler.model_info import ModelFacts, tiny_facts  # noqa: E402
+from flowrl.catalog.models import ModelFacts, tiny_facts# noqa: E402
 from flowrl.compiler.reshard import ENGINE_NAMES, reshard_plan  # noqa: E402
 
 GQA = ModelFacts("gqa", hidden=64, layers=4, heads=8, kv_heads=2, intermediate=96, vocab=37, tied=False,

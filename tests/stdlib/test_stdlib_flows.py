@@ -15,7 +15,7 @@ import pytest
 from flowrl.compiler.pipeline import check_file, compile_file, compile_text
 from flowrl.diagnostics import FlowError
 from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph
-from flowrl.ir.ops import OpKind, SCALAR_TYPES
+from flowrl.catalog.ops import OpKind, SCALAR_TYPES
 from flowrl.ir.printer import print_graph
 from flowrl.syntax import ast
 from flowrl.syntax.parser import parse
@@ -492,12 +492,13 @@ def test_generated_tables_are_current():
     gen = _gen_ops_table()
     block = gen.current_block(DOC.read_text())
     assert block is not None, "docs/language.md lost its generated block markers"
-    assert block == gen.generate(), "ops.py or schedule_catalog.py changed: run `python docs/gen_ops_table.py --write`"
+    assert block == gen.generate(), "the catalogue (flowrl/catalog/) changed: run `python docs/gen_ops_table.py --write`"
 
 
 def test_generated_tables_list_every_op_loss_and_engine():
-    from flowrl.ir.ops import LOSSES, OPS
-    from flowrl.ir.schedule_catalog import ENGINES, PROTOCOLS
+    from flowrl.catalog.ops import LOSSES, OPS
+    from flowrl.catalog.engines import ENGINES
+    from flowrl.catalog.protocols import PROTOCOLS
 
     block = _gen_ops_table().generate()
     for name in list(OPS) + list(LOSSES) + list(ENGINES) + list(PROTOCOLS):

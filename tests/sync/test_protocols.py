@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flowrl.ir.schedule_catalog import PROTOCOLS as SCHEDULE_PROTOCOLS
+from flowrl.catalog.protocols import PROTOCOLS as SCHEDULE_PROTOCOLS
 from flowrl.runtime.sync import PROTOCOLS, BroadcastSync, WeightSync, WeightSyncError, is_collective, make_sync, \
     options_from_schedule, protocol_class
 
@@ -49,7 +49,7 @@ def test_bad_names_and_options_are_clear_errors(name, role, options, message):
 def test_every_schedule_keyword_maps_to_a_component_argument(tmp_path):
     examples = {"bucket": 1 << 20, "overlap": False, "dir": str(tmp_path), "keep": 2, "threshold": 0.5}
     for name, spec in SCHEDULE_PROTOCOLS.items():
-        options = options_from_schedule({key: examples[key] for key in spec})
+        options = options_from_schedule({key: examples[key] for key in spec.options})
         if is_collective(name):
             options["world_size"] = 2
         if name == "nccl" and not torch.cuda.is_available():

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.compiler.plan import ResyncPlan
+from flowrl.plan import ResyncPlan
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
 from flowrl.runtime.sync.from_plan import collective, sync_metrics, sync_options, sync_problem

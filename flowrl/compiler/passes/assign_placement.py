@@ -4,7 +4,7 @@ Requires: check_schedule (the schedule's statements name real models, engines an
 
 Guarantees: ``graph.sched`` is a :class:`~flowrl.compiler.sched.SchedState` holding the
 cluster, the hardware profile, the model facts, the pools (with their GPUs, nodes and
-Ray placement-group strategy) and one :class:`~flowrl.compiler.plan.EnginePlan` per engine
+Ray placement-group strategy) and one :class:`~flowrl.plan.EnginePlan` per engine
 the flow uses (``policy.train``, ``policy.rollout``, ``grpo.ref.train``) with its pool,
 its colocated neighbours and its share of each GPU. Layouts come in plan_layouts.
 
@@ -36,13 +36,13 @@ from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import model_facts
-from flowrl.compiler.plan import EnginePlan, PoolPlan
+from flowrl.plan import EnginePlan, PoolPlan
 from flowrl.compiler.sched import (DEFAULT_ENGINE, SchedState, ScheduleSpec, engines_needed, model_of, role_of,
                                    spec_from_ast)
 from flowrl.cost.profiles import get_profile
 from flowrl.diagnostics import Collector, Diagnostic
 from flowrl.ir.graph import FlowGraph, Ref
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 
 def assign_placement(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:

@@ -24,7 +24,7 @@ from flowrl.compiler.context import CompileContext
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, Value
 from flowrl.compiler.kwargs import check_kwargs, show
-from flowrl.ir.ops import LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind
+from flowrl.catalog.ops import LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind
 
 ANY = "*"
 """A field set containing ANY satisfies every need (abstract ``data`` parameters)."""

@@ -22,7 +22,7 @@ from dataclasses import replace
 from flowrl.compiler.context import CompileContext
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import Config, FlowGraph, Ref
-from flowrl.ir.ops import LOSSES, OpKind
+from flowrl.catalog.ops import LOSSES, OpKind
 
 _MODEL_OPS = (OpKind.GENERATE, OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE)
 

@@ -25,8 +25,10 @@ from flowrl.compiler.kwargs import check_kwargs
 from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
-from flowrl.ir.ops import OpKind
-from flowrl.ir.schedule_catalog import CLUSTER, ENGINES, POOL, PROTOCOLS, ROLES, SCHED_CALLS
+from flowrl.catalog.ops import OpKind
+from flowrl.catalog.schedule import CLUSTER, POOL, ROLES, SCHED_CALLS
+from flowrl.catalog.engines import ENGINES
+from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.syntax import ast
 
 
@@ -165,7 +167,7 @@ class _Checker:
             self.errors.error("E411", f"unknown weight-sync protocol `{st.protocol.func}`", st.protocol.func_span,
                               did_you_mean(st.protocol.func, PROTOCOLS) or f"protocols: {', '.join(sorted(PROTOCOLS))}")
         else:
-            self.options(st.protocol, spec, f"`{st.protocol.func}`")
+            self.options(st.protocol, spec.options, f"`{st.protocol.func}`")
         if st.every is not None and st.every < 1:
             self.errors.error("E408", f"`every` must be >= 1, got {st.every}", st.span,
                               "`every N` resyncs after every N-th update; 1 is after each step")

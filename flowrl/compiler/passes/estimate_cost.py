@@ -2,7 +2,7 @@
 
 Requires: select_sync_protocol (everything placed, laid out, staleness and protocols set).
 
-Guarantees: ``graph.sched.estimate`` is a :class:`~flowrl.compiler.plan.CostPlan`: the
+Guarantees: ``graph.sched.estimate`` is a :class:`~flowrl.plan.CostPlan`: the
 step's phases are turned into a :class:`~flowrl.cost.sim.SimSpec` (each op on the lane
 of GPUs its engine occupies; colocated engines share one lane) with per-op costs from
 ``flowrl.cost.model``, and the discrete-event simulator runs it for a few steps with
@@ -37,14 +37,14 @@ from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.elide import elided_logprobs
-from flowrl.compiler.model_info import ModelFacts, tiny_facts
-from flowrl.compiler.plan import CostPlan, EnginePlan, OpCost
+from flowrl.catalog.models import ModelFacts, tiny_facts
+from flowrl.plan import CostPlan, EnginePlan, OpCost
 from flowrl.compiler.sched import SchedState
 from flowrl.compiler.workload import Workload, lengths, prompt_tokens, workload
 from flowrl.cost import model as cm
 from flowrl.cost.sim import GenPhase, Phase, SimSpec, simulate
 from flowrl.ir.graph import EdgeKind, FlowGraph, Node
-from flowrl.ir.ops import PRODUCER_KINDS, RESOURCE_KINDS, OpKind
+from flowrl.catalog.ops import PRODUCER_KINDS, RESOURCE_KINDS, OpKind
 
 SIM_STEPS = 6
 MAX_UNROLL = 16

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from flowrl.compiler.context import CompileContext
 from flowrl.ir.graph import Const, Edge, EdgeKind, FlowGraph, Node, Ref
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 INFERENCE_OPS = (OpKind.GENERATE,)
 """Ops that run on a rollout engine and so need weights pushed to them."""

@@ -39,15 +39,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.model_info import ModelFacts
-from flowrl.compiler.plan import EnginePlan, PoolPlan
+from flowrl.catalog.models import ModelFacts
+from flowrl.plan import EnginePlan, PoolPlan
 from flowrl.compiler.sched import DEFAULT_ENGINE, LayoutSpec, SchedState, model_of, role_of
 from flowrl.compiler.workload import Workload, prompt_tokens, seq_len, workload
 from flowrl.cost.model import Memory, rollout_memory, train_memory
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Collector, Diagnostic, Span
 from flowrl.ir.graph import FlowGraph
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 PARALLEL = {"megatron": ("tp", "pp", "dp", "cp"), "vllm": ("tp", "dp"), "sglang": ("tp", "dp"),
             "fsdp": ("dp",), "torch": ("dp",), "hf_generate": ("dp",)}

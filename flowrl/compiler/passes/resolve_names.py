@@ -27,7 +27,7 @@ from flowrl.compiler.kwargs import show
 from flowrl.diagnostics import Collector, FlowError, did_you_mean
 from flowrl.ir.build import build_flow
 from flowrl.ir.graph import Config, Const, Edge, EdgeKind, FlowGraph, Node, Ref, Region, Symbol, Value
-from flowrl.ir.ops import BUILTIN_NAMES, DECL_KINDS, LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind, PARAM_TYPES
+from flowrl.catalog.ops import BUILTIN_NAMES, DECL_KINDS, LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind, PARAM_TYPES
 from flowrl.syntax import ast
 
 MAX_INLINE_DEPTH = 32

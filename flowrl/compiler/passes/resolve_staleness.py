@@ -32,12 +32,12 @@ import math
 from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.plan import PipelinePlan
+from flowrl.plan import PipelinePlan
 from flowrl.compiler.sched import SchedState, ScheduleSpec
 from flowrl.compiler.workload import workload
 from flowrl.diagnostics import Collector, Diagnostic
 from flowrl.ir.graph import EdgeKind, FlowGraph
-from flowrl.ir.ops import OpKind
+from flowrl.catalog.ops import OpKind
 
 
 def resolve_staleness(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:

@@ -2,7 +2,7 @@
 
 Requires: resolve_staleness (engines placed and laid out).
 
-Guarantees: ``graph.sched.resyncs`` has one :class:`~flowrl.compiler.plan.ResyncPlan` per
+Guarantees: ``graph.sched.resyncs`` has one :class:`~flowrl.plan.ResyncPlan` per
 ``resync`` node: the protocol (as written, else chosen from the placement), why, the
 route the bytes take (``local``: the rollout engine sits on the trainer's GPUs;
 ``intra-node``; ``inter-node``), the transport, whether sending overlaps generation,
@@ -39,17 +39,17 @@ import math
 from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.model_info import ModelFacts
+from flowrl.catalog.models import ModelFacts
 from flowrl.compiler.passes.assign_placement import ranges
-from flowrl.compiler.plan import EnginePlan, ResyncPlan
+from flowrl.plan import EnginePlan, ResyncPlan
 from flowrl.compiler.reshard import reshard_plan
 from flowrl.compiler.sched import ResyncSpec, SchedState
 from flowrl.cost.model import gather_s, transfer_s
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Collector, Diagnostic, Span
 from flowrl.ir.graph import EdgeKind, FlowGraph
-from flowrl.ir.ops import OpKind
-from flowrl.ir.schedule_catalog import PROTOCOLS
+from flowrl.catalog.ops import OpKind
+from flowrl.catalog.protocols import PROTOCOLS
 
 CHECKPOINT_SHARD_BYTES = 5 * 10**9
 """``checkpoint`` writes safetensors files of at most this size (the transformers default)."""
@@ -112,7 +112,7 @@ def sync_plan(rid: str, model: str, after: str, st: SchedState, origin: str) -> 
         protocol, reason = choose_protocol(route, st.hw)
         opts, every, span = {}, 1, spec.span
     problems = protocol_problems(protocol, opts, route, train, rollout, spec.cluster, model, span)
-    defaults = PROTOCOLS[protocol]
+    defaults = PROTOCOLS[protocol].options
     bucket = int(opts.pop("bucket", defaults["bucket"].default if "bucket" in defaults else 0))
     overlap = bool(opts.pop("overlap", route != "local")) if protocol in STREAMING else False
     transport = TRANSPORT[protocol][st.hw.kind]

@@ -1,11 +1,11 @@
-"""From a plan's :class:`~flowrl.compiler.plan.ResyncPlan` to the options of :func:`~flowrl.runtime.sync.make_sync`.
+"""From a plan's :class:`~flowrl.plan.ResyncPlan` to the options of :func:`~flowrl.runtime.sync.make_sync`.
 
 The compiler decided the protocol, the bucket size, the overlap and the transport
 (``gloo`` for a broadcast on a CPU cluster, ``nccl`` on GPUs, ``ray`` for in-place,
 ``disk`` for checkpoints); this module only translates those decisions, one small
 function per protocol family in :data:`OPTIONS`, and says what this build cannot run.
 
->>> from flowrl.compiler.plan import ResyncPlan
+>>> from flowrl.plan import ResyncPlan
 >>> r = ResyncPlan("resync.policy", "policy", "update", "broadcast", 1 << 20, 1, "f.flow:3:1",
 ...                transport="gloo", overlap=True)
 >>> sorted(sync_options(r, Path("/run")).items())
@@ -59,7 +59,7 @@ def sync_options(plan, run_dir: Path) -> dict:
     """Options of both ends of ``plan``'s protocol (the driver adds rendezvous, rank and world size).
 
     Args:
-        plan: a :class:`~flowrl.compiler.plan.ResyncPlan`.
+        plan: a :class:`~flowrl.plan.ResyncPlan`.
         run_dir: the run directory (default home of ``checkpoint`` versions).
     """
     options = options_from_schedule(dict(plan.options))

@@ -1,4 +1,4 @@
-"""The closed set of op kinds and the catalogue of built-in ops.
+"""The closed set of op kinds and the catalogue of built-in ops (and losses: :mod:`.losses`).
 
 An op declares what it reads (positional arguments, each a resource or a data value
 with the *fields* it needs), its keyword options (type and default) and the fields it
@@ -29,8 +29,11 @@ Fields are the columns of the step's experience table (one row per sample):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+
+from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
+from flowrl.catalog.spec import ArgSpec, KwSpec
 
 
 class OpKind(str, Enum):
@@ -68,30 +71,6 @@ PARAM_TYPES = tuple(RESOURCE_TYPES) + ("data",) + SCALAR_TYPES
 
 
 @dataclass(frozen=True)
-class ArgSpec:
-    """A positional argument: a resource of ``type`` or a ``data`` value needing ``needs``."""
-
-    name: str
-    type: str  # "model" | "dataset" | "reward" | "env" | "data" | "str"
-    needs: frozenset[str] = frozenset()
-    optional: bool = False
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class KwSpec:
-    """A keyword option. ``type`` is a scalar type, ``list``, ``config`` or ``any``."""
-
-    type: str
-    default: object = None
-    doc: str = ""
-    min: float | None = None
-    max: float | None = None
-    choices: tuple[str, ...] = ()
-    required: bool = False
-
-
-@dataclass(frozen=True)
 class OpSpec:
     name: str
     kind: OpKind
@@ -107,6 +86,13 @@ class OpSpec:
     variadic: bool = False
     """Extra positional data arguments are allowed (user calls)."""
     doc: str = ""
+    handler: str | None = None
+    """What serves it at run time, by name: a step op's handler in the runtime's ``HANDLERS``
+    table; a resource's builder in the runtime's table of its kind (model sources, dataset
+    formats, reward kinds, environment kinds). Tests pair every name with the runtime."""
+    group_option: str | None = None
+    """Ops computed per group of completions: the option giving the group size (the compiler
+    checks that groups have more than one member, else every result would be 0)."""
 
 
 def _a(name, type_, *needs, optional=False, doc=""):
@@ -120,7 +106,8 @@ OPS: dict[str, OpSpec] = {}
 
 
 def _op(spec: OpSpec) -> None:
-    OPS[spec.name] = spec
+    # Every op is served at run time by the entry of its own name, unless it says otherwise.
+    OPS[spec.name] = spec if spec.handler else replace(spec, handler=spec.name)
 
 
 # ---- resources ------------------------------------------------------------------
@@ -135,9 +122,9 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable",
                    "warm_start": KwSpec("int", None, min=0, doc="SFT steps (default: the task's)"),
                    "seed": KwSpec("int", 0)},
            doc="A tiny Llama-style model built locally for `task` and warm-started by SFT (cached)."))
-_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen",
+_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived",
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
-_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic",
+_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived",
            doc="A trainable value model initialised from a model, with a scalar value head."))
 _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),),
            kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
@@ -186,11 +173,11 @@ _op(OpSpec("values", OpKind.VALUES, (_a("critic", "model"), _a("rollouts", "data
 _op(OpSpec("group_advantage", OpKind.ADVANTAGE, (_a("scores", "data", "rewards"),),
            kwargs={"group": KwSpec("int", None, min=1, required=True),
                    "normalize_std": KwSpec("bool", True), "eps": KwSpec("float", 1e-6, min=0.0)},
-           produces=_F({"advantages"}), engine="driver",
+           produces=_F({"advantages"}), engine="driver", group_option="group",
            doc="GRPO: (r - mean of the group) / (std of the group + eps); Dr.GRPO without std."))
 _op(OpSpec("rloo", OpKind.ADVANTAGE, (_a("scores", "data", "rewards"),),
            kwargs={"group": KwSpec("int", None, min=2, required=True)},
-           produces=_F({"advantages"}), engine="driver",
+           produces=_F({"advantages"}), engine="driver", group_option="group",
            doc="RLOO: reward minus the mean of the other samples of its group."))
 _op(OpSpec("reinforce_pp", OpKind.ADVANTAGE,
            (_a("scores", "data", "rewards"), _a("rollouts", "data", "response_mask")),
@@ -208,7 +195,7 @@ _op(OpSpec("kl_penalty", OpKind.ADVANTAGE,
            (_a("scores", "data", "rewards"), _a("logprobs", "data", "logprobs"),
             _a("ref_logprobs", "data", "logprobs"), _a("rollouts", "data", "response_mask")),
            kwargs={"coef": KwSpec("float", 0.05, min=0.0),
-                   "kind": KwSpec("str", "k1", choices=("k1", "k2", "k3"))},
+                   "kind": KwSpec("str", "k1", choices=KL_ESTIMATORS)},
            produces=_F({"rewards", "token_rewards"}), engine="driver",
            doc="KL-in-reward: token rewards minus coef * KL(policy || reference)."))
 _op(OpSpec("update", OpKind.UPDATE,
@@ -218,7 +205,7 @@ _op(OpSpec("update", OpKind.UPDATE,
             _a("ref_logprobs", "data", "logprobs", optional=True)),
            kwargs={"loss": KwSpec("config", "ppo_clip"),
                    "kl": KwSpec("float", 0.0, min=0.0, doc="KL-in-loss coefficient"),
-                   "kl_kind": KwSpec("str", "k3", choices=("k1", "k2", "k3")),
+                   "kl_kind": KwSpec("str", "k3", choices=KL_ESTIMATORS),
                    "entropy": KwSpec("float", 0.0, doc="entropy bonus coefficient"),
                    "tis": KwSpec("float", 0.0, min=0.0,
                                  doc="truncated importance sampling cap for rollout/train mismatch; 0 = off"),
@@ -240,43 +227,6 @@ _op(OpSpec("env_step", OpKind.ENV_STEP, (_a("env", "env"), _a("rollouts", "data"
 _op(OpSpec("call", OpKind.USER_CALL, (_a("function", "str"),), variadic=True,
            kwargs={"produces": KwSpec("list", [], doc="fields the function returns")},
            engine="driver", doc="A user's Python function `module:function` on data values."))
-
-# ---- configuration values (keyword-argument values, not graph nodes) --------------
-
-
-@dataclass(frozen=True)
-class ConfigSpec:
-    name: str
-    params: tuple[tuple[str, KwSpec], ...]
-    """In positional order: ``ppo_clip(0.2)`` is ``ppo_clip(clip = 0.2)``."""
-    needs_targets: str
-    """The field the update's ``targets`` argument must carry."""
-    needs_old: str | None
-    """The field the update's ``old`` argument must carry (None: not used)."""
-    model_role: str
-    """The model role this loss trains."""
-    doc: str = ""
-
-
-LOSSES: dict[str, ConfigSpec] = {
-    c.name: c for c in (
-        ConfigSpec("ppo_clip", (("clip", KwSpec("float", 0.2, min=0.0)),
-                                ("clip_high", KwSpec("float", None, min=0.0)),
-                                ("dual_clip", KwSpec("float", None, min=1.0)),
-                                ("agg", KwSpec("str", "token-mean",
-                                               choices=("token-mean", "seq-mean-token-sum",
-                                                        "seq-mean-token-mean")))),
-                   "advantages", "logprobs", "trainable", "PPO clipped surrogate at token level."),
-        ConfigSpec("pg", (("agg", KwSpec("str", "token-mean",
-                                         choices=("token-mean", "seq-mean-token-sum",
-                                                  "seq-mean-token-mean"))),),
-                   "advantages", None, "trainable", "Vanilla policy gradient (REINFORCE)."),
-        ConfigSpec("value_clip", (("clip", KwSpec("float", 0.2, min=0.0)),
-                                  ("agg", KwSpec("str", "token-mean",
-                                                 choices=("token-mean", "seq-mean-token-mean")))),
-                   "returns", "values", "critic", "Clipped value loss for a critic."),
-    )
-}
 
 # Names a flow may not bind or define: they are built in.
 BUILTIN_NAMES = frozenset(OPS) | frozenset(LOSSES)

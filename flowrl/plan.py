@@ -11,9 +11,42 @@ import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
-from flowrl.cost.model import Memory
 
 PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Estimated memory of one engine on one of its GPUs, in GB (1e9 bytes)."""
+
+    weights_gb: float
+    grads_gb: float = 0.0
+    optimizer_gb: float = 0.0
+    activations_gb: float = 0.0
+    kv_cache_gb: float = 0.0
+    other_gb: float = 0.0
+    """Workspace, logits, CUDA context."""
+    reserved_gb: float = 0.0
+    """Rollout engines: what the engine takes up front (``gpu_memory_utilization`` x memory)."""
+    kv_tokens: int = 0
+    """Rollout engines: tokens the KV cache holds."""
+
+    @property
+    def total_gb(self) -> float:
+        parts = self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.kv_cache_gb \
+            + self.other_gb
+        return max(parts, self.reserved_gb)
+
+    def to_dict(self) -> dict:
+        return {"weights_gb": _r(self.weights_gb), "grads_gb": _r(self.grads_gb),
+                "optimizer_gb": _r(self.optimizer_gb), "activations_gb": _r(self.activations_gb),
+                "kv_cache_gb": _r(self.kv_cache_gb), "other_gb": _r(self.other_gb),
+                "reserved_gb": _r(self.reserved_gb), "total_gb": _r(self.total_gb), "kv_tokens": int(self.kv_tokens)}
+
+
+def _r(x: float) -> float:
+    return round(float(x), 4)
+
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,218 @@
+"""What flowrl knows about a model's architecture, without torch or a model hub.
+
+:class:`ModelFacts` are the numbers the layout checks, the memory and cost models and the
+resharding plans need (parameters, layers, heads, KV heads, hidden, vocab, maximum
+positions, the transformers architecture). They come from a ``config.json``
+(:func:`from_config`, which reads each fact under every key the architectures use), from
+the table of public configs (:data:`PRESETS`), or from a ``tiny(...)`` model's options
+(:func:`tiny_facts`). Which engines run which architecture is the engines' record
+(:attr:`flowrl.catalog.engines.EngineSpec.architectures`).
+
+>>> f = PRESETS["qwen/qwen2.5-7b"]
+>>> round(f.params / 1e9, 2), f.layers, f.heads, f.kv_heads
+(7.62, 28, 28, 4)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The architecture numbers of a decoder-only transformer (Llama / Qwen2 family)."""
+
+    name: str
+    """Where the facts came from: ``tiny(arith)``, a preset name, or a config path."""
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    """Input embedding and LM head share one tensor."""
+    qkv_bias: bool = False
+    """Qwen2 has biases on q/k/v projections."""
+    head_dim: int = 0
+    """0 means ``hidden // heads``."""
+    dtype_bytes: int = 2
+    """Bytes per weight in the checkpoint / engines (2 for bf16, 4 for fp32 tiny models)."""
+    max_len: int = 4096
+    """Longest sequence the model accepts (tokens)."""
+    architecture: str = ""
+    """The transformers class (``config.json``'s ``architectures[0]``); empty when not known."""
+
+    @property
+    def hd(self) -> int:
+        """Per-head dimension."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def params(self) -> int:
+        """Parameter count: embeddings, LM head (if untied), attention, MLP, norms."""
+        return self.embed_params * (1 if self.tied else 2) + self.layers * self.layer_params + self.hidden
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.hd, self.kv_heads * self.hd
+        attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
+        if self.qkv_bias:
+            attn += q + 2 * kv
+        mlp = 3 * self.hidden * self.intermediate
+        return attn + mlp + 2 * self.hidden  # two RMSNorm weights
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:
+        """KV cache bytes per token over all layers (keys and values, unsharded)."""
+        return 2 * self.layers * self.kv_heads * self.hd * (dtype_bytes or self.dtype_bytes)
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """HF checkpoint tensor names and shapes, one template per layer family (``{i}`` = layer).
+
+        Used for bucket plans (the largest tensor) and resharding plans.
+        """
+        q, kv = self.heads * self.hd, self.kv_heads * self.hd
+        out = [("model.embed_tokens.weight", (self.vocab, self.hidden))]
+        layer = [("self_attn.q_proj.weight", (q, self.hidden)), ("self_attn.k_proj.weight", (kv, self.hidden)),
+                 ("self_attn.v_proj.weight", (kv, self.hidden)), ("self_attn.o_proj.weight", (self.hidden, q)),
+                 ("mlp.gate_proj.weight", (self.intermediate, self.hidden)),
+                 ("mlp.up_proj.weight", (self.intermediate, self.hidden)),
+                 ("mlp.down_proj.weight", (self.hidden, self.intermediate)),
+                 ("input_layernorm.weight", (self.hidden,)), ("post_attention_layernorm.weight", (self.hidden,))]
+        if self.qkv_bias:
+            layer[3:3] = [("self_attn.q_proj.bias", (q,)), ("self_attn.k_proj.bias", (kv,)),
+                          ("self_attn.v_proj.bias", (kv,))]
+        out += [(f"model.layers.{{i}}.{name}", shape) for name, shape in layer]
+        out.append(("model.norm.weight", (self.hidden,)))
+        if not self.tied:
+            out.append(("lm_head.weight", (self.vocab, self.hidden)))
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain values for the execution plan (JSON)."""
+        return {"name": self.name, "params": self.params, "hidden": self.hidden, "layers": self.layers,
+                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.hd,
+                "intermediate": self.intermediate, "vocab": self.vocab, "tied": self.tied,
+                "dtype_bytes": self.dtype_bytes, "max_len": self.max_len, "architecture": self.architecture}
+
+
+def _preset(name, hidden, layers, heads, kv, inter, vocab, tied, bias, max_len=32768) -> ModelFacts:
+    arch = "Qwen2ForCausalLM" if bias else "LlamaForCausalLM"
+    return ModelFacts(name, hidden, layers, heads, kv, inter, vocab, tied, bias, max_len=max_len, architecture=arch)
+
+
+PRESETS: dict[str, ModelFacts] = {f.name.lower(): f for f in (
+    # Public config.json values (hidden, layers, heads, kv heads, intermediate, vocab, tied, qkv bias).
+    _preset("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, True, True),
+    _preset("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, True, True),
+    _preset("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, True, True),
+    _preset("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, False, True),
+    _preset("Qwen/Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, False, True),
+    _preset("Qwen/Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, False, True),
+    _preset("Qwen/Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, False, True),
+    _preset("meta-llama/Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, True, False, 131072),
+    _preset("meta-llama/Llama-3.2-3B", 3072, 28, 24, 8, 8192, 128256, True, False, 131072),
+    _preset("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, False, False, 131072),
+    _preset("meta-llama/Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, False, False, 131072),
+)}
+"""Public configs by hub id (lower case). Short names (``Qwen2.5-7B``) match too."""
+
+_SHORT = {k.split("/", 1)[1]: k for k in PRESETS}
+
+TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
+TINY_INTERMEDIATE = 256
+"""``TinyModelConfig.intermediate`` (a flow's ``tiny(...)`` does not set it)."""
+TINY_MAX_LEN = 128
+
+
+class ConfigError(ValueError):
+    """A ``config.json`` that exists but cannot be read as a decoder config."""
+
+
+def preset(name: str) -> ModelFacts | None:
+    """The built-in facts for a hub id or its short name (case-insensitive), else None."""
+    key = name.lower()
+    return PRESETS.get(key) or PRESETS.get(_SHORT.get(key, ""))
+
+
+def from_config(path: str | Path) -> ModelFacts:
+    """Facts from a transformers ``config.json`` (a file or the directory holding it).
+
+    Keys are read under every name the architectures use (:data:`CONFIG_KEYS`: GPT-2 says
+    ``n_embd``/``n_layer``/``n_head``/``n_positions`` where Llama says ``hidden_size``...).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {p}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{p}: not a decoder config (a JSON object is expected)")
+    try:
+        hidden, layers, heads = int(config_value(cfg, "hidden")), int(config_value(cfg, "layers")), \
+            int(config_value(cfg, "heads"))
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        archs = cfg.get("architectures") or []
+        return ModelFacts(
+            name=str(p.parent), hidden=hidden, layers=layers, heads=heads,
+            kv_heads=int(config_value(cfg, "kv_heads", heads) or heads),
+            intermediate=int(config_value(cfg, "intermediate", 4 * hidden) or 4 * hidden),
+            vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", cfg.get("model_type") == "gpt2")),
+            qkv_bias=cfg.get("model_type") == "qwen2", head_dim=int(cfg.get("head_dim") or 0),
+            dtype_bytes=4 if dtype == "float32" else 2,
+            max_len=int(config_value(cfg, "max_positions", 4096) or 4096),
+            architecture=str(archs[0]) if archs else "")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{p}: not a decoder config ({e})") from None
+
+
+CONFIG_KEYS = {
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads",),
+    "intermediate": ("intermediate_size", "n_inner", "ffn_dim"),
+    "max_positions": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length"),
+}
+"""Each fact -> the ``config.json`` keys that hold it, in the order they are tried."""
+
+
+def config_value(cfg: dict, fact: str, default=KeyError):
+    """The first of :data:`CONFIG_KEYS` ``[fact]`` set in ``cfg``; ``default`` (or KeyError) if none is."""
+    for key in CONFIG_KEYS[fact]:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    if default is KeyError:
+        raise KeyError(" / ".join(CONFIG_KEYS[fact]))
+    return default
+
+
+def tiny_facts(attrs: dict) -> ModelFacts:
+    """Facts of ``tiny(task=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
+    opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
+    task = str(attrs.get("task", "arith"))
+    try:
+        from flowrl.tasks import get_task  # light: the task table, no torch
+
+        vocab = 4 + len(get_task(task).chars)
+    except (ImportError, KeyError):
+        vocab = 64  # an unknown task is reported when the model is built; the size barely matters here
+    return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], opts["kv_heads"],
+                      TINY_INTERMEDIATE, vocab, tied=False, dtype_bytes=4, max_len=TINY_MAX_LEN,
+                      architecture="LlamaForCausalLM")
+
+
+__all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
+           "tiny_facts", "TINY_DEFAULTS"]
