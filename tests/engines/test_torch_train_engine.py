@@ -71,7 +71,9 @@ def test_micro_batching_is_exact(tiny_model_dir):
         torch.testing.assert_close(p.grad, grads_big[name], atol=1e-6, rtol=0)
     after_big = _params(big)
     for name, tensor in small.named_weights():
-        torch.testing.assert_close(tensor, after_big[name], atol=1e-6, rtol=0)
+        # The update's slope in g is at most lr / eps = 10: gradients within 1e-6 (above) give
+        # weights within 1e-5.
+        torch.testing.assert_close(tensor, after_big[name], atol=1e-5, rtol=0)
 
 
 def test_loss_decreases_and_metrics_are_reported(tiny_model_dir):
