@@ -13,13 +13,18 @@ MEGATRON_CORE := megatron-core==0.19.2
 SGLANG := sglang==0.5.23
 ARGS   ?=
 
-.PHONY: run test check clean-venv graphviz
+.PHONY: run test test-long check clean-venv graphviz bubblewrap
 
-run: $(STAMP)
+run: $(STAMP) graphviz bubblewrap
 	$(BIN)/flowrl run $(FLOW) $(ARGS)
 
-test: $(STAMP) graphviz
+test: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# Tests marked `long` (documented commands of the README, docs/cli.md and --help: real runs,
+# 17 minutes on 2 cores), kept out of `make test`'s CI budget.
+test-long: $(STAMP) graphviz bubblewrap
+	$(BIN)/python -m pytest -q -m long $(ARGS)
 
 check: $(STAMP)
 	$(BIN)/flowrl check stdlib/*.flow flows/*.flow
@@ -27,7 +32,7 @@ check: $(STAMP)
 $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
+	$(BIN)/python -m pip install -q -e ".[cpu,dev,track]"
 	# megatron-core >= 0.17 declares Requires-Python >= 3.12, so on 3.11 pip would pick 0.16.1;
 	# 0.19.2 is what the megatron engine is written and tested against (its deps are installed above).
 	$(BIN)/python -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE)
@@ -43,12 +48,23 @@ $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Graphviz renders `flowrl graph --format svg|png`; install it where we can.
+# Graphviz renders `flowrl graph --format svg|png` (the README's `flowrl graph ... -o g.svg`):
+# both targets install it where they can.
 graphviz:
 	@command -v dot >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "warning: could not install graphviz"; \
 	  else echo "warning: Graphviz 'dot' not found; SVG/PNG graph tests will be skipped"; fi; }
+
+# bubblewrap (`bwrap`) gives sandboxed programs (flowrl.sandbox: the `code` verifier, reward
+# functions) a read-only view of the host and a private scratch directory; libseccomp2 backs
+# its seccomp filter. Without them those layers are reported inactive and the tests that need
+# them skip.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null) || echo "warning: could not install bubblewrap"; \
+	  else echo "warning: bubblewrap 'bwrap' not found; the sandbox runs without its filesystem layer"; fi; }
 
 clean-venv:
 	rm -rf $(VENV)

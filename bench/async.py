@@ -8,7 +8,7 @@ process run, side by side: steps/s, generated tokens/s, final reward, held-out a
 and the staleness histogram.
 
 Part 2 is the same comparison simulated by flowrl's cost model for a 7B model on 64 H100s
-with long-tailed response lengths (``flowrl.cost.sim.compare_async``), next to the
+with long-tailed response lengths (``bench/compare_async.py``), next to the
 published anchors (AReaL 2.77x full async, veRL 2.35-2.67x, NeMo-RL 111 s -> 64 s
 one-step-off, APRIL +22.5% rollout throughput).
 
@@ -49,7 +49,7 @@ MODES = ((1, ""), (2, ""), (4, ""), (3, PARTIAL))
 
 
 def run_real(staleness: int, steps: int, batch: int, tmp: Path, partial: str = "") -> dict:
-    from flowrl.runtime.api import run_file
+    from flowrl.launch import run_file
 
     path = tmp / f"async_s{staleness}{'_partial' if partial else ''}.flow"
     path.write_text(FLOW.format(root=ROOT, steps=steps, batch=batch, staleness=staleness, partial=partial))
@@ -113,7 +113,8 @@ def main() -> int:
                                      ("speedup", "speedup", ".2f"), ("tok/s", "tokens_per_s", ".0f"),
                                      ("reward", "final_reward", ".3f"), ("acc after", "accuracy_after", ".3f"),
                                      ("lags", "staleness_hist", ""), ("partial (groups)", "partial", "")]))
-    from flowrl.cost.sim import compare_async
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compare_async import compare_async
 
     report["simulated"] = compare_async()
     print("\nSimulated: 7B model, 64 x H100, long-tailed response lengths:")

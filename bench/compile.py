@@ -56,7 +56,9 @@ def generate_program(target_ops: int) -> str:
     per_model = BLOCKS_PER_MODEL * OPS_PER_BLOCK + UPDATE_OPS
     n_models = max(1, round(target_ops / per_model))
     n_blocks = max(1, round((target_ops - n_models * UPDATE_OPS) / OPS_PER_BLOCK))
-    lines = ['dataset arith = jsonl("data/arith/train.jsonl")', 'reward exact = verifier("math")']
+    # The shipped dataset by absolute path: programs are written to a temporary folder, and
+    # `flowrl check` checks the file exists and reads its first row.
+    lines = [f'dataset arith = jsonl("{REPO / "data" / "arith" / "train.jsonl"}")', 'reward exact = verifier("math")']
     lines += [f'model m{i} = tiny(task = "arith", seed = {i})' for i in range(n_models)]
     lines += [
         "",

@@ -357,11 +357,11 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
                stream=sys.stderr) -> SideResult:
     """One ``flowrl run`` of the benchmark flow; returns its measurements.
 
-    ``build_plan`` + ``run_plan`` is what ``flowrl.runtime.api.run_file`` does for a fresh
+    ``build_plan`` + ``run_plan`` is what ``flowrl.launch.run_file`` does for a fresh
     run; calling them separately gives the instant the runtime starts, which the trace's
     times are relative to (the Timeline is created first thing in ``run_plan``).
     """
-    from flowrl.runtime.api import build_plan, check_installed
+    from flowrl.launch import build_plan, check_installed
     from flowrl.runtime.driver import run_plan
 
     work.mkdir(parents=True, exist_ok=True)
@@ -374,12 +374,12 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
     result = run_plan(plan, out, stream=stream)
     total = time.time() - t0
     spans = step_spans(json.loads((out / "trace.json").read_text()))
-    if sorted(spans) != list(range(cfg.steps)):
-        raise BenchError(f"flowrl trace {out / 'trace.json'} has steps {sorted(spans)}, expected 0..{cfg.steps - 1}")
-    first_start = spans[0][0]
-    ends = [spans[s][1] for s in range(cfg.steps)]
+    if sorted(spans) != list(range(1, cfg.steps + 1)):  # steps are numbered from 1 (0: set-up)
+        raise BenchError(f"flowrl trace {out / 'trace.json'} has steps {sorted(spans)}, expected 1..{cfg.steps}")
+    first_start = spans[1][0]
+    ends = [spans[s][1] for s in range(1, cfg.steps + 1)]
     step_s = [ends[0] - first_start] + [b - a for a, b in zip(ends, ends[1:])]
-    rows = sorted(result.rows, key=lambda r: r["step"])
+    rows = sorted((r for r in result.rows if r["step"] >= 1), key=lambda r: r["step"])  # row 0: before RL
     # Per-op times only: the runtime also logs stage totals (time/producer, time/consumer,
     # time/wait_rollout) that contain the ops' times; they go to `extra`.
     op_ids = {op.id for op in plan.ops}
@@ -413,7 +413,7 @@ def step_spans(trace: dict) -> dict[int, tuple[float, float]]:
     spans: dict[int, tuple[float, float]] = {}
     for e in trace["traceEvents"]:
         step = e.get("args", {}).get("step")
-        if e.get("ph") != "X" or step is None or step < 0 or e["name"] == "eval":
+        if e.get("ph") != "X" or step is None or step < 1 or e["name"] == "eval":
             continue
         start, end = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
         lo, hi = spans.get(step, (start, end))

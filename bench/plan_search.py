@@ -12,9 +12,10 @@ and reports
   vLLM tp 1, staleness 2), ``grpo_disaggregated`` (half the GPUs generate, FSDP on the
   other half, staleness 2) and ``arith_grpo`` (colocated, plain torch, vLLM, synchronous),
   each estimated by the same simulator (a baseline that does not fit is reported with its
-  diagnostic);
+  diagnostic: on several nodes the scaled baselines put a train engine, whose ranks one Ray
+  actor forks, on GPUs of several nodes, E442);
 
-then the async comparison of the issue (``flowrl.cost.sim.compare_async``): a 7B model on 64
+then the async comparison of the issue (``bench/compare_async.py``): a 7B model on 64
 H100s with long-tailed lengths, synchronous vs one-step-off vs bounded async (s = 4) vs
 partial rollout, next to the published anchors (AReaL, veRL, NeMo-RL, APRIL).
 
@@ -42,15 +43,17 @@ sys.path.insert(0, str(REPO))
 
 from flowrl.compiler.lower import lower  # noqa: E402
 from flowrl.compiler.pipeline import compile_text  # noqa: E402
-from flowrl.cost.sim import ANCHORS, compare_async  # noqa: E402
 from flowrl.diagnostics import FlowError  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from compare_async import ANCHORS, ASYNC_PROGRAM, compare_async  # noqa: E402
 
 MODEL = "Qwen/Qwen2.5-7B"
 PROMPTS_PER_GPU = 4
 GROUP = 8
 MAX_TOKENS = 4096
 
-from flowrl.compiler.auto import ASYNC_PROGRAM as FLOW  # noqa: E402  (each row adds its own schedule)
+FLOW = ASYNC_PROGRAM  # each row adds its own schedule
 
 CLUSTER = 'cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "H100")'
 
@@ -59,7 +62,7 @@ BASELINES = {
     "grpo_megatron_8gpu": """schedule main on {cluster} {{
   colocate policy.train, policy.rollout, ref on all
   policy.train = megatron(tp = 2, pp = 1)
-  policy.rollout = vllm(tp = 1)
+  policy.rollout = vllm(tp = 1, max_model_len = 8192)
   staleness 2
   resync policy via nccl(bucket = 512MB) every 1
 }}""",
@@ -70,7 +73,7 @@ BASELINES = {
   place policy.rollout on gen
   colocate policy.train, ref on train
   policy.train = fsdp()
-  policy.rollout = vllm(tp = 1)
+  policy.rollout = vllm(tp = 1, max_model_len = 8192)
   staleness 2
   resync policy via nccl(bucket = 512MB, overlap = true) every 1
 }}""",
@@ -78,7 +81,7 @@ BASELINES = {
     "arith_grpo": """schedule main on {cluster} {{
   colocate policy.train, policy.rollout, ref on all
   policy.train = torch()
-  policy.rollout = vllm(tp = 1)
+  policy.rollout = vllm(tp = 1, max_model_len = 8192)
   staleness 1
   resync policy via inplace() every 1
 }}""",

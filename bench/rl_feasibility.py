@@ -25,16 +25,31 @@ Prints a table of held-out accuracy over RL steps and writes the numbers as JSON
 Chosen settings (the defaults of this script, of ``ArithSpec`` and of ``SFTConfig``):
 ``"ab+cd="`` with zero-padded operands 0..99 (4000 train / 400 test rows); Llama
 hidden 128, 2 layers, 4 heads (2 KV), MLP 256 (~0.3M params); warm start AdamW lr 3e-3,
-batch 64, until 20% accuracy on 256 training rows (1300 steps for seed 0); GRPO 64
-prompts x 8 completions, lr 5e-4, temperature 1, one update per batch, 200 steps.
+weight decay 0.1, batch 64, until greedy accuracy on 512 training rows reaches 30%,
+checked every 10 steps (seed 0: 1150 steps); GRPO 64 prompts x 8 completions, lr 5e-4,
+temperature 1, one update per batch, 300 steps.
 
-Measured (seed 0, 1 torch thread, lightly loaded 2-core machine): warm start 50 s →
-27.0% held-out; GRPO 64 s → 72.5% (+45.5 points). Four RL sampling seeds from the same
-warm start gave 72.0-75.5% after 200 steps and 74.8-79.2% after 300. Other init seeds
-vary: without weight decay seed 1 stays near 10% after 3000 SFT steps; with weight
-decay 0.1 every seed reaches the target in 450-1300 steps but GRPO then gained +8 to +45
-points after 200 steps, depending on the seed. Two torch threads were slower than one on
-this machine (spinning OpenMP threads when other processes compete for the cores).
+Why the warm start stops where it does. The model learns addition in a sudden
+transition: held-out accuracy sits near 8% on a plateau, then climbs within ~150 steps
+(seed 2: 12% at step 700, 28% at 800, 61% at 875), and the plateau ends at a step that
+depends on the seed (~470 for seed 1, ~800 for seed 2, ~1100 for seed 0, with weight
+decay 0.1; without it seed 1 was still on the plateau after 3000 steps). GRPO from the
+plateau learns nothing (from 6-8%: 7-9% after 100 steps; from 12%: 14% after 125 steps);
+from 28% it reached 86% after 150. So the warm start stops on accuracy, not on a step
+count, and checks it often and exactly (every 10 steps, 512 rows, one teacher-forced
+forward pass): the old rule (20% on 256 rows, every 50 steps) stopped at 19% held-out on
+one CPU and 27% on another, since 50 steps of the transition move accuracy by tens of
+points. The three seeds stop at 28-34% held-out (bit-reproducible on one machine).
+
+Measured (seed 0, 1 torch thread, 2-core machine with a load of 8-11 from other jobs, so
+its seconds are not representative): warm start 1150 steps → 34.3% held-out; GRPO →
+76.0% after 200 steps, 83.3% after 300 (+49.0 points). ``flowrl run
+flows/arith_grpo.flow`` (vLLM + torch engines) after 200 steps: seed 0 34.2% → 79.8%,
+seed 1 33.8% → 66.5%, seed 2 28.2% → 88.8%; the slowest, seed 1, reached 72.5% after 300,
+so the default flow runs 300 steps. Tried on seed 1 and dropped: RL lr 1e-3 (57.8% after
+200 steps), two minibatches per step (67.5%), 32 prompts x 16 (no faster here). Two torch
+threads were slower than one on this machine (spinning OpenMP threads when other
+processes compete for the cores).
 """
 
 from __future__ import annotations
@@ -64,7 +79,7 @@ from flowrl.tasks import arith  # noqa: E402
 class GRPOSettings:
     """The RL half of the experiment."""
 
-    steps: int = 200
+    steps: int = 300
     """GRPO iterations (one rollout batch each)."""
     prompts_per_step: int = 64
     """Distinct prompts per rollout batch."""
@@ -208,7 +223,7 @@ def warm_started(a, spec, model_cfg, sft, train):
         build_tiny_model(tmp, chars=arith.CHARS, seed=a.seed, **asdict(model_cfg))
         tokenizer = load_tokenizer(tmp)
         model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    losses = sft_train(model, tokenizer, train, sft, seed=a.seed, max_new_tokens=5)
+    losses = sft_train(model, tokenizer, train, sft, seed=a.seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"warm start: {len(losses)} steps, final loss {losses[-1]:.3f}", flush=True)
     if cached:
@@ -236,6 +251,7 @@ def parse_args(argv=None):
     ap.add_argument("--sft-lr", type=float, default=d_sft.lr)
     ap.add_argument("--sft-wd", type=float, default=d_sft.weight_decay)
     ap.add_argument("--sft-check-every", type=int, default=d_sft.check_every)
+    ap.add_argument("--sft-check-rows", type=int, default=d_sft.check_rows)
     ap.add_argument("--sft-stop-at", type=float, default=d_sft.stop_at_accuracy,
                     help="stop the warm start at this training-row accuracy (negative: run all steps)")
     ap.add_argument("--rl-steps", type=int, default=d_rl.steps)
@@ -262,7 +278,8 @@ def main(argv=None) -> dict:
     spec = arith.ArithSpec(max_operand=a.max_operand, ops=a.ops, zero_pad=not a.no_zero_pad)
     model_cfg = TinyModelConfig(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate)
     sft = SFTConfig(steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr, weight_decay=a.sft_wd,
-                    stop_at_accuracy=None if a.sft_stop_at < 0 else a.sft_stop_at, check_every=a.sft_check_every)
+                    stop_at_accuracy=None if a.sft_stop_at < 0 else a.sft_stop_at, check_every=a.sft_check_every,
+                    check_rows=a.sft_check_rows)
     rl = GRPOSettings(steps=a.rl_steps, prompts_per_step=a.prompts, group=a.group, lr=a.rl_lr,
                       temperature=a.temperature, updates=a.updates, eval_every=a.eval_every)
     train, test = arith.make_splits(a.n_train, a.n_test, arith.DEFAULT_SEED, spec=spec)

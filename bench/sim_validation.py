@@ -10,7 +10,7 @@ Calibration: `flowrl profile` figures (matmul, memcpy, gloo) are measured here f
 matmul cannot show (dispatching an op to an engine over Ray; vLLM's costs per decode iteration,
 per running sequence and per request; the achieved fraction of the matmul peak in log-prob and
 update passes) is measured on the first three cases only (two batch sizes separate fixed from
-per-item costs, long answers per-token from per-request ones; flowrl.cost.validate.calibrate),
+per-item costs, long answers per-token from per-request ones; flowrl.compiler.calibrate.calibrate),
 and the other cases are predictions from that profile. The a-priori column is the plan as
 `flowrl plan` estimates it (the compiler's workload assumptions, no measured sizes).
 
@@ -121,7 +121,7 @@ def prompt_tokens(plan) -> float:
 
 
 def run_case(name: str, flow_file: str, steps: int, tmp: Path, sets: dict) -> tuple[Path, float]:
-    from flowrl.runtime.api import run_file
+    from flowrl.launch import run_file
 
     out = tmp / name
     t0 = time.time()
@@ -147,6 +147,7 @@ def main() -> None:
         raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
 
     from flowrl.plan import ExecutionPlan
+    from flowrl.compiler import calibrate
     from flowrl.cost import profiles, validate
     from flowrl.gantt import gantt_files
 
@@ -181,7 +182,7 @@ def main() -> None:
               f"load {m['load_avg_after']}", flush=True)
 
     calib = names[:CALIBRATION_CASES]
-    cal = validate.calibrate(base, [(flows[n], measured[n]) for n in calib])
+    cal = calibrate.calibrate(base, [(flows[n], measured[n]) for n in calib])
     profiles.save_profile(cal, prof_path)
     print(f"calibrated on {', '.join(calib)}: {cal.source.split('; calibrated from ')[-1]}", flush=True)
 
@@ -189,8 +190,8 @@ def main() -> None:
     for name in names:
         src, sets, what = CASES[name].flow, CASES[name].sets, CASES[name].what
         m = measured[name]
-        pred = validate.predict(flows[name], sets, m["workload"])
-        prior = validate.predict(flows[name], sets, None)
+        pred = calibrate.predict(flows[name], sets, m["workload"])
+        prior = calibrate.predict(flows[name], sets, None)
         cmp = validate.compare(pred, m)
         png = RESULTS / f"sim_validation_{name}.png"
         gantt_files(flows[name], png, run_dir=runs[name], sets=sets, workload=m["workload"])

@@ -1,8 +1,8 @@
-"""The Python front end: build a flow with method calls instead of ``.flow`` text.
+"""The Python front end: write a flow (and its schedule) with method calls instead of ``.flow`` text.
 
 ::
 
-    from flowrl import Flow
+    from flowrl import Flow, ctor
     f = Flow("grpo", params=[("policy", "model"), ("prompts", "dataset"), ("reward", "reward"),
                              ("group", "int", 8)])
     policy, prompts, reward, group = f.params
@@ -12,32 +12,36 @@
     scores = reward(rollouts, name="scores")          # score(reward, rollouts), as in text
     ...
     f.update(policy, rollouts, adv, old_lp, ref_lp, loss=f.ppo_clip(0.2), kl=0.001)
-    graph = f.graph()          # the raw FlowGraph, as flowrl.ir.build.build_flow makes it
-    compiled = f.compile()     # the same PASSES as a .flow file
+    s = f.schedule(nodes=1, gpus_per_node=1)            # schedule grpo on cluster(...) { ... }
+    s.layout("policy.train", "torch", dp=1)
+    module = f.to_module()     # the program as flowrl.syntax.ast nodes, spans at the Python lines
+    graph = f.compile()        # compile_module(module): the same graph building and PASSES as text
+    plan = f.plan(steps=2)     # the ExecutionPlan `flowrl plan` makes
     print(f.to_flow_text())    # the program as .flow text
 
-What it builds: exactly the raw graph that :func:`flowrl.ir.build.build_flow` makes from
-the same program written as text (one node per op call, ``Ref`` arguments holding source
-names, ``CALL`` nodes for flow calls), so every compiler pass runs unchanged and reports
-the same diagnostics, except that every span points at the Python call that made the
-node (file, line and the column of the argument).
+One front end: the builder records the calls, writes them as an AST :class:`~flowrl.syntax.ast.Module`
+(imports, declarations, the builder flows it calls, this flow, its schedule) whose every node has
+the span of the Python call (file, line, column of the argument), and hands that module to
+:func:`flowrl.compiler.pipeline.compile_module`, exactly as the parser's module of a ``.flow``
+file is handed. Graphs from the builder and from text agree by construction, and every
+diagnostic is the text's, positioned at the user's Python line.
 
 How Python maps onto the language:
 
-* ``name="x"`` is the binding ``x = op(...)``: the node's id is ``x`` (``x#2`` when
-  re-bound) and later uses of the handle are written ``x``; a handle whose name was
-  re-bound since is still usable (its node is referenced directly).
-* without ``name=`` a call is like a nested call or a call statement in text: the node's
-  id is the op name (``frozen``, ``frozen#2``...).
-* a value carried from one turn of a ``repeat`` loop to the next is re-bound under the
-  same name inside the loop (``name="convo"``), exactly as in text.
+* ``name="x"`` is the binding ``x = op(...)``; later uses of the handle are written ``x``; a
+  handle whose name was re-bound since is still usable (the text reaches it through an alias
+  ``x_1 = x`` written right after it; aliases add no node to the compiled graph).
+* without ``name=`` a call is a nested call (``generate(policy, sample(prompts))``) when it is
+  used once, a call statement when unused, and otherwise bound to its op name.
+* a value carried from one turn of a ``repeat`` loop to the next is re-bound under the same
+  name inside the loop (``name="convo"``), exactly as in text.
 * ``reward(rollouts)`` for a reward handle is ``score(reward, rollouts)``.
 
-Mistakes the compiler can see (unknown ops, options, names, wrong types of values) are
-left to the passes, so they raise the same :class:`~flowrl.diagnostics.FlowError` as the
-text would; mistakes only Python can make (a Python object that is not a flow value, a
-handle of another flow, a name the language cannot spell) raise :class:`BuilderError`
-(a ``TypeError``) at once, at the offending call.
+Mistakes the compiler can see (unknown ops, options, names, wrong types of values) are left to
+the passes, so they raise the same :class:`~flowrl.diagnostics.FlowError` as the text would;
+mistakes only Python can make (a Python object that is not a flow value, a handle of another
+flow, a name the language cannot spell) raise :class:`BuilderError` (a ``TypeError``) at once,
+at the offending call.
 """
 
 from __future__ import annotations
@@ -50,14 +54,14 @@ import math
 import numbers
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from flowrl.diagnostics import FlowError, SourceMap, Span, did_you_mean
-from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Symbol
 from flowrl.catalog.ops import DECL_KINDS, LOSSES, OPS, OpKind, OpSpec
+from flowrl.diagnostics import FlowError, SourceMap, Span, did_you_mean
 from flowrl.syntax import ast
 
-__all__ = ["BuilderError", "Flow", "Loss", "Params", "Size", "Value", "ctor", "size"]
+__all__ = ["BuilderError", "Flow", "Loss", "Params", "Schedule", "Size", "Value", "ctor", "size"]
 
 
 class BuilderError(TypeError):
@@ -207,7 +211,53 @@ def _check_name(name, what: str, dotted: bool = False) -> str:
     return name
 
 
-# ---- values the builder hands out -------------------------------------------------------------
+# ---- what the builder records: calls, by value, until they are written as an AST ----------------
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A use of a value: a source name (``policy``), or ``#node:ID``, the value of recorded call
+    ``ID`` itself (its name was re-bound, or it has none); the writer picks how text spells it."""
+
+    target: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class _Loss:
+    """A loss configuration ``ppo_clip(0.2, agg = "token-mean")`` (a keyword value, not an op)."""
+
+    name: str
+    args: tuple
+    options: tuple  # ((name, value, span of `name=value`), ...), as written
+    span: Span
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One recorded call: an op, a flow call, ``reward(x)``, or an alias ``x = value`` (op ``=``).
+
+    Values (in ``args`` and ``kwargs``) are :class:`_Ref`, :class:`ast.Literal`, :class:`_Loss` or
+    tuples of them (lists)."""
+
+    id: str
+    """Unique in the flow; the id the graph gives the node when the text keeps its name."""
+    op: str
+    args: tuple
+    kwargs: tuple  # ((name, value, span of `name=value`), ...), as written
+    span: Span
+    region: str | None
+    """The ``repeat`` loop the call is in (``repeatN``), None outside loops."""
+
+
+@dataclass(frozen=True)
+class _Loop:
+    id: str
+    count: object
+    until: str | None
+    span: Span
+    parent: str | None
+
 
 _TYPE_OF_KIND = {OpKind.MODEL: "model", OpKind.DATASET: "dataset", OpKind.REWARD_FN: "reward",
                  OpKind.ENV: "env", OpKind.CALL: None}
@@ -226,7 +276,8 @@ class Value:
         self.name = name
         """The source name this value is bound to, if any."""
         self.node = node
-        """The raw graph node that makes it (None for parameters, declarations, aliases)."""
+        """The recorded call that makes it (None for parameters, declarations, aliases); the id
+        of its node in the graph."""
         self.type = type
         """model | dataset | reward | env | data, a scalar type, or None when unknown (flow calls)."""
         self.span = span
@@ -239,7 +290,7 @@ class Value:
 
     def __repr__(self) -> str:
         what = self.type or "value"
-        made = f" from {self.flow._graph.node(self.node).op}" if self.node else ""
+        made = f" from {self.flow._ops[self.node].op}" if self.node else ""
         return f"<Value {self.name or self.node or '?'}: {what}{made} at {self.span}>"
 
 
@@ -248,12 +299,15 @@ class Loss:
 
     __slots__ = ("flow", "config")
 
-    def __init__(self, flow: "Flow", config: Config):
+    def __init__(self, flow: "Flow", config: _Loss):
         self.flow = flow
         self.config = config
 
     def __repr__(self) -> str:
         return f"<Loss {self.config.name} at {self.config.span}>"
+
+
+_SIZE_RE = re.compile(r"\d+(\.\d+)?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)")
 
 
 class Size:
@@ -264,7 +318,7 @@ class Size:
     def __init__(self, text: str):
         from flowrl.syntax.parser import _parse_size
 
-        if not isinstance(text, str) or not re.fullmatch(r"\d+(\.\d+)?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", text):
+        if not isinstance(text, str) or not _SIZE_RE.fullmatch(text):
             raise BuilderError(f"size {text!r} is not a size literal; hint: write e.g. size(\"512MB\") "
                                f"(units B KB MB GB TB KiB MiB GiB TiB)")
         self.bytes = _parse_size(text)
@@ -280,8 +334,8 @@ def size(text: str) -> Size:
 
 
 class Ctor:
-    """A constructor call written as a constant: a parameter default or a declaration's
-    value, e.g. ``ctor("tiny", task="arith")`` for ``tiny(task = "arith")``."""
+    """A constructor call written as a constant: a parameter default, a declaration's
+    argument or a schedule's engine, e.g. ``ctor("tiny", task="arith")`` for ``tiny(task = "arith")``."""
 
     __slots__ = ("op", "args", "kwargs", "site", "texts")
 
@@ -295,7 +349,7 @@ class Ctor:
 
 
 def ctor(op: str, *args, **kwargs) -> Ctor:
-    """A resource constructor for parameter defaults: ``("policy", "model", ctor("tiny"))``."""
+    """A constructor call as a constant: ``("policy", "model", ctor("tiny"))``."""
     _check_name(op, "constructor", dotted=True)
     return Ctor(op, args, kwargs)
 
@@ -324,7 +378,7 @@ class _Imported:
         flow, qualified = self._flow, self._prefix + _check_name(flow_name, "flow name")
 
         def call(*args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
-            return flow._emit(qualified, args, kwargs, name, options, kind=OpKind.CALL)
+            return flow._emit(qualified, args, kwargs, name, options, flow_call=True)
 
         call.__name__ = flow_name
         call.__doc__ = f"Call the imported flow `{qualified}` (inlined by the compiler)."
@@ -332,9 +386,9 @@ class _Imported:
 
 
 class _Repeat:
-    """The context manager of ``with f.repeat(count, until=...)``: its ops form one loop."""
+    """The context manager of ``with f.repeat(count, until=...)``: its calls form one loop."""
 
-    def __init__(self, flow: "Flow", count, until: str | None, site: _Site):
+    def __init__(self, flow: "Flow", count, until: str | None, site: "_Site"):
         self.flow, self.count, self.until, self.site = flow, count, until, site
         self.saved = None
 
@@ -344,7 +398,7 @@ class _Repeat:
         f = self.flow
         f._n_regions += 1
         rid = f"repeat{f._n_regions}"
-        f._graph.regions[rid] = Region(rid, self.count, self.until, self.site.span, parent=f._region)
+        f._loops[rid] = _Loop(rid, self.count, self.until, self.site.span, parent=f._region)
         body: list = []
         f._block.append(("repeat", rid, body))
         self.saved = (f._block, f._region)
@@ -376,7 +430,11 @@ class Flow:
         self.span = site.span
         where = "params" if "params" in site.kwargs else 1  # Flow(name, params=[...]) or Flow(name, [...])
         self._params = tuple(self._param(p, site.item(where, i)) for i, p in enumerate(params))
-        self._graph = FlowGraph(name, site.span, params=self._params)
+        self._ops: dict[str, _Op] = {}
+        """Recorded calls by id, in call order."""
+        self._bindings: dict[str, str] = {}
+        """Call id -> the name the user bound it to (``name=``, ``bind``)."""
+        self._loops: dict[str, _Loop] = {}
         self._scope: dict[str, Value] = {}
         self._events: list = []
         self._block = self._events
@@ -384,6 +442,7 @@ class Flow:
         self._n_regions = 0
         self._imports: list[ast.Import] = []
         self._decls: list[ast.Decl] = []
+        self._schedules: list[Schedule] = []
         self._callees: dict[str, Flow] = {}
         values = []
         for p in self._params:
@@ -421,7 +480,7 @@ class Flow:
                                "f.op(\"NAME\", ...)")
 
     def __repr__(self) -> str:
-        return f"<Flow {self.name} ({self._graph.g.number_of_nodes()} ops) at {self.span}>"
+        return f"<Flow {self.name} ({len(self._ops)} calls) at {self.span}>"
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, op: str, *args, name: str | None = None, options: dict | None = None, **kwargs) -> Value:
@@ -447,7 +506,7 @@ class Flow:
             target = _check_name(flow, "flow name", dotted=True)
             if target in OPS or target in LOSSES:
                 raise BuilderError(f"`{target}` is a built-in op, not a flow; hint: call f.{target}(...)")
-        return self._emit(target, args, kwargs, name, options, kind=OpKind.CALL)
+        return self._emit(target, args, kwargs, name, options, flow_call=True)
 
     def loss(self, loss: str, *args, **options) -> "Loss | Value":
         """A loss configuration for ``update(..., loss=...)``: ``f.loss("ppo_clip", 0.2, agg="seq-mean-token-sum")``.
@@ -458,13 +517,10 @@ class Flow:
         if loss not in LOSSES:
             return self._emit(loss, args, options, None, None)
         site = _site(self._texts)
-        return Loss(self, self._config(loss, args, options, site))
-
-    def _config(self, loss: str, args: tuple, options: dict, site: _Site) -> Config:
-        opts = tuple(sorted(((_check_name(k, "loss option"), self._value(v, site.kw(k), f"option `{k}` of {loss}"))
-                             for k, v in options.items()), key=lambda kv: kv[0]))
-        return Config(loss, opts, site.span,
-                      tuple(self._value(a, site.arg(i), f"argument {i + 1} of {loss}") for i, a in enumerate(args)))
+        opts = tuple((_check_name(k, "loss option"), self._value(v, site.kw(k), f"option `{k}` of {loss}"),
+                      site.kw(k)) for k, v in options.items())
+        args = tuple(self._value(a, site.arg(i), f"argument {i + 1} of {loss}") for i, a in enumerate(args))
+        return Loss(self, _Loss(loss, args, opts, site.span))
 
     def bind(self, name: str, value) -> Value:
         """``name = value`` for a value that is not an op call: another handle, a constant or a
@@ -472,11 +528,10 @@ class Flow:
         site = _site(self._texts)
         _check_name(name, "binding name")
         ir = self._value(value, site.arg(1), f"the value bound to `{name}`")
-        node = Node(self._graph.fresh_id(name), OpKind.CALL, "=", (ir,), (), site.span, region=self._region)
-        self._graph.add(node)
-        self._graph.bindings[node.id] = name
-        self._block.append(("node", node.id))
-        vtype = value.type if isinstance(value, Value) else ir.kind if isinstance(ir, Const) else None
+        op = _Op(self._fresh_id(name), "=", (ir,), (), site.span, self._region)
+        self._record(op)
+        self._bindings[op.id] = name
+        vtype = value.type if isinstance(value, Value) else ir.kind if isinstance(ir, ast.Literal) else None
         target = value if isinstance(value, Value) else ir
         v = Value(self, name=name, node=None, type=vtype, span=site.span, target=target)
         self._scope[name] = v
@@ -488,7 +543,7 @@ class Flow:
         the imported flows: ``g = f.import_("stdlib.grpo", "g"); g.grpo(policy, ...)``."""
         return self._import(target, alias, _site(self._texts))
 
-    def _import(self, target: str, alias: str | None, site: _Site) -> _Imported:
+    def _import(self, target: str, alias: str | None, site: "_Site") -> _Imported:
         if not isinstance(target, str):
             raise BuilderError(f"an import target is a str such as \"stdlib.grpo\", got {target!r}")
         is_path = target.endswith(".flow")
@@ -501,7 +556,8 @@ class Flow:
 
     def declare(self, kind: str, name: str, op: str, *args, **kwargs) -> Value:
         """A declaration ``KIND NAME = OP(...)`` of this flow's file, e.g.
-        ``policy = f.declare("model", "policy", "tiny", task="arith")``."""
+        ``policy = f.declare("model", "policy", "tiny", task="arith")``. Relative paths in it
+        are resolved against the folder of the Python file, as a ``.flow`` file's against its own."""
         site = _site(self._texts)
         _check_name(kind, "declaration kind")
         _check_name(name, "declaration name")
@@ -528,49 +584,88 @@ class Flow:
         self._value(value, site.arg(0), "the returned value")  # Python misuse fails here, not later
         self._block.append(("return", value, site.span, site.arg(0)))
 
+    def schedule(self, cluster: "Ctor | None" = None, *, auto: bool = False, **cluster_options) -> "Schedule":
+        """``schedule NAME on cluster(...) { ... }`` (``auto=True``: ``schedule NAME auto [on ...]``).
+
+        The cluster is ``cluster_options`` (``nodes=1, gpus_per_node=8, gpu="H100"``) or a
+        :func:`ctor`; returns a :class:`Schedule` whose methods add its statements."""
+        site = _site(self._texts)
+        if cluster is not None and cluster_options:
+            raise BuilderError("schedule(): give the cluster as ctor(\"cluster\", ...) or as keyword options, "
+                               "not both")
+        if cluster is not None:
+            if not isinstance(cluster, Ctor):
+                raise BuilderError(f"schedule(): the cluster is a ctor(\"cluster\", ...), got {cluster!r}")
+            call = _ctor_call(cluster.op, cluster.args, cluster.kwargs, cluster.site, self, names=False)
+            self._texts.update(cluster.texts)
+        elif cluster_options or not auto:
+            call = _ctor_call("cluster", (), cluster_options, site, self, names=False)
+        else:
+            call = None
+        s = Schedule(self, bool(auto), call, site.span)
+        self._schedules.append(s)
+        return s
+
     # ---- results -----------------------------------------------------------------------------
-    def graph(self) -> FlowGraph:
-        """The raw FlowGraph, as :func:`flowrl.ir.build.build_flow` makes it from text."""
-        g = self._graph.copy()
-        g.sources = self._source_map()
-        returns = list(_returns_in(self._final_events()))
-        g.returns = returns[-1] if returns else None  # the last `return` wins, as in text
-        return g
-
-    def _final_events(self, events=None) -> list:
-        """The statement events with each ``return`` value as IR, referenced as it stands after
-        the whole body (by name while the name is still its own, else by node)."""
-        out = []
-        for ev in self._events if events is None else events:
-            if ev[0] == "return":
-                out.append(("return", self._value(ev[1], ev[3], "the returned value"), ev[2]))
-            elif ev[0] == "repeat":
-                out.append(("repeat", ev[1], self._final_events(ev[2])))
-            else:
-                out.append(ev)
-        return out
-
-    def compile(self, until: str | None = None, lint_each: bool = False, options: dict | None = None) -> FlowGraph:
-        """Run the compiler's PASSES (up to pass ``until``) on this flow; raises FlowError with
-        spans at the Python lines. The flow lives in a synthetic module with its imports,
-        declarations and the builder flows it calls."""
-        from flowrl.compiler.context import CompileContext
-        from flowrl.compiler.pipeline import run_passes
-        from flowrl.compiler.unit import Unit
-
-        sources = self._source_map()
-        unit = Unit(sources)
-        module = self._module()
-        unit.modules[module.path] = module
-        raw = self.graph()
-        raw.sources = sources
-        return run_passes(raw, CompileContext(unit, module, dict(options or {})),
-                          until=until, lint_each=lint_each).graph
-
     def to_module(self) -> ast.Module:
         """The program as an AST module (spans at the Python lines): imports, declarations, the
-        builder flows it calls, then this flow."""
+        builder flows it calls, this flow and its schedule; what :meth:`compile` compiles."""
         return self._module()
+
+    def graph(self):
+        """The raw FlowGraph of this flow (before any pass), built from :meth:`to_module` by
+        :func:`flowrl.ir.build.build_flow`, as for a ``.flow`` file."""
+        from flowrl.compiler.pipeline import entry_flow
+        from flowrl.ir.build import build_flow
+
+        module = self._module()
+        return build_flow(entry_flow(module, self.name), module, self._source_map())
+
+    def compiled(self, until: str | None = None, lint_each: bool = False, options: dict | None = None,
+                 dump_after: tuple[str, ...] = ()):
+        """:func:`~flowrl.compiler.pipeline.compile_module` of :meth:`to_module` (a ``Compiled``:
+        the graph and the dumps asked for); raises FlowError with spans at the Python lines."""
+        from flowrl.compiler.pipeline import compile_module
+        from flowrl.compiler.unit import Unit
+
+        module = self._module()
+        unit = Unit(self._source_map())
+        unit.modules[module.path] = module
+        return compile_module(module, unit, self.name, until=until, lint_each=lint_each,
+                              dump_after=dump_after, options=dict(options or {}))
+
+    def compile(self, until: str | None = None, lint_each: bool = False, options: dict | None = None):
+        """The compiled FlowGraph (``flowrl check``): every pass up to ``until`` (all by default)."""
+        return self.compiled(until, lint_each, options).graph
+
+    def check(self) -> list:
+        """Compile like ``flowrl check``: the warnings (Diagnostics); FlowError on errors."""
+        return list(self.compile().warnings)
+
+    def plan(self, *, steps: int | None = None, save_every: int | None = None, run: dict | None = None,
+             options: dict | None = None):
+        """The :class:`~flowrl.plan.ExecutionPlan` ``flowrl plan`` makes of this flow (the same
+        lowering; warnings are printed to stderr, errors raise FlowError). ``steps``,
+        ``save_every``, ``run``: run settings, as :func:`flowrl.launch.build_plan` takes them."""
+        from flowrl.launch import lower_compiled
+
+        return lower_compiled(self.compile(options=options), steps=steps, save_every=save_every, run=run)
+
+    def run(self, out: str | Path | None = None, *, steps: int | None = None, save_every: int | None = None,
+            overwrite: bool = False, log: str | None = None, log_samples: int | None = None,
+            ray_address: str | None = None, stream=None):
+        """``flowrl run`` of this flow: plan it, then run the plan into ``out`` (default
+        ``runs/<flow>-<time>``) through :func:`flowrl.launch.run_built`. Returns the driver's result."""
+        from flowrl.launch import default_out, loggers_setting, run_built
+
+        settings = {}
+        if log is not None:
+            settings["log"] = loggers_setting(log)
+        if log_samples is not None:
+            settings["log_samples"] = log_samples
+        plan = self.plan(steps=steps, save_every=save_every, run=settings)
+        out_dir = Path(out) if out is not None else default_out(f"{self.name}.flow")
+        return run_built(plan, out_dir, overwrite=overwrite, ray_address=ray_address, stream=stream)
 
     def to_flow_text(self) -> str:
         """The program as canonical ``.flow`` text; it parses and compiles to the same IR.
@@ -596,8 +691,21 @@ class Flow:
             sources.add(path, text)
         return sources
 
+    def _fresh_id(self, base: str) -> str:
+        """``base``, else ``base#2``, ``base#3``...: the ids the graph gives nodes (FlowGraph.fresh_id)."""
+        if base not in self._ops:
+            return base
+        for i in itertools.count(2):
+            if f"{base}#{i}" not in self._ops:
+                return f"{base}#{i}"
+        raise AssertionError("unreachable")
+
+    def _record(self, op: _Op) -> None:
+        self._ops[op.id] = op
+        self._block.append(("node", op.id))
+
     def _emit(self, op: str, args: tuple, kwargs: dict, name: str | None, options: dict | None,
-              kind: OpKind | None = None) -> Value:
+              flow_call: bool = False) -> Value:
         site = _site(self._texts)
         if options:
             clash = sorted(set(options) & set(kwargs))
@@ -606,28 +714,20 @@ class Flow:
             kwargs = {**kwargs, **options}
         if name is not None:
             _check_name(name, "name=")
-        spec = OPS.get(op)
-        if spec is not None and kind is None:
+        spec = None if flow_call else OPS.get(op)
+        if spec is not None:
             _check_positional(op, spec, args)
         ir_args = tuple(self._value(a, site.arg(i), f"{op}(): argument {i + 1}") for i, a in enumerate(args))
-        attrs = tuple(sorted(((_check_name(k, f"{op}(): option name"),
-                               self._value(v, site.kw(k), f"{op}(): option `{k}`")) for k, v in kwargs.items()),
-                             key=lambda kv: kv[0]))
-        if kind is None:
-            kind = spec.kind if spec else OpKind.CALL
-        return self._add(op, kind, ir_args, attrs, name, site.span)
-
-    def _add(self, op: str, kind: OpKind, args: tuple, attrs: tuple, name: str | None, span: Span) -> Value:
-        node = Node(self._graph.fresh_id(name or op.rsplit(".", 1)[-1]), kind, op, args, attrs, span,
-                    region=self._region)
-        self._graph.add(node)
-        self._block.append(("node", node.id))
-        rtype = _TYPE_OF_KIND.get(kind, "data")
-        if kind == OpKind.CALL and op in self._scope and self._scope[op].type == "reward":
+        ir_kwargs = tuple((_check_name(k, f"{op}(): option name"), self._value(v, site.kw(k), f"{op}(): option `{k}`"),
+                           site.kw(k)) for k, v in kwargs.items())
+        rec = _Op(self._fresh_id(name or op.rsplit(".", 1)[-1]), op, ir_args, ir_kwargs, site.span, self._region)
+        self._record(rec)
+        rtype = _TYPE_OF_KIND.get(spec.kind, "data") if spec is not None else None
+        if spec is None and op in self._scope and self._scope[op].type == "reward":
             rtype = "data"  # reward sugar: the scores
-        v = Value(self, name=name, node=node.id, type=rtype, span=span)
+        v = Value(self, name=name, node=rec.id, type=rtype, span=site.span)
         if name is not None:
-            self._graph.bindings[node.id] = name
+            self._bindings[rec.id] = name
             self._scope[name] = v
         return v
 
@@ -637,7 +737,7 @@ class Flow:
             raise BuilderError(f"{v!r} is a {v.type}; only a reward can be called (`reward(rollouts)` means "
                                f"score(reward, rollouts))")
         if v.name is not None and self._scope.get(v.name) is v and v.name not in OPS:
-            return self._emit(v.name, args, kwargs, name, options, kind=OpKind.CALL)  # `reward(x)`, as in text
+            return self._emit(v.name, args, kwargs, name, options, flow_call=True)  # `reward(x)`, as in text
         if v.type == "reward":
             return self._emit("score", (v, *args), kwargs, name, options)
         raise BuilderError(f"{v!r} is not known to be a reward and has no name to call it by; only a reward "
@@ -649,7 +749,7 @@ class Flow:
                                f"values between flows as arguments of call_flow")
 
     def _value(self, x, span: Span, what: str):
-        """A Python argument as an IR value (Ref, Const, Config or a tuple of them)."""
+        """A Python argument as a recorded value (_Ref, ast.Literal, _Loss or a tuple of them)."""
         if isinstance(x, Value):
             self._own(x, what)
             return self._ref(x, span, what)
@@ -662,15 +762,28 @@ class Flow:
 
     def _ref(self, v: Value, span: Span, what: str):
         if v.name is not None and self._scope.get(v.name) is v:
-            return Ref(v.name, span)
+            return _Ref(v.name, span)
         if isinstance(v.target, Value):
             return self._ref(v.target, span, what)
         if v.target is not None:
             return v.target  # a re-bound constant alias: its value
         if v.node is not None:
-            return Ref(f"#node:{v.node}", span)  # the name was re-bound: refer to the node itself
+            return _Ref(f"#node:{v.node}", span)  # the name was re-bound: refer to the call itself
         raise BuilderError(f"{what}: `{v.name}` was re-bound since, so the {v.type} it named can no longer "
                            f"be referenced; hint: give the new value another name=")
+
+    def _final_events(self, events=None) -> list:
+        """The statement events with each ``return`` value recorded as it stands after the
+        whole body (by name while the name is still its own, else by call)."""
+        out = []
+        for ev in self._events if events is None else events:
+            if ev[0] == "return":
+                out.append(("return", self._value(ev[1], ev[3], "the returned value"), ev[2]))
+            elif ev[0] == "repeat":
+                out.append(("repeat", ev[1], self._final_events(ev[2])))
+            else:
+                out.append(ev)
+        return out
 
     def _all_callees(self) -> list["Flow"]:
         """Builder flows this flow calls, directly or not, callees before callers."""
@@ -693,10 +806,10 @@ class Flow:
     def _module(self) -> ast.Module:
         callees = self._all_callees()
         for c in callees:
-            if c._decls:
-                raise BuilderError(f"flow `{c.name}` is called from `{self.name}` but declares "
-                                   f"`{c._decls[0].name}`; hint: declare resources in the calling flow and "
-                                   f"pass them as arguments")
+            if c._decls or c._schedules:
+                what = f"declares `{c._decls[0].name}`" if c._decls else "has a schedule"
+                raise BuilderError(f"flow `{c.name}` is called from `{self.name}` but {what}; hint: declare "
+                                   f"resources and the schedule in the calling flow and pass them as arguments")
         imports, seen = [], set()
         for f in [*callees, self]:
             for imp in f._imports:
@@ -705,16 +818,106 @@ class Flow:
                     seen.add(key)
                     imports.append(imp)
         flows = [_Writer(f).flow_def() for f in [*callees, self]]
-        return ast.Module(self.span.path, tuple(imports) + tuple(self._decls) + tuple(flows), (), self.span)
+        schedules = [s._def() for s in self._schedules]
+        return ast.Module(self.span.path, tuple(imports) + tuple(self._decls) + tuple(flows) + tuple(schedules),
+                          (), self.span)
 
 
-def _returns_in(events):
-    """The values of the ``return`` statements of (final) events, in statement order."""
-    for ev in events:
-        if ev[0] == "return":
-            yield ev[1]
-        elif ev[0] == "repeat":
-            yield from _returns_in(ev[2])
+class Schedule:
+    """The schedule of a flow (``schedule NAME on cluster(...) { ... }``), made by
+    :meth:`Flow.schedule`; each method adds one statement, in order. Targets are written as
+    in text: ``"policy.train"``, ``"policy.rollout"``, ``"ref"``."""
+
+    def __init__(self, flow: Flow, auto: bool, cluster: ast.Call | None, span: Span):
+        self.flow, self.auto, self.cluster, self.span = flow, auto, cluster, span
+        self._body: list = []
+
+    def __repr__(self) -> str:
+        return f"<Schedule of {self.flow.name}{' auto' if self.auto else ''} ({len(self._body)} statements)>"
+
+    def colocate(self, *targets: str, on: str | None = None) -> "Schedule":
+        """``colocate policy.train, policy.rollout, ref [on POOL]``: share GPUs (``on="all"``: every GPU)."""
+        site = _site(self.flow._texts)
+        self._body.append(ast.Colocate(self._targets(targets, site), _pool_name(on, "colocate()"), site.span))
+        return self
+
+    def place(self, *targets: str, on: str) -> "Schedule":
+        """``place policy.rollout on POOL``."""
+        site = _site(self.flow._texts)
+        self._body.append(ast.Place(self._targets(targets, site), _pool_name(on, "place()"), site.span))
+        return self
+
+    def pool(self, name: str, kind: str = "gpus", **options) -> "Schedule":
+        """``pool NAME = KIND(options)``, e.g. ``s.pool("gen", gpus=4)`` for ``pool gen = gpus(gpus = 4)``."""
+        site = _site(self.flow._texts)
+        _check_name(name, "pool name")
+        _check_name(kind, "pool kind")
+        call = _ctor_call(kind, (), options, site, self.flow, names=False)
+        self._body.append(ast.Pool(name, call, site.span))
+        return self
+
+    def layout(self, target: str, engine: str, **options) -> "Schedule":
+        """``TARGET = ENGINE(options)``, e.g. ``s.layout("policy.train", "megatron", tp=2, dp=4)``."""
+        site = _site(self.flow._texts)
+        _check_name(engine, "engine name")
+        (t,) = self._targets((target,), site)
+        self._body.append(ast.Layout(t, _ctor_call(engine, (), options, site, self.flow, names=False), site.span))
+        return self
+
+    def staleness(self, value: int, *, at_most: bool = False) -> "Schedule":
+        """``staleness N`` (``at_most=True``: ``staleness <= N``, a bound for ``auto``)."""
+        site = _site(self.flow._texts)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise BuilderError(f"staleness(): the staleness is an int, got {value!r}")
+        self._body.append(ast.Staleness(int(value), bool(at_most), site.span))
+        return self
+
+    def resync(self, model: str, protocol: str, *, every: int | None = None, **options) -> "Schedule":
+        """``resync MODEL via PROTOCOL(options) [every N]``, e.g. ``s.resync("policy", "nccl",
+        bucket=size("512MB"), every=1)``."""
+        site = _site(self.flow._texts)
+        _check_name(model, "resync model")
+        _check_name(protocol, "protocol name")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, numbers.Integral)):
+            raise BuilderError(f"resync(): every is an int, got {every!r}")
+        call = _ctor_call(protocol, (), options, site, self.flow, names=False)
+        self._body.append(ast.Resync(model, call, None if every is None else int(every), site.span))
+        return self
+
+    def call(self, op: str, *args, **options) -> "Schedule":
+        """A call statement of a schedule, e.g. ``s.call("partial_rollout", over_provision=1.5)``."""
+        site = _site(self.flow._texts)
+        _check_name(op, "schedule call")
+        self._body.append(ast.SchedCall(_ctor_call(op, args, options, site, self.flow, names=False), site.span))
+        return self
+
+    def partial_rollout(self, **options) -> "Schedule":
+        """``partial_rollout(over_provision = 1.25, recycle = true)``: APRIL-style partial rollouts."""
+        site = _site(self.flow._texts)
+        self._body.append(ast.SchedCall(_ctor_call("partial_rollout", (), options, site, self.flow, names=False),
+                                        site.span))
+        return self
+
+    def _targets(self, targets, site: "_Site") -> tuple:
+        if not targets:
+            raise BuilderError("name at least one target, e.g. \"policy.train\"")
+        out = []
+        for i, t in enumerate(targets):
+            _check_name(t, "schedule target", dotted=True)
+            parts = t.split(".")
+            if len(parts) > 2:
+                raise BuilderError(f"schedule target {t!r}: write MODEL or MODEL.ROLE, e.g. \"policy.train\"")
+            out.append(ast.Target(parts[0], parts[1] if len(parts) == 2 else None, site.arg(i)))
+        return tuple(out)
+
+    def _def(self) -> ast.ScheduleDef:
+        return ast.ScheduleDef(self.flow.name, self.auto, self.cluster, tuple(self._body), self.span, self.span)
+
+
+def _pool_name(on, what: str) -> str | None:
+    if on is None:
+        return None
+    return _check_name(on, f"{what}: on=")
 
 
 def _check_positional(op: str, spec: OpSpec, args: tuple) -> None:
@@ -725,26 +928,38 @@ def _check_positional(op: str, spec: OpSpec, args: tuple) -> None:
                                f"parameter or the result of an op), got {type(a).__name__} {a!r}")
 
 
+# ---- constants as AST literals ----------------------------------------------------------------
+
+
 def _const(x, span: Span, what: str):
+    """A Python constant as an ``ast.Literal`` (a list: a tuple of them)."""
+    from flowrl.syntax.fmt import quote_string
+
     if isinstance(x, Size):
-        return Const(x.bytes, "size", span, x.text)
+        return ast.Literal(x.bytes, "size", x.text, span)
     if isinstance(x, bool):
-        return Const(x, "bool", span)
+        return ast.Literal(x, "bool", "true" if x else "false", span)
     if isinstance(x, numbers.Integral):
-        return Const(int(x), "int", span)
+        return ast.Literal(int(x), "int", str(int(x)), span)
     if isinstance(x, numbers.Real):
         if not math.isfinite(float(x)):
             raise BuilderError(f"{what}: {x!r} cannot be written in a flow; hint: use a finite number")
-        return Const(float(x), "float", span)
+        return ast.Literal(float(x), "float", _float_text(float(x)), span)
     if isinstance(x, str):
-        return Const(x, "str", span)
+        return ast.Literal(x, "str", quote_string(x), span)
     if isinstance(x, (list, tuple)):
         return tuple(_const(i, span, what) for i in x)
     raise BuilderError(f"{what}: cannot use {type(x).__name__} {x!r} in a flow; hint: pass a Value (a parameter "
                        f"or an op's result), a number, a str, a bool, a list, size(\"512MB\") or a loss")
 
 
-# ---- AST for constants (parameter defaults, declarations) --------------------------------------
+def _float_text(x: float) -> str:
+    """The shortest text of ``x`` that reads back as ``x``, exponent unpadded (``1e-6``, not ``1e-06``)."""
+    text = repr(x)
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    return text
 
 
 def _const_expr(x, span: Span, what: str, flow: "Flow") -> ast.Expr:
@@ -752,10 +967,14 @@ def _const_expr(x, span: Span, what: str, flow: "Flow") -> ast.Expr:
     if isinstance(x, Ctor):
         flow._texts.update(x.texts)
         return _ctor_call(x.op, x.args, x.kwargs, x.site, flow, names=False)
-    return _expr_of_value(_const(x, span, what), span)
+    return _literal_expr(_const(x, span, what), span)
 
 
-def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow", names: bool = True) -> ast.Call:
+def _literal_expr(v, span: Span) -> ast.Expr:
+    return ast.ListExpr(tuple(_literal_expr(i, span) for i in v), span) if isinstance(v, tuple) else v
+
+
+def _ctor_call(op: str, args: tuple, kwargs: dict, site: "_Site", flow: "Flow", names: bool = True) -> ast.Call:
     """A constructor call as AST: constants, nested ctor(...) and (with ``names``) handles of
     declarations of ``flow`` as arguments."""
     def one(x, span, what):
@@ -767,7 +986,7 @@ def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow", na
                 raise BuilderError(f"{what}: a constructor takes constants, ctor(...) calls and declared names, "
                                    f"got {x!r}")
             return ast.Name(x.name, span)
-        return _expr_of_value(_const(x, span, what), span)
+        return _literal_expr(_const(x, span, what), span)
 
     pos = tuple(one(a, site.arg(i), f"{op}(): argument {i + 1}") for i, a in enumerate(args))
     kws = tuple(ast.KwArg(_check_name(k, f"{op}(): option name"), one(v, site.kw(k), f"{op}(): option `{k}`"),
@@ -775,84 +994,56 @@ def _ctor_call(op: str, args: tuple, kwargs: dict, site: _Site, flow: "Flow", na
     return ast.Call(op, pos, kws, site.span, site.span)
 
 
-def _literal_text(c: Const) -> str:
-    from flowrl.syntax.fmt import quote_string
-    from flowrl.syntax.parser import format_size
-
-    if c.kind == "size":
-        return c.text or format_size(int(c.value))
-    if c.kind == "bool":
-        return "true" if c.value else "false"
-    if c.kind == "str":
-        return quote_string(c.value)
-    return repr(c.value)
-
-
-def _expr_of_value(v, span: Span) -> ast.Expr:
-    """A constant IR value (Const, tuple, Config) as an AST expression."""
-    if isinstance(v, Const):
-        return ast.Literal(v.value, v.kind, _literal_text(v), v.span or span)
-    if isinstance(v, tuple):
-        return ast.ListExpr(tuple(_expr_of_value(i, span) for i in v), span)
-    if isinstance(v, Config):
-        return ast.Call(v.name, tuple(_expr_of_value(a, v.span) for a in v.args),
-                        tuple(ast.KwArg(k, _expr_of_value(x, v.span), v.span) for k, x in v.options),
-                        v.span, v.span)
-    if isinstance(v, Ref):
-        return ast.Name(v.target, v.span)
-    raise BuilderError(f"internal error: cannot write {v!r} as flow text")  # Symbols never reach the builder
-
-
-# ---- writing a builder flow as an AST / text -----------------------------------------------------
+# ---- writing a builder flow as an AST ----------------------------------------------------------
 
 
 def _refs(v):
-    """The Refs inside an IR value, in the order the parser hoists nested calls
-    (list items in order; a loss's options before its positional arguments)."""
-    if isinstance(v, Ref):
+    """The _Refs inside a recorded value, in the order the parser hoists nested calls
+    (list items in order; a loss's options before its positional arguments, as ir.build does)."""
+    if isinstance(v, _Ref):
         yield v
     elif isinstance(v, tuple):
         for i in v:
             yield from _refs(i)
-    elif isinstance(v, Config):
-        for _, x in v.options:
+    elif isinstance(v, _Loss):
+        for _, x, _ in v.options:
             yield from _refs(x)
         for a in v.args:
             yield from _refs(a)
 
 
-def _node_refs(node: Node):
-    for a in node.args:
+def _op_refs(op: _Op):
+    for a in op.args:
         yield from _refs(a)
-    for _, v in node.attrs:
+    for _, v, _ in op.kwargs:
         yield from _refs(v)
 
 
-def _node_target(ref: Ref) -> str | None:
+def _node_target(ref: _Ref) -> str | None:
     return ref.target[6:] if ref.target.startswith("#node:") else None
 
 
 class _Writer:
-    """Writes one builder flow as an ``ast.FlowDef`` whose raw graph compiles like the builder's.
+    """Writes one builder flow as an ``ast.FlowDef`` meaning what the Python calls meant.
 
     1. *Nesting*: an unnamed value used once, in the same loop, is written inside its
        consumer (``generate(frozen(policy), b)``) when the parser's hoisting order then
-       reproduces the builder's node order; otherwise it is un-nested (checked by
-       re-deriving the order until it matches; each round un-nests one node).
+       keeps the order of the Python calls; otherwise it is un-nested (checked by
+       re-deriving the order until it matches; each round un-nests one call).
     2. *Naming*: an unnamed value that is used but not nested is bound to its op name
-       (``frozen = frozen(policy)``: the resolved node id is the same), unless the flow
-       looks that name up later (a parameter or binding of that name used after it), then
-       to a fresh ``op_N`` (the one case where the text changes a node id).
-    3. *Aliases*: a reference to a node whose name is re-bound at that point (or whose
+       (``frozen = frozen(policy)``: the node id is the same as a nested call's), unless the
+       flow looks that name up later (a parameter or binding of that name used after it),
+       then to a fresh ``op_N`` (the one case where the text changes a node id).
+    3. *Aliases*: a reference to a call whose name is re-bound at that point (or whose
        name would make a spurious loop-carried edge) goes through ``name_N = name``,
-       written right after the node; aliases add no node to the compiled graph.
+       written right after the call; aliases add no node to the compiled graph.
     """
 
     def __init__(self, flow: Flow):
         self.flow = flow
         self.events = flow._final_events()
-        self.nodes = {n.id: n for n in flow._graph.nodes()}
-        self.bindings = dict(flow._graph.bindings)
+        self.nodes = flow._ops
+        self.bindings = dict(flow._bindings)
         self.uses: dict[str, list] = {}
         self._collect_uses(self.events, None)
         self.order = [nid for nid in self._walk_nodes(self.events)]
@@ -862,7 +1053,7 @@ class _Writer:
         for nid, name in self.names.items():
             self.bound_in_region.setdefault(self.nodes[nid].region, set()).add(name)
         self.final = {self.names[nid]: nid for nid in self.order if nid in self.names}
-        """name -> the node it is bound to after the whole body (what `return` resolves against)."""
+        """name -> the call it is bound to after the whole body (what `return` resolves against)."""
         self.aliases: dict[str, str] = {}
         self.need_alias: set[str] = set()
 
@@ -871,17 +1062,17 @@ class _Writer:
         for ev in events:
             if ev[0] == "node":
                 node = self.nodes[ev[1]]
-                for r in _node_refs(node):
+                for r in _op_refs(node):
                     self._use(r, (node.id, node.region, node.op == "="))
             elif ev[0] == "return":
                 for r in _refs(ev[1]):
                     self._use(r, (None, region, False))
             else:
-                for r in _refs(self.flow._graph.regions[ev[1]].count):
+                for r in _refs(self.flow._loops[ev[1]].count):
                     self._use(r, (None, region, False))
                 self._collect_uses(ev[2], ev[1])
 
-    def _use(self, ref: Ref, consumer) -> None:
+    def _use(self, ref: _Ref, consumer) -> None:
         x = _node_target(ref)
         if x is not None:
             self.uses.setdefault(x, []).append(consumer)
@@ -906,13 +1097,13 @@ class _Writer:
                 break
             k = next((i for i, (a, b) in enumerate(zip(self.order, implied)) if a != b), None)
             if k is None:
-                raise AssertionError("nesting changed the number of ops")  # each nested node has one consumer
+                raise AssertionError("nesting changed the number of ops")  # each nested call has one consumer
             a, b = self.order[k], implied[k]
             nested.discard(a if a in nested else b)
         return nested
 
     def _implied_order(self, nested: set[str]) -> list[str]:
-        """The node order the parser would produce if ``nested`` were written nested."""
+        """The call order the parser would produce if ``nested`` were written nested."""
         out: list[str] = []
 
         def value(v) -> None:
@@ -925,7 +1116,7 @@ class _Writer:
             n = self.nodes[nid]
             for a in n.args:
                 value(a)
-            for _, v in n.attrs:
+            for _, v, _ in n.kwargs:
                 value(v)
             out.append(nid)
 
@@ -937,19 +1128,19 @@ class _Writer:
                 elif ev[0] == "return":
                     value(ev[1])
                 else:
-                    value(self.flow._graph.regions[ev[1]].count)
+                    value(self.flow._loops[ev[1]].count)
                     block(ev[2])
 
         block(self.events)
         return out
 
     def _names(self) -> dict[str, str]:
-        """node id -> the name its statement binds (the user's, or one generated here)."""
+        """call id -> the name its statement binds (the user's, or one generated here)."""
         pos = {nid: i for i, nid in enumerate(self.order)}
         self.source_uses: dict[str, list] = {}  # name -> [(position, region)] of uses by name
         for n in self.nodes.values():
-            used = {r.target for r in _node_refs(n) if _node_target(r) is None}
-            if n.kind == OpKind.CALL and n.op != "=":
+            used = {r.target for r in _op_refs(n) if _node_target(r) is None}
+            if n.op != "=" and n.op not in OPS and n.op not in LOSSES:
                 used.add(n.op)  # `reward(x)` and flow calls look their name up too
             for name in used:
                 self.source_uses.setdefault(name, []).append((pos[n.id], n.region))
@@ -976,7 +1167,7 @@ class _Writer:
     def _may_shadow(self, name: str, at: int, region: str | None) -> bool:
         """Whether binding ``name`` at position ``at`` changes no lookup of ``name`` by source:
         nothing uses the name after it until the user binds the name again, and (in a loop)
-        nothing in the loop uses it, where the binding would make a use loop-carried. Nodes
+        nothing in the loop uses it, where the binding would make a use loop-carried. Calls
         reached through ``#node`` references stay reachable: the writer aliases them."""
         until = min((p for p in self.rebinds.get(name, ()) if p > at), default=len(self.order) + 1)
         return not any(at < p <= until or (region is not None and r == region)
@@ -987,7 +1178,7 @@ class _Writer:
             if ev[0] == "return":
                 yield ev[1]
             elif ev[0] == "repeat":
-                yield self.flow._graph.regions[ev[1]].count
+                yield self.flow._loops[ev[1]].count
                 yield from self._return_and_count_values(ev[2])
 
     def _fresh(self, base: str) -> str:
@@ -1032,23 +1223,22 @@ class _Writer:
             elif ev[0] == "return":  # resolved after the whole body: against the final bindings
                 stmts.append(ast.Return(self._expr(ev[1], self.final, None, ev[2]), ev[2]))
             else:
-                region = self.flow._graph.regions[ev[1]]
-                count = self._expr(region.count, env, None, region.span)
+                loop = self.flow._loops[ev[1]]
+                count = self._expr(loop.count, env, None, loop.span)
                 body = self._block(ev[2], env)
-                stmts.append(ast.Repeat(count, region.until, tuple(body), region.span))
+                stmts.append(ast.Repeat(count, loop.until, tuple(body), loop.span))
         return stmts
 
     def _call(self, nid: str, env: dict) -> ast.Call:
         n = self.nodes[nid]
         args = tuple(self._expr(a, env, n.region, n.span) for a in n.args)
-        kwargs = tuple(ast.KwArg(k, self._expr(v, env, None, n.span), getattr(v, "span", n.span))
-                       for k, v in n.attrs)
+        kwargs = tuple(ast.KwArg(k, self._expr(v, env, None, span), span) for k, v, span in n.kwargs)
         return ast.Call(n.op, args, kwargs, n.span, n.span)
 
     def _expr(self, v, env: dict, turn_region: str | None, span: Span) -> ast.Expr:
-        """An IR value as an expression; ``turn_region``: the loop of the op whose positional
+        """A recorded value as an expression; ``turn_region``: the loop of the op whose positional
         argument this is (where a re-bound name makes a loop-carried edge)."""
-        if isinstance(v, Ref):
+        if isinstance(v, _Ref):
             x = _node_target(v)
             if x is None:
                 return ast.Name(v.target, v.span)
@@ -1063,13 +1253,11 @@ class _Writer:
             return ast.Name(self.aliases.get(x, name), v.span)
         if isinstance(v, tuple):
             return ast.ListExpr(tuple(self._expr(i, env, turn_region, span) for i in v), span)
-        if isinstance(v, Config):
+        if isinstance(v, _Loss):
             return ast.Call(v.name, tuple(self._expr(a, env, None, v.span) for a in v.args),
-                            tuple(ast.KwArg(k, self._expr(x, env, None, v.span), v.span) for k, x in v.options),
+                            tuple(ast.KwArg(k, self._expr(x, env, None, s), s) for k, x, s in v.options),
                             v.span, v.span)
-        if isinstance(v, Symbol):
-            raise BuilderError(f"internal error: a symbol {v.name} in a raw builder graph")
-        return _expr_of_value(v, span)
+        return v  # an ast.Literal
 
 
 def _respan(module: ast.Module) -> ast.Module:
@@ -1103,6 +1291,12 @@ def _respan(module: ast.Module) -> ast.Module:
             end = next(line)
             items.append(replace(item, params=at(item.params, start), body=body,
                                  span=Span(path, start, 1, end, 2), name_span=Span(path, start, 1, start, 2)))
+        elif isinstance(item, ast.ScheduleDef):
+            start = next(line)
+            body = tuple(at(b, next(line)) for b in item.body)
+            end = next(line)
+            items.append(replace(item, cluster=at(item.cluster, start), body=body,
+                                 span=Span(path, start, 1, end, 2), flow_span=Span(path, start, 1, start, 2)))
         else:
             items.append(at(item, next(line)))
     return ast.Module(path, tuple(items), (), Span(path, 1, 1, next(line), 1))

@@ -1,4 +1,4 @@
-"""The ``flowrl`` command line: check, fmt, ir and graph (docs/cli.md is the user guide).
+"""The ``flowrl`` command line: check, fmt, ir, graph, plan, profile, run, eval (docs/cli.md is the user guide).
 
 Exit codes: 0 success; 1 diagnostics, a failed ``fmt --check`` or a one-line error
 (missing Graphviz, an unwritable output file); 2 usage errors (bad options).
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from flowrl import __version__
-from flowrl.diagnostics import FlowError
+from flowrl.diagnostics import FlowError, report_warnings
 
 
 class CliError(Exception):
@@ -154,10 +154,13 @@ def run_check(args: argparse.Namespace) -> int:
         except FlowError as e:
             _print_error(e)
             failed += 1
-            errors += len(e.diagnostics)
+            errors += len(e.errors)
             continue
-        if not args.quiet:
-            print(f"ok: {path} ({_plural(len(graphs), 'flow')})", file=_out())
+        warned = report_warnings([w for g in graphs.values() for w in g.warnings],
+                                 next(iter(graphs.values())).sources if graphs else None, _err())
+        if not args.quiet:  # warnings do not fail a check (exit 0)
+            print(f"ok: {path} ({_plural(len(graphs), 'flow')}"
+                  + (f", {_plural(warned, 'warning')}" if warned else "") + ")", file=_out())
     if failed and not args.quiet:
         print(f"flowrl: {_plural(errors, 'error')} in {failed} of {_plural(len(files), 'file')}", file=_err())
     return 1 if failed else 0
@@ -165,9 +168,9 @@ def run_check(args: argparse.Namespace) -> int:
 
 register(Command(
     "check", "compile every flow of each file and report all diagnostics",
-    "flowrl check flows/grpo.flow\n"
-    "flowrl check flows/ stdlib/          # every .flow file under both directories\n"
-    "flowrl check -q flows/*.flow         # diagnostics only",
+    "flowrl check flows/arith_grpo.flow\n"
+    "flowrl check flows/ stdlib/   # every .flow file under both directories\n"
+    "flowrl check -q flows/*.flow  # diagnostics only",
     _check_args, run_check))
 
 
@@ -239,11 +242,11 @@ def run_fmt(args: argparse.Namespace) -> int:
 
 register(Command(
     "fmt", "print .flow files in canonical layout (comments kept)",
-    "flowrl fmt flows/grpo.flow           # canonical text to stdout\n"
-    "flowrl fmt -w flows/                 # rewrite every file that changes\n"
-    "flowrl fmt --check flows/ stdlib/    # CI: exit 1 and list files that would change\n"
-    "flowrl fmt --diff flows/grpo.flow    # show what would change\n"
-    "cat x.flow | flowrl fmt -            # format standard input",
+    "flowrl fmt flows/arith_grpo.flow          # canonical text to stdout\n"
+    "flowrl fmt -w flows/                      # rewrite every file that changes\n"
+    "flowrl fmt --check flows/ stdlib/         # CI: exit 1 and list files that would change\n"
+    "flowrl fmt --diff flows/arith_grpo.flow   # show what would change\n"
+    "cat flows/arith_grpo.flow | flowrl fmt -  # format standard input",
     _fmt_args, run_fmt))
 
 
@@ -287,10 +290,10 @@ def run_ir(args: argparse.Namespace) -> int:
 
 register(Command(
     "ir", "print the compiler's IR of a flow (after all passes, or after one)",
-    "flowrl ir flows/grpo.flow\n"
-    "flowrl ir flows/grpo.flow --flow grpo --dump-after resolve_names\n"
-    "flowrl ir flows/grpo.flow --dump-after build     # the raw graph, before any pass\n"
-    "flowrl ir flows/grpo.flow --lint                 # lint the IR after every pass",
+    "flowrl ir flows/arith_grpo.flow\n"
+    "flowrl ir flows/arith_grpo.flow --flow main --dump-after resolve_names\n"
+    "flowrl ir flows/arith_grpo.flow --dump-after build  # the raw graph, before any pass\n"
+    "flowrl ir flows/arith_grpo.flow --lint              # lint the IR after every pass",
     _ir_args, run_ir))
 
 
@@ -344,21 +347,22 @@ def run_graph(args: argparse.Namespace) -> int:
 
 register(Command(
     "graph", "draw a flow's compiled graph (Graphviz DOT, SVG, PNG or Mermaid)",
-    "flowrl graph flows/grpo.flow -o grpo.svg          # format from the suffix\n"
-    "flowrl graph flows/grpo.flow --format png -o grpo.png\n"
-    "flowrl graph flows/grpo.flow --format mermaid      # paste into Markdown\n"
-    "flowrl graph flows/grpo.flow | dot -Tpdf -o grpo.pdf",
+    "flowrl graph flows/arith_grpo.flow -o grpo.svg       # format from the suffix\n"
+    "flowrl graph flows/arith_grpo.flow --format png -o grpo.png\n"
+    "flowrl graph flows/arith_grpo.flow --format mermaid  # paste into Markdown\n"
+    "flowrl graph flows/arith_grpo.flow | dot -Tpdf -o grpo.pdf",
     _graph_args, run_graph))
 
 
 # ---- flowrl plan / flowrl run ------------------------------------------------------------
 
 
-def _flow_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", metavar="FILE", help="the .flow file")
+def _flow_args(p: argparse.ArgumentParser, file_required: bool = True) -> None:
+    p.add_argument("file", metavar="FILE", help="the .flow file", **({} if file_required else {"nargs": "?"}))
     p.add_argument("--flow", help="the flow to run (default: the scheduled flow, else `main`, else the last)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a parameter of the entry flow (or a run setting: steps, seed, eval_every)")
+                   help="override a parameter of the entry flow (or a run setting: steps, seed, eval_every, "
+                        "save_every, log, log_samples)")
     p.add_argument("--steps", type=int, help="number of RL steps")
 
 
@@ -378,7 +382,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_plan_cmd(args: argparse.Namespace) -> int:
-    from flowrl.runtime.api import RunError, build_plan, describe_plan, parse_sets, plan_json
+    from flowrl.launch import RunError, build_plan, describe_plan, parse_sets, plan_json
 
     if args.json and args.explain:
         raise UsageError("--json already holds the search report (`search`); drop --explain")
@@ -420,10 +424,10 @@ def _write_gantt(args: argparse.Namespace, sets: dict) -> None:
 register(Command(
     "plan", "lower a flow to its execution plan: engines on GPUs, layouts, weight sync, estimated step time",
     "flowrl plan flows/arith_grpo.flow\n"
-    "flowrl plan flows/grpo_auto.flow --explain    # why `schedule auto` chose what it chose\n"
+    "flowrl plan flows/grpo_auto.flow --explain                                # why `schedule auto` chose it\n"
     "flowrl plan flows/arith_grpo.flow --json > plan.json\n"
-    "flowrl plan flows/arith_grpo.flow --gantt sim.png --gantt-trace sim.json   # simulated steps\n"
-    "flowrl plan flows/arith_grpo.flow --gantt cmp.png --measured runs/a        # simulated over measured",
+    "flowrl plan flows/arith_grpo.flow --gantt sim.png --gantt-trace sim.json  # simulated steps\n"
+    "flowrl plan flows/arith_grpo.flow --gantt cmp.png --measured runs/a       # simulated over measured",
     _plan_args, run_plan_cmd))
 
 
@@ -446,6 +450,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``flowrl profile --calibrate RUN_DIR``: fixed costs from a run, merged into the profile."""
+    from flowrl.compiler.calibrate import calibrate
     from flowrl.cost import profiles, validate
 
     target = Path(args.output) if args.output else profiles.profile_path()
@@ -459,7 +464,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if not source or not Path(source).is_file():
             raise CliError(f"{run_dir}: the run's flow file {source!r} is not there; calibrate where the run was made")
         runs.append((source, validate.measure_run(plan, rows, events)))
-    prof = validate.calibrate(base, runs)
+    prof = calibrate(base, runs)
     path = profiles.save_profile(prof, target)
     print(f"{prof.source.split('; calibrated from ')[-1]}; wrote {path}", file=_out())
     return 0
@@ -500,34 +505,66 @@ register(Command(
     "profile", "measure this machine (matmul, memcpy, gloo allreduce) for the cost model's `cpu` profile",
     "flowrl profile\n"
     "flowrl profile -o profile.json --size 512 --no-allreduce\n"
-    "flowrl profile --calibrate runs/a runs/b   # from runs (`flowrl run ... --out runs/a`)",
+    "flowrl profile --calibrate runs/a  # from runs (`flowrl run ... --out runs/a`)",
     _profile_args, run_profile))
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    _flow_args(p)
-    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<flow>-<time>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    from flowrl.catalog.loggers import LOGGERS
+
+    _flow_args(p, file_required=False)
+    p.add_argument("--out", metavar="DIR",
+                   help="run directory, new or empty (default: runs/<file>-<time>); an earlier run's needs --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace the earlier run in --out DIR")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a run from its latest checkpoint, with its own settings (FILE may be left out; "
+                        "--steps and --save-every may change)")
+    p.add_argument("--resume-step", type=int, metavar="N",
+                   help="with --resume: continue from step N's checkpoint rather than the newest (e.g. when "
+                        "--resume reports the newest damaged)")
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps")
+    p.add_argument("--log", metavar="NAMES",
+                   help=f"experiment trackers, comma-separated: {', '.join(LOGGERS)} (default: the flow's `log` "
+                        "setting, else none); each writes into the run directory, W&B offline")
+    p.add_argument("--log-samples", type=int, metavar="N",
+                   help="every N steps, a table of sample completions (prompt, completion, reward, step) to "
+                        "samples.jsonl and each tracker")
     p.add_argument("--ray", metavar="ADDRESS", help="join an existing Ray cluster (default: $RAY_ADDRESS or a local one)")
 
 
-def run_run(args: argparse.Namespace) -> int:
-    from flowrl.runtime.api import run_file, parse_sets
+def _run_failure(e: BaseException) -> CliError | None:
+    """The one-line error of a failure the user can fix, else None (a bug: keep the traceback)."""
+    from flowrl.launch import RunError
     from flowrl.runtime.errors import user_error
+
+    if isinstance(e, RunError):
+        return CliError(str(e))
+    message = user_error(e)
+    return CliError(message) if message is not None else None
+
+
+def run_run(args: argparse.Namespace) -> int:
+    if args.file is None and not args.resume:
+        raise UsageError("give the .flow file to run (or --resume RUN_DIR)")
+    from flowrl.launch import parse_sets, run_file
 
     try:
         result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
-                          resume=args.resume, save_every=args.save_every, ray_address=args.ray)
+                          resume=args.resume, save_every=args.save_every, overwrite=args.overwrite, log=args.log,
+                          log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step)
     except FlowError:
         raise
-    except Exception as e:  # engine/data/reward failures the user can fix become one line
-        message = user_error(e)
-        if message is None:
+    except Exception as e:  # bad options, engine/data/reward failures the user can fix: one line
+        failure = _run_failure(e)
+        if failure is None:
             raise
-        raise CliError(message) from None
+        raise failure from None
     out = _out()
-    print(f"run directory: {result.out} (metrics.jsonl, curves.png, trace.json, summary.json)", file=out)
+    if getattr(result, "already_finished", False):
+        print(f"run directory {result.out} already finished its {result.steps} steps; nothing to do "
+              f"(--steps N with N > {result.steps} trains further)", file=out)
+    else:
+        print(f"run directory: {result.out} (metrics.jsonl, curves.png, trace.json, summary.json)", file=out)
     if result.accuracy_before is not None and result.accuracy_after is not None:
         print(f"held-out accuracy: {100 * result.accuracy_before:.1f}% -> {100 * result.accuracy_after:.1f}%",
               file=out)
@@ -539,9 +576,75 @@ register(Command(
     "flowrl run flows/arith_grpo.flow\n"
     "flowrl run flows/arith_grpo.flow --steps 10 --set lr=3e-4\n"
     "flowrl run flows/arith_grpo.flow --save-every 10 --out runs/a\n"
-    "flowrl run --resume runs/a flows/arith_grpo.flow   # continue from the latest checkpoint\n"
-    "RAY_ADDRESS=ray://head:10001 flowrl run flows/arith_grpo.flow",
+    "flowrl run --resume runs/a --steps 20                        # continue from the latest checkpoint\n"
+    "flowrl run flows/arith_grpo.flow --log tensorboard,wandb,mlflow --log-samples 10\n"
+    "RAY_ADDRESS=127.0.0.1:6379 flowrl run flows/arith_grpo.flow  # a cluster started by `ray start`",
     _run_args, run_run))
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    _flow_args(p)
+    p.add_argument("--from", dest="run_dir", metavar="RUN_DIR",
+                   help="evaluate this run's checkpoint (default: the flow's model as the flow builds it)")
+    p.add_argument("--step", type=int, metavar="N", help="with --from: the checkpoint of step N (default: the latest)")
+    p.add_argument("--n", type=int, default=8, metavar="N",
+                   help="completions sampled per prompt for pass@k (default 8; 0: greedy only)")
+    p.add_argument("--k", default="1", metavar="K,...", help="pass@k for these k <= n (default 1; e.g. 1,4,8)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--ray", metavar="ADDRESS", help="join an existing Ray cluster (default: $RAY_ADDRESS or a local one)")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Held-out greedy accuracy and pass@k of a checkpoint (or the initial model); no training."""
+    import json
+
+    from flowrl.launch import eval_file, parse_sets
+
+    try:
+        ks = tuple(int(k) for k in args.k.split(",") if k.strip())
+    except ValueError:
+        raise UsageError(f"--k {args.k}: give integers separated by commas, e.g. --k 1,4,8") from None
+    if args.steps is not None:
+        raise UsageError("`flowrl eval` trains nothing: drop --steps")
+    try:
+        result = eval_file(args.file, run_dir=args.run_dir, step=args.step, flow=args.flow, sets=parse_sets(args.set),
+                           n=args.n, ks=ks or (1,), temperature=args.temperature, seed=args.seed,
+                           ray_address=args.ray)
+    except FlowError:
+        raise
+    except Exception as e:
+        failure = _run_failure(e)
+        if failure is None:
+            raise
+        raise failure from None
+    data = result.to_dict()
+    if args.run_dir:
+        target = Path(args.run_dir) / "eval" / f"{Path(result.checkpoint).name}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    out = _out()
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True), file=out)
+        return 0
+    what = f"checkpoint {result.checkpoint}" if result.checkpoint else "the initial model"
+    print(f"held-out evaluation of {what} on {result.dataset} ({result.prompts} prompts)", file=out)
+    print(f"  greedy: accuracy {100 * result.greedy_accuracy:.1f}%, mean reward {result.greedy_reward:.3f}", file=out)
+    if result.n:
+        passes = ", ".join(f"pass@{k} {100 * v:.1f}%" for k, v in result.pass_at.items())
+        print(f"  sampled: n={result.n} per prompt at temperature {result.temperature:g}: {passes}, "
+              f"mean reward {result.sampled_reward:.3f}", file=out)
+    if args.run_dir:
+        print(f"wrote {target}", file=out)
+    return 0
+
+
+register(Command(
+    "eval", "held-out evaluation without training: greedy accuracy and pass@k of a checkpoint",
+    "flowrl eval flows/arith_grpo.flow --from runs/a --n 8 --k 1,8  # a run's latest checkpoint\n"
+    "flowrl eval flows/arith_grpo.flow --n 0                        # the flow's model before RL, greedy only",
+    _eval_args, run_eval))
 
 
 # ---- entry point ---------------------------------------------------------------------------

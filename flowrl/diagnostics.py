@@ -8,8 +8,11 @@ Rendered like rustc::
       |                   ^^^^^^^
       = hint: did you mean `rollouts`?
 
-Every diagnostic carries a position; stages collect all their diagnostics and raise
-them together as one :class:`FlowError`.
+Every diagnostic carries a position. A diagnostic is an *error* (code ``E###``: the
+program is refused) or a *warning* (code ``W###``: the program compiles, but probably
+not as meant, e.g. a value nothing reads). Stages collect all their diagnostics and
+raise them together as one :class:`FlowError` when any is an error; warnings of a stage
+that succeeds travel with its result (``FlowGraph.warnings``).
 """
 
 from __future__ import annotations
@@ -40,13 +43,18 @@ class Span:
 @dataclass(frozen=True)
 class Diagnostic:
     code: str
-    """``E`` + three digits; the catalogue is in docs/language.md."""
+    """``E`` (error) or ``W`` (warning) + three digits; the catalogue is in docs/language.md."""
     message: str
     span: Span
     hint: str | None = None
     severity: str = "error"
+    """``error`` (the program is refused) or ``warning`` (it compiles; flowrl check exits 0)."""
     notes: tuple[tuple[str, Span], ...] = ()
     """Secondary positions, e.g. where a conflicting name was first defined."""
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
 
 
 class SourceMap:
@@ -69,17 +77,42 @@ class SourceMap:
 
 
 class FlowError(Exception):
-    """Raised with every diagnostic a stage found. ``str()`` renders them all."""
+    """Raised with every diagnostic a stage found (its errors, and the warnings found with
+    them). ``str()`` renders them all, in source order."""
 
     def __init__(self, diagnostics: Iterable[Diagnostic], sources: SourceMap | None = None):
-        self.diagnostics = sorted(
-            diagnostics, key=lambda d: (d.span.path, d.span.line, d.span.column, d.code)
-        )
+        self.diagnostics = in_source_order(diagnostics)
         self.sources = sources or SourceMap()
         super().__init__(self.render())
 
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if not d.is_error]
+
     def render(self) -> str:
-        return "\n".join(render(d, self.sources) for d in self.diagnostics)
+        return render_all(self.diagnostics, self.sources)
+
+
+def in_source_order(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    return sorted(diagnostics, key=lambda d: (d.span.path, d.span.line, d.span.column, d.code))
+
+
+def render_all(diagnostics: Iterable[Diagnostic], sources: SourceMap) -> str:
+    """Render several diagnostics (e.g. the warnings of a compilation that succeeded)."""
+    return "\n".join(render(d, sources) for d in diagnostics)
+
+
+def report_warnings(warnings: Iterable[Diagnostic], sources: SourceMap, stream) -> int:
+    """Write warnings to ``stream`` (once each, in source order: flows that inline the same
+    callee find the same ones); return how many were written."""
+    unique = in_source_order(dict.fromkeys(warnings))
+    if unique:
+        stream.write(render_all(unique, sources) + "\n")
+    return len(unique)
 
 
 def render(diag: Diagnostic, sources: SourceMap) -> str:
@@ -122,7 +155,7 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
 
 @dataclass
 class Collector:
-    """Collects the diagnostics of one stage; ``raise_if_any`` ends the stage."""
+    """Collects the diagnostics of one stage; ``raise_if_any`` ends the stage on an error."""
 
     sources: SourceMap
     items: list[Diagnostic] = field(default_factory=list)
@@ -131,6 +164,25 @@ class Collector:
               notes: tuple[tuple[str, Span], ...] = ()) -> None:
         self.items.append(Diagnostic(code, message, span, hint, notes=notes))
 
+    def warning(self, code: str, message: str, span: Span, hint: str | None = None,
+                notes: tuple[tuple[str, Span], ...] = ()) -> None:
+        self.items.append(Diagnostic(code, message, span, hint, "warning", notes))
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.is_error for d in self.items)
+
+    @property
+    def warnings(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for d in self.items if not d.is_error)
+
     def raise_if_any(self) -> None:
-        if self.items:
+        """Raise every diagnostic collected (warnings too) if any of them is an error."""
+        if self.has_errors:
             raise FlowError(self.items, self.sources)
+
+
+PYTHON_VALUES = {"True": ("true", "did you mean `true`?"), "False": ("false", "did you mean `false`?"),
+                 "None": (None, "flowrl has no `None`: leave the option out to get its default, "
+                                "or write the value you mean")}
+"""Python's value names, which a flow may not use as values: what flowrl writes instead."""

@@ -25,12 +25,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowrl.catalog.ops import OpKind
 from flowrl.cost.sim import SimResult
 
-COLOURS = {"generate": "#4c9be8", "logprobs": "#f5a35c", "values": "#e58bd0", "update": "#d9534f",
-           "resync": "#6c3fb5", "reward": "#5cb85c", "env": "#8fd18f", "driver": "#b0b0b0",
-           "sleep/wake": "#777777"}
-"""Bar colour per label (what the op does); anything else is grey."""
+COLOURS = {OpKind.GENERATE.value: "#4c9be8", OpKind.LOGPROBS.value: "#f5a35c", OpKind.VALUES.value: "#e58bd0",
+           OpKind.UPDATE.value: "#d9534f", OpKind.RESYNC.value: "#6c3fb5", "reward": "#5cb85c", "env": "#8fd18f",
+           "driver": "#b0b0b0", "sleep/wake": "#777777"}
+"""Bar colour per label: an engine op's kind (the estimate labels its phases by op kind), where
+CPU work runs (reward workers, environments, the driver), or the swap of engines taking turns on
+GPUs; anything else is grey."""
 SEP = " · "
 DEFAULT_STEPS = 3
 
@@ -64,7 +67,7 @@ class Rows:
 
 
 def rows_for(spec, costs) -> Rows:
-    """Rows of a plan from :func:`flowrl.compiler.passes.estimate_cost.build_sim`'s ``(spec, costs)``.
+    """Rows of a plan from :func:`flowrl.compiler.schedule.estimate.build_sim`'s ``(spec, costs)``.
 
     ``costs`` rows are ``(phase id, kind, where, seconds, tokens)``; ``where`` is the engine
     (``policy.train``) or ``driver`` / ``reward`` / ``env``. Ops of a ``repeat`` loop
@@ -140,8 +143,9 @@ def bars_from_sim(result: SimResult, rows: Rows, *, first: int | None = None,
     return _window(bars, result.warmup if first is None else first, count)
 
 
-def bars_from_trace(events: list[dict], rows: Rows, *, first: int = 1, count: int = DEFAULT_STEPS) -> list[Bar]:
-    """A run's op spans (trace events named after plan ops) as bars, steps ``first``..
+def bars_from_trace(events: list[dict], rows: Rows, *, first: int = 2, count: int = DEFAULT_STEPS) -> list[Bar]:
+    """A run's op spans (trace events named after plan ops) as bars, steps ``first``.. (a run numbers
+    its steps from 1; the default leaves out the first, which pays for warm-up)
 
     Spans of names that are not ops of the plan (engine-internal spans, ``eval``) are left
     out. ``ts``/``dur`` are microseconds in a Chrome trace.
@@ -268,10 +272,11 @@ def gantt_files(flow_file: str, png: str | Path, *, sets: dict | None = None, fl
     metrics do not count prompt tokens). ``trace``: also write the simulated bars
     as a Chrome trace. Returns ``{"png", "trace", "predicted_s", "measured_s"}`` (seconds per step).
     """
+    from flowrl.compiler.calibrate import compile_spec
     from flowrl.cost import validate
     from flowrl.cost.sim import simulate, with_workload
 
-    _, spec, costs = validate.compile_spec(flow_file, sets, flow)
+    _, spec, costs = compile_spec(flow_file, sets, flow)
     rows = rows_for(spec, costs)
     measured = None
     if run_dir is not None:
@@ -284,7 +289,7 @@ def gantt_files(flow_file: str, png: str | Path, *, sets: dict | None = None, fl
     sim_bars = bars_from_sim(result, rows, count=steps)
     panels = [(f"simulated: {result.step_s:.3g} s/step, bubble {100 * result.bubble:.0f}%", sim_bars)]
     if measured is not None:
-        real = bars_from_trace(events, with_run_ops(rows, plan), first=validate.WARMUP_STEPS, count=steps)
+        real = bars_from_trace(events, with_run_ops(rows, plan), first=validate.WARMUP_STEPS + 1, count=steps)
         panels.append((f"measured ({Path(run_dir).name}): {measured['step_s']:.3g} s/step (median)", real))
     name = Path(flow_file).name
     plot_gantt(panels, png, order=rows.order, title=f"{name}: staleness {spec.staleness}")

@@ -77,10 +77,58 @@ class EnginePlan:
     """Estimated memory of this engine on each of its GPUs."""
     origin: str = ""
     """Where the layout (or, when chosen, the placement or schedule) was written."""
+    releases: str = ""
+    """How this engine gives its GPU memory to the engines it shares GPUs with, between its
+    phases (see :class:`MemoryPhase`), as the runtime must do: ``sleep`` (a rollout engine,
+    after generating: weights offloaded to host memory, KV cache freed; woken before the next
+    generation), ``offload`` (a train engine, before a generation: parameters, gradients and
+    optimizer states to host memory; reloaded before its next op); empty: it stays resident
+    (alone on its GPUs, on the ``cpu`` platform, or an engine that cannot free its memory)."""
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+
+@dataclass(frozen=True)
+class MemoryPhase:
+    """One phase of a step on a pool's GPUs, and the memory each GPU holds in it (GB).
+
+    On GPUs, engines sharing GPUs take turns: the ``generate`` phase runs the rollout
+    engines, the ``train`` phase the train engines (log-probs, values, updates); an engine
+    whose record frees memory gives it back while the other phase runs (``releases`` of its
+    :class:`EnginePlan`). Where nothing is released (the ``cpu`` platform: logical GPUs, CPU
+    vLLM has no sleep mode), there is one ``resident`` phase holding every engine.
+    """
+
+    name: str
+    """``generate`` | ``train`` | ``resident``."""
+    active: tuple[str, ...]
+    """Engines that run in this phase, at their full memory."""
+    released: tuple[tuple[str, str], ...] = ()
+    """``(engine, how)`` of engines that gave their memory back for this phase (``sleep`` or
+    ``offload``); each still holds its remainder (CUDA context, a sleeping engine's workspace)."""
+    resident: tuple[str, ...] = ()
+    """Engines that do not run in this phase but keep their memory (they cannot free it)."""
+    peak_gb: float = 0.0
+    """Memory per GPU in this phase: active and resident engines in full, released ones' remainders."""
+
+
+@dataclass(frozen=True)
+class PoolMemory:
+    """The memory of one pool's GPUs over a step: the phases the runtime runs, and their peak."""
+
+    pool: str
+    engines: tuple[str, ...]
+    """Engines on these GPUs."""
+    turns: bool
+    """The engines take turns (at least one releases its memory while another runs); False:
+    they are resident together and the peak is their sum."""
+    phases: tuple[MemoryPhase, ...]
+    peak_gb: float
+    """The largest phase, per GPU."""
+    capacity_gb: float
+    """Memory of one GPU (``cpu``: the machine's RAM over its logical GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +162,12 @@ class DatasetPlan:
     answer: str
     eval_path: str
     origin: str
+    chat: bool = False
+    """Prompts are chat messages rendered with the tokenizer's chat template (``chat = true``,
+    :mod:`flowrl.data.chat`); False: raw text."""
+    bad_rows: str = "error"
+    """What a bad row does (:data:`flowrl.catalog.ops.BAD_ROW_POLICIES`): ``error`` refuses it naming
+    file and row; ``skip`` leaves it out and counts it (``data/rows_skipped``)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +176,18 @@ class RewardPlan:
     kind: str
     """``verifier`` | ``python_reward`` | ``reward_model``."""
     options: dict
+    origin: str
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    """An environment resource (``python_env(...)``), served by a pool of workers (:mod:`flowrl.runtime.env_pool`)."""
+
+    id: str
+    kind: str
+    """The op that declared it (``python_env``); its record names the runtime's builder."""
+    options: dict
+    """Its keyword options (``timeout``, ``workers``) and ``target``: the ``module:Class`` it names."""
     origin: str
 
 
@@ -345,6 +411,23 @@ class RunPlan:
     seed: int = 0
     eval_every: int = 10
     save_every: int = 0
+    log: tuple[str, ...] = ()
+    """Experiment trackers the run writes every metric to (names of ``flowrl.catalog.loggers.LOGGERS``)."""
+    log_samples: int = 0
+    """Every this many steps, a table of sample completions (prompt, completion, reward, step)
+    goes to ``samples.jsonl`` and to each tracker (0: never)."""
+
+    @classmethod
+    def from_settings(cls, values: dict) -> "RunPlan":
+        """From run settings as a flow or the command line gives them: ints, and ``log`` as
+        ``"tensorboard,wandb"`` (or a sequence of names). Names are checked by the compiler's
+        run-settings pass and the command line, not here."""
+        typed = {k: int(v) for k, v in values.items() if k != "log"}
+        if "log" in values:
+            log = values["log"]
+            names = log.split(",") if isinstance(log, str) else log
+            typed["log"] = tuple(n.strip().lower() for n in names if n.strip() and n.strip().lower() != "none")
+        return cls(**typed)
 
 
 @dataclass(frozen=True)
@@ -362,6 +445,9 @@ class ExecutionPlan:
     staleness: int
     run: RunPlan
     regions: dict = field(default_factory=dict)
+    """Region id -> ``{"count": turns, "until": field or None, "carry": {op id: {arg: op id}}}``: a
+    ``repeat`` loop; ``carry`` names the values its TURN edges carry to the next turn (from turn 2 on,
+    argument ``arg`` of op ``op id`` reads that op's value of the turn before)."""
     version: int = PLAN_VERSION
     pipeline: PipelinePlan | None = None
     """Steps in flight, buffer, partial rollout (from ``staleness`` and ``partial_rollout``)."""
@@ -371,6 +457,12 @@ class ExecutionPlan:
     """For ``schedule ... auto``: the candidates and why the winner won."""
     auto: bool = False
     """The schedule was chosen by the compiler."""
+    scheduled: bool = True
+    """False: the flow has no ``schedule`` block and runs on the default schedule."""
+    memory: tuple[PoolMemory, ...] = ()
+    """Each pool's memory phases: which engine sleeps or offloads when, and each phase's peak."""
+    envs: tuple[EnvPlan, ...] = ()
+    """Environment resources read by ``env_step`` ops."""
 
     def model(self, mid: str) -> ModelPlan:
         return next(m for m in self.models if m.id == mid)

@@ -6,6 +6,9 @@ What the picture encodes:
   takes its own colour). Colours come from a fixed palette, keyed by model id, so a
   model keeps its colour from one graph to the next. Frozen models and the ops that run
   on them are grey; ops with no model (driver math, sampling, scoring) are white.
+* **elided** ops (log-prob passes the compiler proved redundant: ``flowrl plan`` lists them)
+  and the frozen models only they read are drawn dotted and grey with the reason: they
+  never run, so no pool holds them.
 * **shape** = what the node is: resources are cylinders (models), folders (datasets),
   notes (rewards) and components (environments); critics are double-bordered
   cylinders; ``update`` is a 3-D box, advantage math an ellipse; a compiler-inserted
@@ -19,7 +22,8 @@ What the picture encodes:
 * **pools**: when the flow has a ``schedule``, the ops that run on an engine sit in a box
   per pool of GPUs (``pool gen: GPUs 0-3 (node 0)``; colocated engines share one), with the
   call and loop boxes inside it; driver-side ops (sampling, scoring, advantages) stay
-  outside. See :func:`pool_of_nodes`.
+  outside, except inside a ``repeat`` loop, which is drawn whole in its engine's pool.
+  See :func:`pool_of_nodes`.
 * a legend lists the colours and the edge kinds the graph uses.
 
 Both writers are pure and deterministic: the same graph gives the same text, byte for
@@ -48,6 +52,7 @@ PALETTE = ("#8dd3c7", "#bebada", "#fdb462", "#80b1d3", "#b3de69",
 FROZEN_FILL = "#e0e0e0"
 FROZEN_TEXT = "#616161"
 DRIVER_FILL = "#ffffff"
+ELIDED_GREY = "#9e9e9e"
 RESYNC_RED = "#c62828"
 CRITIC_BORDER = "#8c510a"
 WEIGHTS_BLUE = "#1565c0"
@@ -104,7 +109,7 @@ class Look:
     fill: str
     text: str
     style: str
-    """``model`` | ``frozen`` | ``critic`` | ``resync`` | ``driver``: the legend/CSS class."""
+    """``model`` | ``frozen`` | ``critic`` | ``resync`` | ``driver`` | ``elided``: the legend/CSS class."""
     model: str | None
     """The model whose colour the node takes (None: driver-side / frozen)."""
 
@@ -131,8 +136,28 @@ def model_colours(graph: FlowGraph) -> dict[str, str]:
     return out
 
 
-def node_look(graph: FlowGraph, node: Node, colours: dict[str, str]) -> Look:
-    """Fill and style class of ``node``: by the model it runs on, greyed if that model is frozen."""
+def elided_nodes(graph: FlowGraph) -> dict[str, str]:
+    """Node id -> why it never runs: the log-prob passes the compiler elides
+    (:func:`flowrl.compiler.passes.elide_logprobs.elided_logprobs`, as ``flowrl plan`` lists
+    them), and frozen models read by nothing else (no engine is started for them)."""
+    from flowrl.compiler.passes.elide_logprobs import elided_logprobs
+
+    out: dict[str, str] = {}
+    for op_id, (_update, arg) in sorted(elided_logprobs(graph).items()):
+        out[op_id] = "elided: the update's forward" if arg == "old" else "elided: kl = 0"
+    for n in graph.nodes():
+        if n.kind == OpKind.MODEL and n.role == "frozen":
+            readers = [v for _, v, e in graph.edges() if e.kind == EdgeKind.RESOURCE and _ == n.id]
+            if readers and all(r in out for r in readers):
+                out[n.id] = "not loaded: only elided ops read it"
+    return out
+
+
+def node_look(graph: FlowGraph, node: Node, colours: dict[str, str], elided: dict[str, str] | None = None) -> Look:
+    """Fill and style class of ``node``: by the model it runs on, greyed if that model is frozen,
+    dotted if it never runs (``elided``: :func:`elided_nodes`)."""
+    if elided and node.id in elided:
+        return Look(DRIVER_FILL, FROZEN_TEXT, "elided", None)
     owner = node.id if node.kind == OpKind.MODEL else node.model
     owner_node = graph.node(owner) if owner is not None and owner in graph else None
     frozen = owner_node is not None and owner_node.role == "frozen"
@@ -146,19 +171,34 @@ def node_look(graph: FlowGraph, node: Node, colours: dict[str, str]) -> Look:
     return Look(colours[owner], INK, "critic" if critic else "model", owner)
 
 
-def node_lines(node: Node) -> list[str]:
-    """The text of a node: its id, then its op (with a role or one telling option)."""
+def node_lines(node: Node, graph: FlowGraph | None = None, elided: dict[str, str] | None = None) -> list[str]:
+    """The text of a node: its id, then its op (with a role or one telling option), then why it
+    never runs if it is ``elided``. A resync shows the protocol the schedule chose (``graph``)."""
     if node.op == "param":
         second = f"{node.kind.value} param"
     else:
         second = node.op
         key = DETAIL_ATTR.get(node.op)
         value = node.attr(key) if key else None
-        if value is not None:
+        chosen = _chosen_protocol(graph, node) if node.kind == OpKind.RESYNC else None
+        if chosen is not None:
+            second += f" {key}={chosen}"
+        elif value is not None:
             second += f" {key}={_short(value)}"
     if node.role and node.role != node.op:  # `frozen(...)` is already a frozen model
         second += f" [{node.role}]"
-    return [node.id, second]
+    lines = [node.id, second]
+    if elided and node.id in elided:
+        lines.append(f"({elided[node.id]})")
+    return lines
+
+
+def _chosen_protocol(graph: FlowGraph | None, node: Node) -> str | None:
+    """The protocol the schedule passes chose for a resync node (None before they ran)."""
+    resyncs = getattr(getattr(graph, "sched", None), "resyncs", None) or {}
+    chosen = resyncs.get(node.id)
+    protocol = getattr(chosen, "protocol", None)
+    return protocol if isinstance(protocol, str) and protocol != "auto" else None
 
 
 def edge_text(edge: Edge) -> str | None:
@@ -283,12 +323,22 @@ def pool_of_nodes(graph: FlowGraph) -> tuple[dict[str, str], list[PoolBox]]:
         return {}, []
     per_node = int((getattr(getattr(st, "spec", None), "cluster", None) or {}).get("gpus_per_node", 0) or 0)
     boxes = [PoolBox(p.name, _pool_label(p, per_node), tuple(p.engines)) for p in pools]
+    elided = elided_nodes(graph)
     out: dict[str, str] = {}
     for n in graph.nodes():
         role = ENGINE_OF_KIND.get(n.kind)
         e = engines.get(f"{n.model}.{role}") if role and n.model else None
-        if e is not None and getattr(e, "pool", None):
+        if e is not None and getattr(e, "pool", None) and n.id not in elided:
             out[n.id] = e.pool
+    # A repeat loop is one box: drawn whole in the pool of its engine ops (its driver-side ops,
+    # e.g. env_step, inside it too), not split into a loop box per pool.
+    regions: dict[str, set[str]] = {}
+    for n in graph.nodes():
+        if n.region is not None and n.id in out:
+            regions.setdefault(n.region, set()).add(out[n.id])
+    for n in graph.nodes():
+        if n.region is not None and len(regions.get(n.region, ())) == 1 and n.id not in elided:
+            out[n.id] = next(iter(regions[n.region]))
     return out, boxes
 
 
@@ -337,6 +387,7 @@ def to_dot(graph: FlowGraph) -> str:
     """Graphviz DOT text of ``graph`` (see the module docstring for what it shows)."""
     colours = model_colours(graph)
     nodes = ordered_nodes(graph)
+    elided = elided_nodes(graph)
     lines = [
         f"// flowrl graph of flow `{graph.name}`; render with: dot -Tsvg FILE -o FILE.svg",
         f"digraph {_q(graph.name)} {{",
@@ -349,24 +400,24 @@ def to_dot(graph: FlowGraph) -> str:
     counter = [0]
     for box, in_pool in pool_groups(graph, nodes):
         if box is None:
-            _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=1)
+            _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=1, elided=elided)
             continue
         lines.append(f"  subgraph {_q('cluster_pool_' + box.name)} {{")
         lines.append(f"    label={_q(box.label)}; fontsize=11; style=\"rounded,bold\"; penwidth=2; "
                      f"color=\"{POOL_BLUE}\"; fontcolor=\"{POOL_BLUE}\";")
-        _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=2)
+        _dot_cluster(graph, cluster_tree(graph, in_pool), colours, lines, counter, depth=2, elided=elided)
         lines.append("  }")
     for u, v, e in sorted_edges(graph):
-        lines.append(f"  {_q(u)} -> {_q(v)} [{_dot_edge_attrs(e)}];")
-    lines += _dot_legend(graph, colours)
+        lines.append(f"  {_q(u)} -> {_q(v)} [{_dot_edge_attrs(e, u in elided or v in elided)}];")
+    lines += _dot_legend(graph, colours, elided)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def _dot_cluster(graph, box: Cluster, colours, lines, counter, depth) -> None:
+def _dot_cluster(graph, box: Cluster, colours, lines, counter, depth, elided=None) -> None:
     pad = "  " * depth
     for n in box.nodes:
-        lines.append(f"{pad}{_q(n.id)} [{_dot_node_attrs(graph, n, colours)}];")
+        lines.append(f"{pad}{_q(n.id)} [{_dot_node_attrs(graph, n, colours, elided)}];")
     for name in sorted(box.children):
         child = box.children[name]
         counter[0] += 1
@@ -374,13 +425,13 @@ def _dot_cluster(graph, box: Cluster, colours, lines, counter, depth) -> None:
         lines.append(f"{pad}subgraph {_q(f'cluster_{counter[0]}')} {{")
         lines.append(f"{pad}  label={_q(child.label)}; fontsize=10; style=\"rounded,dashed\"; "
                      f"color=\"{TURN_PURPLE if loop else '#757575'}\"; fontcolor=\"{INK}\";")
-        _dot_cluster(graph, child, colours, lines, counter, depth + 1)
+        _dot_cluster(graph, child, colours, lines, counter, depth + 1, elided)
         lines.append(f"{pad}}}")
 
 
-def _dot_node_attrs(graph: FlowGraph, n: Node, colours) -> str:
-    look = node_look(graph, n, colours)
-    attrs = {"label": "\\n".join(_esc(s) for s in node_lines(n)),
+def _dot_node_attrs(graph: FlowGraph, n: Node, colours, elided=None) -> str:
+    look = node_look(graph, n, colours, elided)
+    attrs = {"label": "\\n".join(_esc(s) for s in node_lines(n, graph, elided)),
              "shape": DOT_SHAPES.get(n.kind, "box"), "fillcolor": look.fill}
     styles = ["filled"]
     if n.kind in (OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE, OpKind.LOGPROBS, OpKind.VALUES):
@@ -388,6 +439,9 @@ def _dot_node_attrs(graph: FlowGraph, n: Node, colours) -> str:
     if look.style == "frozen":
         attrs.update(fontcolor=look.text, color=RESOURCE_GREY)
         styles.append("dashed")
+    if look.style == "elided":
+        attrs.update(fontcolor=look.text, color=ELIDED_GREY)
+        styles.append("dotted")
     if look.style == "critic":
         attrs.update(peripheries="2", color=CRITIC_BORDER, penwidth="1.5")
     if look.style == "resync":
@@ -397,7 +451,8 @@ def _dot_node_attrs(graph: FlowGraph, n: Node, colours) -> str:
     return _attrs(attrs)
 
 
-def _dot_edge_attrs(e: Edge) -> str:
+def _dot_edge_attrs(e: Edge, elided: bool = False) -> str:
+    """An edge's attributes; ``elided``: it touches a node that never runs (drawn dotted grey)."""
     label = edge_text(e)
     attrs: dict[str, str] = {}
     if e.kind == EdgeKind.DATA and label is not None:
@@ -412,14 +467,19 @@ def _dot_edge_attrs(e: Edge) -> str:
         attrs.update(color=TURN_PURPLE, fontcolor=TURN_PURPLE)
     if e.distance:
         # Loop-carried edges point backwards in time: keep them out of the ranking so the
-        # step still reads top to bottom.
+        # step still reads top to bottom. Their labels become external labels (`xlabel`),
+        # placed after layout where they overlap no node or other label.
         attrs.update(style="dashed", constraint="false")
+        if "label" in attrs:
+            attrs["xlabel"] = attrs.pop("label")
+    if elided:
+        attrs.update(style="dotted", color=ELIDED_GREY, fontcolor=ELIDED_GREY)
     return _attrs(attrs)
 
 
-def _dot_legend(graph: FlowGraph, colours) -> list[str]:
+def _dot_legend(graph: FlowGraph, colours, elided=None) -> list[str]:
     """One compact table: the colours, the special nodes and the edge kinds the graph uses."""
-    looks = {node_look(graph, n, colours).style for n in graph.nodes()}
+    looks = {node_look(graph, n, colours, elided).style for n in graph.nodes()}
     rows = [_legend_row(f'<TD BGCOLOR="{c}" WIDTH="40"> </TD>', f"runs on {_html(m)}")
             for m, c in sorted(colours.items())]
     special = [
@@ -428,6 +488,7 @@ def _dot_legend(graph: FlowGraph, colours) -> list[str]:
         ("critic", f'<TD COLOR="{CRITIC_BORDER}" BORDER="3"> </TD>', "critic (value model)"),
         ("resync", f'<TD COLOR="{RESYNC_RED}" BORDER="3"><FONT COLOR="{RESYNC_RED}"><B>resync</B></FONT></TD>',
          "weights to the rollout engine"),
+        ("elided", f'<TD STYLE="dotted" COLOR="{ELIDED_GREY}"> </TD>', "never runs (elided by the compiler)"),
     ]
     rows += [_legend_row(cell, text) for style, cell, text in special if style in looks]
     for _, arrow, colour, text in sorted({_legend_edge(e) for _, _, e in graph.edges()}):
@@ -471,7 +532,7 @@ def _html(s: str) -> str:
 def _attrs(attrs: dict[str, str]) -> str:
     """``k="v", ...`` sorted by key. Labels come already escaped (their ``\\n`` are line
     breaks for Graphviz), every other value is escaped here."""
-    return ", ".join(f'{k}="{v}"' if k == "label" else f"{k}={_q(v)}" for k, v in sorted(attrs.items()))
+    return ", ".join(f'{k}="{v}"' if k in ("label", "xlabel") else f"{k}={_q(v)}" for k, v in sorted(attrs.items()))
 
 
 # ---- Mermaid --------------------------------------------------------------------------------------
@@ -481,22 +542,25 @@ def to_mermaid(graph: FlowGraph) -> str:
     """Mermaid flowchart text of ``graph`` (paste into Markdown inside a ```mermaid block)."""
     colours = model_colours(graph)
     nodes = ordered_nodes(graph)
+    elided = elided_nodes(graph)
     ids = mermaid_ids(n.id for n in nodes)
     lines = ["%% flowrl graph of flow `" + graph.name + "`", "flowchart TB"]
     members: dict[str, list[str]] = {}  # class name -> mermaid ids of its nodes
     css: dict[str, str] = {}  # class name -> its style
     for n in nodes:
-        cls, style = mermaid_class(node_look(graph, n, colours))
+        cls, style = mermaid_class(node_look(graph, n, colours, elided))
         members.setdefault(cls, []).append(ids[n.id])
         css[cls] = style
     counter = [0]
     for box, in_pool in pool_groups(graph, nodes):
         if box is None:
-            _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=1, counter=counter)
+            _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=1, counter=counter,
+                             graph=graph, elided=elided)
             continue
         pool_id = "pool_" + "".join(c if c.isalnum() else "_" for c in box.name)
         lines.append(f"  subgraph {pool_id}[{_mq(box.label)}]")
-        _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=2, counter=counter)
+        _mermaid_cluster(cluster_tree(graph, in_pool), ids, lines, depth=2, counter=counter,
+                         graph=graph, elided=elided)
         lines.append("  end")
         lines.append(f"  style {pool_id} stroke:{POOL_BLUE},stroke-width:2px")
     link_styles: list[str] = []
@@ -505,7 +569,7 @@ def to_mermaid(graph: FlowGraph) -> str:
         arrow = "-.->" if e.distance else "-->"
         text = f"|{_mq(label)}|" if label else ""
         lines.append(f"  {ids[u]} {arrow}{text} {ids[v]}")
-        style = _mermaid_link_style(e)
+        style = f"stroke:{ELIDED_GREY},stroke-dasharray:2 2" if u in elided or v in elided else _mermaid_link_style(e)
         if style:  # linkStyle counts edges in the order they were written
             link_styles.append(f"  linkStyle {i} {style}")
     lines += link_styles
@@ -523,6 +587,8 @@ def mermaid_class(look: Look) -> tuple[str, str]:
         return "frozen", f"fill:{FROZEN_FILL},color:{FROZEN_TEXT},stroke:{RESOURCE_GREY},stroke-dasharray:4 2"
     if look.style == "driver":
         return "driver", f"fill:{DRIVER_FILL},stroke:{INK}"
+    if look.style == "elided":
+        return "elided", f"fill:{DRIVER_FILL},color:{FROZEN_TEXT},stroke:{ELIDED_GREY},stroke-dasharray:2 2"
     name = "m_" + "".join(c if c.isalnum() else "_" for c in (look.model or "none"))
     if look.style == "resync":
         return (name + "_resync",
@@ -546,17 +612,17 @@ def mermaid_ids(node_ids) -> dict[str, str]:
     return out
 
 
-def _mermaid_cluster(box: Cluster, ids, lines, depth, counter) -> None:
+def _mermaid_cluster(box: Cluster, ids, lines, depth, counter, graph=None, elided=None) -> None:
     pad = "  " * depth
     for n in box.nodes:
         open_, close = MERMAID_SHAPES.get(n.kind, ("[", "]"))
-        label = "<br/>".join(node_lines(n))
+        label = "<br/>".join(node_lines(n, graph, elided))
         lines.append(f"{pad}{ids[n.id]}{open_}{_mq(label)}{close}")
     for name in sorted(box.children):
         child = box.children[name]
         counter[0] += 1
         lines.append(f"{pad}subgraph cluster_{counter[0]}[{_mq(child.label)}]")
-        _mermaid_cluster(child, ids, lines, depth + 1, counter)
+        _mermaid_cluster(child, ids, lines, depth + 1, counter, graph, elided)
         lines.append(f"{pad}end")
 
 
@@ -580,6 +646,8 @@ def _mermaid_legend(colours: dict[str, str], css: dict[str, str]) -> list[str]:
         lines.append(f"    legend_{cls}[{_mq('runs on ' + m)}]:::{cls}")
     if "frozen" in css:
         lines.append('    legend_frozen["frozen model (read-only)"]:::frozen')
+    if "elided" in css:
+        lines.append('    legend_elided["never runs (elided by the compiler)"]:::elided')
     if any(c.endswith("_resync") for c in css):
         lines.append('    legend_resync{{"resync: weights to the rollout engine"}}')
         lines.append(f"    style legend_resync stroke:{RESYNC_RED},stroke-width:3px,color:{RESYNC_RED}")

@@ -1,4 +1,4 @@
-"""Advantage estimators for GRPO, Dr.GRPO, RLOO, REINFORCE++ and PPO (GAE).
+"""Advantage estimators for GRPO, Dr.GRPO, RLOO, REINFORCE++(-baseline) and PPO (GAE).
 
 Conventions (see ``flowrl/engines/types.py``): a batch is ``B`` right-padded rows of
 ``T`` tokens; every per-token tensor is ``[B, T]`` and aligned with ``input_ids``;
@@ -284,6 +284,45 @@ def reinforce_pp_advantages(
     check_same_shape("reinforce_pp_advantages", rewards=token_rewards, response_mask=response_mask)
     returns = _discounted_returns(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask) if whiten else returns
+
+
+@torch.no_grad()
+def reinforce_pp_baseline_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor | int,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """REINFORCE++-baseline: each reward minus its group's mean, then whitened over the batch.
+
+    Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Prompt and
+    Reward Normalization" (arXiv:2501.03262), the "-baseline" variant for k > 1 samples per
+    prompt: ``A'_i = r_i - mean_{j in group(i)} r_j`` (the group mean as the baseline, without
+    GRPO's division by the group std), then ``A = (A' - mean_batch A') / std_batch A'`` over
+    every response token of the batch (the paper's global advantage normalisation; veRL's
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``, which it matches).
+
+    Args:
+        rewards: ``[B]`` one reward per completion, or ``[B, T]`` token rewards (e.g. with a
+            KL penalty in them), which are summed per row first, as veRL does.
+        group_ids: ``[B]`` ids or an int group size (see :func:`group_advantages`).
+        response_mask: ``[B, T]``.
+
+    Returns:
+        ``[B, T]`` float32 advantages, the row's whitened value on its response tokens, 0 off
+        them. A singleton group's baseline is 0 (veRL's convention: its reward is kept).
+        Whitening uses the Bessel-corrected std over all response tokens (+1e-8).
+    """
+    check_2d("reinforce_pp_baseline_advantages", "response_mask", response_mask)
+    scores = rewards.float().sum(dim=-1) if rewards.dim() == 2 else rewards.float()
+    if scores.shape != response_mask.shape[:1]:
+        raise AlgoError(
+            f"reinforce_pp_baseline_advantages: rewards has shape {list(rewards.shape)}, response_mask has "
+            f"{list(response_mask.shape)}; hint: one reward (or one row of token rewards) per row"
+        )
+    index = _group_index(group_ids, scores.shape[0], scores.device, "reinforce_pp_baseline_advantages")
+    sums, counts, _ = _group_stats(scores, index)
+    centred = scores - torch.where(counts > 1, sums / counts, torch.zeros_like(sums))
+    return masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask)
 
 
 @torch.no_grad()

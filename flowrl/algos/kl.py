@@ -7,7 +7,13 @@ estimators of ``KL[p || q]`` on one sampled token are
 * ``k1 = -log r = log p - log q``         unbiased, high variance, can be negative;
 * ``k2 = 0.5 * (log r)^2``                biased, low variance, always >= 0;
 * ``k3 = (r - 1) - log r``                unbiased, low variance, always >= 0
-  (the estimator GRPO uses for its KL loss).
+  (the estimator GRPO uses for its KL loss);
+* ``abs = |log r|``                       biased, >= 0 (veRL's ``kl_penalty="abs"``).
+
+k3 is clamped as veRL's ``kl_penalty_forward`` does (log r to +-20, k3 to +-10): a
+token the reference finds impossible (``log q = -100`` against ``log p = 0``) gives
+``e^100``, which overflows, and an ``inf`` loss or gradient. The clamped value is
+finite and its gradient is 0 where a bound is active (the token stops pulling).
 
 All tensors are ``[B, T]`` log-probabilities of the sampled tokens (aligned with
 ``input_ids``, see ``flowrl/engines/types.py``); results are ``[B, T]`` in nats.
@@ -32,19 +38,36 @@ def kl_k2(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logp - logq) ** 2
 
 
+K3_MAX_LOG_RATIO = 20.0
+"""k3's log-ratio is clamped to +-this before ``exp`` (veRL: ``torch.clamp(kl, -20, 20)``)."""
+K3_MAX = 10.0
+"""k3 itself is clamped to +-this (veRL: ``torch.clamp(kld, -10, 10)``)."""
+
+
 def kl_k3(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """``exp(log q - log p) - (log q - log p) - 1`` per token. ``[B, T]``, nats, >= 0."""
-    log_r = logq - logp
+    """``exp(log q - log p) - (log q - log p) - 1`` per token. ``[B, T]``, nats, in ``[0, 10]``.
+
+    The log-ratio is clamped to ``+-K3_MAX_LOG_RATIO`` and the result to ``K3_MAX`` (veRL's
+    bounds), so the value and its gradient stay finite for any pair of log-probs.
+    """
+    log_r = (logq - logp).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
     # expm1 keeps precision when the two distributions are close (log_r ~ 0).
-    return torch.expm1(log_r) - log_r
+    return (torch.expm1(log_r) - log_r).clamp(-K3_MAX, K3_MAX)
+
+
+def kl_abs(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``|log p - log q|`` per token. ``[B, T]``, nats, >= 0 (veRL's ``"abs"`` estimator)."""
+    return (logp - logq).abs()
 
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": kl_k1,
     "k2": kl_k2,
     "k3": kl_k3,
+    "abs": kl_abs,
 }
-"""Estimator name -> ``fn(logp, logq) -> [B, T]``; the names a flow program may use."""
+"""Estimator name -> ``fn(logp, logq) -> [B, T]``; the names a flow program may use (the
+catalogue's :data:`flowrl.catalog.losses.KL_ESTIMATORS`, paired by ``tests/algos/test_kl.py``)."""
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -53,7 +76,7 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
     Args:
         logprobs: ``[B, T]`` log p of the sampled tokens under the policy.
         ref_logprobs: ``[B, T]`` log q of the same tokens under the reference.
-        kind: ``"k1"``, ``"k2"`` or ``"k3"`` (see the module docstring).
+        kind: ``"k1"``, ``"k2"``, ``"k3"`` or ``"abs"`` (see the module docstring).
 
     Returns:
         ``[B, T]`` in nats, differentiable in both inputs; masking is the caller's job.

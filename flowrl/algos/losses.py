@@ -1,4 +1,4 @@
-"""Policy, value, KL and entropy losses, with micro-batch-exact aggregation.
+"""Policy (PPO-clip, GSPO, CISPO), value, KL and entropy losses, with micro-batch-exact aggregation.
 
 Every per-token tensor is ``[B, T]`` aligned with ``input_ids`` (see
 ``flowrl/engines/types.py``); losses are taken only where ``response_mask`` is 1.
@@ -210,6 +210,186 @@ def ppo_clip_loss(
     return loss, metrics
 
 
+def _policy_inputs(where, logprobs, old_logprobs, advantages, response_mask):
+    """Checked ``(mask, advantages [B, T], old log-probs)`` in ``logprobs``' dtype, detached."""
+    check_2d(where, "logprobs", logprobs)
+    if advantages.dim() == 1:
+        advantages = broadcast_to_tokens(advantages, response_mask)
+    check_same_shape(where, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                     response_mask=response_mask)
+    mask = response_mask.to(logprobs.dtype)
+    return mask, advantages.detach().to(logprobs.dtype), old_logprobs.detach().to(logprobs.dtype)
+
+
+def _weighted(where, per_token, is_weights, response_mask):
+    if is_weights is None:
+        return per_token
+    check_same_shape(where, is_weights=is_weights, response_mask=response_mask)
+    return per_token * is_weights.detach().to(per_token.dtype)
+
+
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float | None = 4e-4,
+    agg: str = "seq-mean-token-mean",
+    denominator: Denominator | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: the PPO clip on a sequence-level, length-normalised importance ratio.
+
+    Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071), Eq. (7):
+    ``s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_t (log pi - log pi_old))``, and
+    Eq. (5): ``J = E[1/G sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)]``: the
+    whole sequence is clipped or not. Written in the GSPO-token form of Eq. (13)-(14),
+    ``s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)]``: its value is ``s_i`` on every token and its
+    gradient ``s_i * grad log pi(y_it)``, so with the advantage constant along a row (GRPO's)
+    and ``agg = "seq-mean-token-mean"`` (the default: ``1/G sum_i`` of Eq. 5) loss and gradient
+    are exactly GSPO's, and token advantages (REINFORCE++'s) are allowed as well.
+
+    Args:
+        logprobs: ``[B, T]`` current log-probs (with grad).
+        old_logprobs: ``[B, T]`` log-probs of the policy that produced the batch.
+        advantages: ``[B, T]`` or ``[B]`` (broadcast).
+        response_mask: ``[B, T]``.
+        clip_low, clip_high: the clip range ``[1 - clip_low, 1 + clip_high]`` of ``s_i`` (``0 <=
+            clip_low < 1``, ``clip_high >= 0``); the paper uses 3e-4 and 4e-4 (a
+            length-normalised ratio moves far less than a token's). ``clip_high=None`` = ``clip_low``.
+        agg, denominator: see :func:`aggregate`.
+        is_weights: ``[B, T]`` importance weights (rollout/train mismatch), detached.
+
+    Returns:
+        ``(loss, metrics)``: ``pg_loss``, ``clipfrac`` (share of response tokens in clipped
+        sequences), ``seq_ratio_mean`` (token-weighted mean of ``s_i``), ``seq_ratio_max``,
+        ``seq_ratio_min``, ``approx_kl`` (k3 of KL[old || new] per token).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise AlgoError(f"gspo_loss: clip_low={clip_low}, clip_high={clip_high}; hint: s_i is clipped to "
+                        "[1 - clip_low, 1 + clip_high]: use 0 <= clip_low < 1 and clip_high >= 0 (GSPO: 3e-4, 4e-4)")
+    mask, adv, old = _policy_inputs("gspo_loss", logprobs, old_logprobs, advantages, response_mask)
+    tokens = mask.sum(dim=1).clamp(min=1.0)
+    log_s = ((logprobs - old) * mask).sum(dim=1) / tokens  # [B]: log of Eq. (7)'s s_i
+    log_s = log_s.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    # Eq. (14): value s_i on every token, gradient s_i * d log pi(y_it).
+    log_s_tok = log_s.detach()[:, None] + logprobs - logprobs.detach()
+    ratio = torch.exp(log_s_tok)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = _weighted("gspo_loss", torch.maximum(unclipped, clipped), is_weights, response_mask)
+    loss = aggregate(per_token, mask, agg, denominator)
+    with torch.no_grad():
+        s = torch.exp(log_s)
+        rows = mask.sum(dim=1) > 0
+        s_on = s[rows] if rows.any() else torch.ones(1, dtype=s.dtype)
+
+        def token_mean(x: torch.Tensor) -> float:
+            return float(_token_mean(x.to(mask.dtype), mask, denominator))
+
+        metrics = {
+            "pg_loss": float(loss),
+            "clipfrac": token_mean(clipped > unclipped),
+            "seq_ratio_mean": token_mean(s[:, None].expand_as(mask)),
+            "seq_ratio_max": float(s_on.max()),
+            "seq_ratio_min": float(s_on.min()),
+            "approx_kl": token_mean(kl_k3(old, logprobs.detach())),
+        }
+    return loss, metrics
+
+
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float | None = None,
+    clip_high: float = 4.0,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO: REINFORCE weighted by clipped, stop-gradient importance ratios.
+
+    MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention" (arXiv:2506.13585), Eq. (4): ``J = E[1/sum_i |o_i| sum_i sum_t
+    sg(r^_it) A_it log pi(o_it)]`` with Eq. (5): ``r^_it = clip(r_it, 1 - eps_low, 1 + eps_high)``
+    and ``r_it = pi / pi_old``. Unlike PPO's clip, no token's gradient is dropped: the clip
+    bounds its weight (``r^``), never its contribution. Per token
+    ``l = -sg(r^) * A * log pi``; ``agg = "token-mean"`` is Eq. (4)'s ``1 / sum |o_i|``.
+
+    Args:
+        logprobs: ``[B, T]`` current log-probs (with grad).
+        old_logprobs: ``[B, T]`` log-probs of the policy that produced the batch.
+        advantages: ``[B, T]`` or ``[B]`` (broadcast).
+        response_mask: ``[B, T]``.
+        clip_low: ``eps_low`` in ``[0, 1)``, ``None`` = no lower bound (the paper sets none; TRL neither).
+        clip_high: ``eps_high >= 0``: weights are at most ``1 + clip_high`` (4.0: TRL's
+            recommended ``epsilon_high = 5.0``, ScaleRL's eps_max).
+        agg, denominator: see :func:`aggregate`.
+        is_weights: ``[B, T]`` importance weights (rollout/train mismatch), detached.
+
+    Returns:
+        ``(loss, metrics)``: ``pg_loss``, ``clipfrac`` (share of tokens whose weight was
+        clipped), ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``approx_kl``.
+    """
+    if clip_high < 0.0:
+        raise AlgoError(f"cispo_loss: clip_high={clip_high}; hint: weights are clipped to 1 + clip_high, use >= 0")
+    if clip_low is not None and not 0.0 <= clip_low < 1.0:
+        raise AlgoError(f"cispo_loss: clip_low={clip_low}; hint: use 0 < clip_low < 1, or none for no lower bound")
+    mask, adv, old = _policy_inputs("cispo_loss", logprobs, old_logprobs, advantages, response_mask)
+    with torch.no_grad():
+        ratio = torch.exp((logprobs.detach() - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+        low = 0.0 if clip_low is None else 1.0 - clip_low
+        weight = ratio.clamp(low, 1.0 + clip_high)  # Eq. (5), stop-gradient
+    per_token = _weighted("cispo_loss", -weight * adv * logprobs, is_weights, response_mask)
+    loss = aggregate(per_token, mask, agg, denominator)
+    with torch.no_grad():
+        on = mask.bool()
+        ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
+
+        def token_mean(x: torch.Tensor) -> float:
+            return float(_token_mean(x.to(mask.dtype), mask, denominator))
+
+        metrics = {
+            "pg_loss": float(loss),
+            "clipfrac": token_mean(weight != ratio),
+            "ratio_mean": token_mean(ratio),
+            "ratio_max": float(ratio_on.max()),
+            "ratio_min": float(ratio_on.min()),
+            "approx_kl": token_mean(kl_k3(old, logprobs.detach())),
+        }
+    return loss, metrics
+
+
+def pg_loss(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    agg: str = "token-mean",
+    denominator: Denominator | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Vanilla policy gradient (REINFORCE, Williams 1992): per token ``l = -A * log pi``.
+
+    Args:
+        logprobs: ``[B, T]`` current log-probs (with grad).
+        advantages: ``[B, T]`` or ``[B]`` (broadcast).
+        response_mask: ``[B, T]``.
+        agg, denominator: see :func:`aggregate`.
+        is_weights: ``[B, T]`` importance weights, detached.
+
+    Returns:
+        ``(loss, {"pg_loss": ...})``.
+    """
+    mask, adv, _ = _policy_inputs("pg_loss", logprobs, logprobs, advantages, response_mask)
+    per_token = _weighted("pg_loss", -adv * logprobs, is_weights, response_mask)
+    loss = aggregate(per_token, mask, agg, denominator)
+    return loss, {"pg_loss": float(loss.detach())}
+
+
 def combine_metrics(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
     """Fold one micro-batch's (or data-parallel rank's) loss metrics into ``total``, in place.
 
@@ -296,7 +476,7 @@ def kl_loss(
         logprobs: ``[B, T]`` policy log-probs (with grad).
         ref_logprobs: ``[B, T]`` reference log-probs (detached here).
         response_mask: ``[B, T]``.
-        kind: ``"k1"``, ``"k2"`` or ``"k3"`` (see :mod:`flowrl.algos.kl`).
+        kind: a name of :data:`flowrl.algos.kl.KL_ESTIMATORS` (k1, k2, k3, abs).
         agg, denominator: see :func:`aggregate`.
 
     Returns:

@@ -1,9 +1,19 @@
-"""Train-vs-rollout log-prob mismatch: metrics and truncated importance sampling (TIS).
+"""Off-policy corrections: train-vs-rollout mismatch, TIS, MIS, sequence-level IS, their statistics.
 
 The rollout engine (vLLM, SGLang) and the train engine compute slightly different
-log-probs for the same tokens (kernels, precision, batch shapes, stale weights).
-The rollout engine sampled the tokens, so the policy gradient is off-policy by the
-ratio ``pi_train / pi_rollout``; these functions measure that gap and correct it.
+log-probs for the same tokens (kernels, precision, batch shapes), and under staleness
+``s > 1`` the rollout engine also held older weights. The rollout engine sampled the
+tokens, so the policy gradient is off-policy by the ratio ``rho = pi_train / pi_rollout``
+(behaviour = the rollout engine, current = the trainer's weights at update time); these
+functions measure that ratio and correct for it:
+
+* **TIS** (truncated IS): weight ``min(rho, cap)`` (Ionides 2008; Yao et al. 2025, "Your
+  efficient RL framework secretly brings you off-policy RL training");
+* **MIS** (masked IS): weight 0 where ``rho`` leaves the band ``[low, high]``, ``rho`` inside
+  it (Liu et al. 2025, "When speed kills stability"; veRL's ``rollout_is_mode="mask"``);
+* at three **levels** (veRL's ``rollout_is_level``): per ``token``; per ``sequence``, the
+  product of the row's token ratios ``prod_t rho_t`` (the true sequence likelihood ratio);
+  ``geometric``, its length-normalised form ``exp(mean_t log rho_t)`` (GSPO's ratio).
 
 Tensors are ``[B, T]`` log-probs of the sampled tokens, aligned with ``input_ids``
 (see ``flowrl/engines/types.py``); only positions where ``response_mask`` is 1 count.
@@ -17,6 +27,14 @@ import torch
 
 from flowrl.algos.advantages import AlgoError, check_2d, check_same_shape, masked_mean
 from flowrl.algos.kl import kl_k3
+
+IS_LEVELS = ("token", "sequence", "geometric")
+"""Where the importance ratio is taken (see the module docstring); the catalogue's
+``update(is_level = ...)`` choices (:data:`flowrl.catalog.ops.IS_LEVELS`)."""
+
+_MAX_LOG_RATIO = 20.0
+"""Log-ratios (a sequence's sum included) are clamped to +-20 before ``exp`` (veRL's bound):
+``e^20 ~ 5e8`` is beyond any cap or band, so no weight changes, and nothing overflows."""
 
 
 @torch.no_grad()
@@ -93,3 +111,105 @@ def tis_weights(
     # exp(min(x, log cap)) == min(exp(x), cap) without overflowing on huge gaps.
     weights = torch.exp(log_ratio.clamp(max=math.log(cap)))
     return weights * response_mask.float()
+
+
+@torch.no_grad()
+def importance_correction(
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tis: float = 0.0,
+    mis: float = 0.0,
+    mis_low: float = 0.0,
+    level: str = "token",
+    denominator: dict | None = None,
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Importance weights for the behaviour-vs-current gap, and that gap's statistics.
+
+    With ``rho_t = exp(train_t - rollout_t)`` per response token, the ratio at ``level`` is
+    ``w = rho_t`` (token), ``prod_t rho_t`` (sequence) or ``exp(mean_t log rho_t)``
+    (geometric), the last two the same on every token of a row. Then, in this order:
+
+    * MIS (``mis > 0``): ``w = 0`` where ``w > mis`` or ``w < mis_low`` (``mis_low = 0``:
+      ``1 / mis`` when ``mis > 1``, veRL's default lower threshold, else no lower bound);
+      inside the band ``w`` is kept (TRL's
+      ``token_mask`` / ``sequence_mask``, veRL's ``mask`` mode);
+    * TIS (``tis > 0``): ``w = min(w, tis)`` (TRL's ``token_truncate`` without a lower clip).
+
+    With neither the weights are ``None`` (no correction) and only the statistics come back.
+
+    Args:
+        train_logprobs: ``[B, T]`` the trainer's log-probs of the sampled tokens (the old
+            policy's: ``old_logprobs``, or the update's own first forward).
+        rollout_logprobs: ``[B, T]`` the rollout engine's log-probs of the same tokens.
+        response_mask: ``[B, T]``.
+        tis: truncation cap, ``>= 0`` (0: off).
+        mis: upper bound of the band, ``>= 0`` (0: off).
+        mis_low: lower bound of the band, ``>= 0`` (0: ``1 / mis`` when ``mis > 1``).
+        level: one of :data:`IS_LEVELS`.
+        denominator: ``{"tokens": ..., "sequences": ...}`` of the whole batch when this is a
+            micro-batch of it, so that the means add up over micro-batches
+            (:func:`flowrl.algos.losses.combine_metrics`).
+
+    Returns:
+        ``(weights [B, T] float32 detached or None, metrics)``; metrics over response tokens:
+        ``offpolicy_ratio_mean`` / ``_max`` / ``_min`` (token ratio ``rho``), ``offpolicy_kl``
+        (k3 of KL[rollout || train]); at sequence and geometric level also
+        ``offpolicy_seq_ratio_mean`` (per row) / ``_max`` / ``_min``; with TIS
+        ``offpolicy_clipped_frac`` (share of tokens whose weight was truncated); with MIS
+        ``offpolicy_masked_frac`` (share of tokens masked out); with either
+        ``offpolicy_weight_mean`` (mean weight applied).
+    """
+    if level not in IS_LEVELS:
+        raise AlgoError(f"importance_correction: unknown level {level!r}; hint: use one of {list(IS_LEVELS)}")
+    if tis < 0:
+        raise AlgoError(f"importance_correction: tis={tis}; hint: the truncation cap is > 0 (e.g. 2.0), 0 is off")
+    if mis < 0 or mis_low < 0:
+        raise AlgoError(f"importance_correction: mis={mis}, mis_low={mis_low}; hint: the band's bounds are >= 0 "
+                        "(e.g. mis = 2.0), mis = 0 is off")
+    check_2d("importance_correction", "train_logprobs", train_logprobs)
+    check_same_shape("importance_correction", train_logprobs=train_logprobs, rollout_logprobs=rollout_logprobs,
+                     response_mask=response_mask)
+    mask = response_mask.float()
+    on = mask.bool()
+    log_rho = ((train_logprobs.float() - rollout_logprobs.float()) * mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    rho = torch.exp(log_rho)
+    tokens = float(denominator["tokens"]) if denominator else float(mask.sum())
+    rows = float(denominator["sequences"]) if denominator else float(mask.shape[0])
+
+    def token_mean(x: torch.Tensor) -> float:
+        return float((x.float() * mask).sum() / max(tokens, 1.0))
+
+    def extreme(x: torch.Tensor, fn) -> float:
+        return float(fn(x[on])) if on.any() else 1.0
+
+    metrics = {"offpolicy_ratio_mean": token_mean(rho), "offpolicy_ratio_max": extreme(rho, torch.max),
+               "offpolicy_ratio_min": extreme(rho, torch.min),
+               "offpolicy_kl": token_mean(kl_k3(rollout_logprobs.float(), train_logprobs.float()))}
+    if level == "token":
+        w = rho
+    else:
+        log_seq = log_rho.sum(dim=1)
+        if level == "geometric":
+            log_seq = log_seq / mask.sum(dim=1).clamp(min=1.0)
+        seq = torch.exp(log_seq.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # [B]
+        has = mask.sum(dim=1) > 0
+        metrics.update(offpolicy_seq_ratio_mean=float(seq[has].sum() / max(rows, 1.0)),
+                       offpolicy_seq_ratio_max=float(seq[has].max()) if has.any() else 1.0,
+                       offpolicy_seq_ratio_min=float(seq[has].min()) if has.any() else 1.0)
+        w = seq[:, None].expand_as(mask)
+    if not tis and not mis:
+        return None, metrics
+    weights = w
+    if mis:
+        low = mis_low or (1.0 / mis if mis > 1.0 else 0.0)
+        outside = (w > mis) | (w < low)
+        weights = torch.where(outside, torch.zeros_like(w), weights)
+        metrics["offpolicy_masked_frac"] = token_mean(outside)
+    if tis:
+        metrics["offpolicy_clipped_frac"] = token_mean((weights > tis))
+        weights = weights.clamp(max=tis)
+    weights = weights * mask
+    metrics["offpolicy_weight_mean"] = token_mean(weights)
+    return weights, metrics

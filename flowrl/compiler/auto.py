@@ -6,23 +6,31 @@ The search space, for a flow on ``cluster(nodes = N, gpus_per_node = G)``:
   a ``gen`` pool for the rollout engines and a ``train`` pool for every train engine
   (the reference and critic stay with the trainer), split at whole nodes on several
   nodes, or at any GPU count inside one node (at most 15 splits, evenly spaced);
-* **layouts**: rollout ``vllm(tp)`` with dp filling its pool; training ``megatron(tp, pp)``,
-  ``fsdp`` and ``torch`` with dp filling its pool (tp, pp powers of two, tp within a node);
-  every train engine uses the trainer's layout;
+* **layouts**: every rollout and train engine whose record says ``searched`` and that runs
+  on the cluster's platform (rollout: ``vllm``, ``sglang``; train: ``torch``, ``fsdp``,
+  ``megatron``), with dp filling its pool and, along the axes the engine has, tp and pp
+  powers of two (tp within a node; an engine with model-parallel axes is tried with some
+  model parallelism: pure data parallelism is what the simpler engines do); every train
+  engine uses the trainer's layout;
 * **staleness** 1 .. the bound ``staleness <= N`` (1 without one; lower when ``resync ...
   every K`` already makes rollouts older);
-* **protocol**: colocated engines sync in place; disaggregated ones by NCCL (gloo on CPU),
-  delta or checkpoint, unless the schedule names one.
+* **protocol**: colocated engines sync in place; disaggregated ones by the route's own
+  protocol (NCCL, gloo on CPU) or any protocol whose record says ``searched`` (delta,
+  checkpoint), unless the schedule names one.
 
-Every combination is checked by the same functions the passes use (placement,
-layouts against the model and memory, staleness, protocol), and a rejected one is
-counted under its first failing reason (train layout, then rollout layout, then
-staleness and protocol). The layouts of each role are ranked by their own op times and
-the best two kept (the step time separates by role), each surviving combination gets
+Every combination is checked by the same library functions the passes use
+(:mod:`flowrl.compiler.schedule`: placement, layouts against the model, the platform and
+memory, the memory phases of shared GPUs, staleness, protocol), and a rejected one is
+counted under its first failing reason (train layout, then rollout layout, then the
+engines' memory together, then staleness and protocol). The layouts of each role are
+ranked by their own op times and the best two of distinct times kept (the step time
+separates by role; layouts of equal times are represented by the simplest), each surviving combination gets
 an analytic step time (the modulo-schedule bounds: busiest pool, and weight cycle /
 staleness), and the best few distinct placements are simulated
 (``flowrl.cost.sim``, the same estimate ``flowrl plan`` shows). The winner has the most
-simulated samples per second; ties go to lower staleness, then simpler layouts.
+simulated samples per second; ties go to lower staleness, then simpler layouts (the
+route's own protocol, then the engines in :func:`~flowrl.catalog.engines.searched_engines`
+order, then less model parallelism).
 
 The chosen schedule then goes through the passes like a written one, and
 ``flowrl plan --explain`` prints the :class:`~flowrl.plan.SearchReport`.
@@ -34,18 +42,24 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from flowrl.compiler.passes.assign_placement import base_models, place
-from flowrl.compiler.passes.plan_layouts import layout_engine
-from flowrl.compiler.passes.resolve_staleness import pipeline_plan, staleness_problems
-from flowrl.compiler.passes.select_sync_protocol import protocol_problems, route_of, sync_plan
-from flowrl.plan import Candidate, SearchReport
+from flowrl.catalog.engines import ENGINES, EngineSpec, searched_engines
+from flowrl.catalog.models import default_context
+from flowrl.catalog.ops import OpKind
+from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.compiler.sched import (LayoutSpec, PlaceSpec, PoolSpec, ResyncSpec, SchedState, ScheduleSpec,
                                    engine_label, model_of, role_of)
-from flowrl.compiler.workload import workload
+from flowrl.compiler.schedule.estimate import build_sim, estimate
+from flowrl.compiler.schedule.layouts import layout_engine
+from flowrl.compiler.schedule.memory import pool_memory, pool_problems, with_memory
+from flowrl.compiler.schedule.placement import base_models, place
+from flowrl.compiler.schedule.staleness import pipeline_plan, staleness_problems
+from flowrl.compiler.schedule.sync import protocol_problems, route_of, sync_plan
+from flowrl.compiler.workload import seq_len, workload
 from flowrl.cost.profiles import Profile
+from flowrl.cost.sim import PhaseKind
 from flowrl.diagnostics import Diagnostic, FlowError
 from flowrl.ir.graph import FlowGraph
-from flowrl.catalog.ops import OpKind
+from flowrl.plan import Candidate, SearchReport
 
 MAX_SPLITS = 15
 KEEP_LAYOUTS = 2
@@ -53,10 +67,8 @@ KEEP_LAYOUTS = 2
 SIMULATE = 4
 """Candidates simulated (the best analytic ones, at most one per placement and staleness)."""
 SEARCH_SIM_STEPS = 5
-TRAIN_KINDS = ("torch", "fsdp", "megatron")
-"""In tie-break order: the simplest engine first."""
-PROTOCOL_ORDER = ("", "delta", "checkpoint")
-"""Protocols tried for disaggregated engines ("" = the route's own: NCCL, gloo on CPU), simplest first."""
+MODEL_PARALLEL = ("tp", "pp")
+"""Axes enumerated as powers of two (dp fills the pool; cp is not searched)."""
 TIE = 0.01
 """Simulated throughputs within 1% count as a tie (broken by staleness, then simplicity)."""
 REASONS = {
@@ -65,8 +77,11 @@ REASONS = {
     "E428": "an engine does not fit in GPU memory", "E429": "a tensor-parallel group spans nodes",
     "E430": "the KV cache holds less than one sequence", "E431": "partial-rollout recycling needs staleness >= 2",
     "E432": "`inplace` needs colocated engines", "E433": "`ipc` needs both engines on one node",
-    "E434": "`overlap` needs separate GPUs", "E435": "`checkpoint` across nodes needs a shared `dir`",
+    "E434": "`overlap` needs separate GPUs", "E435": "a disk protocol across nodes needs a shared `dir`",
     "E438": "a sampling option the rollout engine refuses",
+    "E439": "engines sharing GPUs do not fit together", "E440": "an engine does not run on the platform",
+    "E441": "a layout exceeds the platform's limits", "E442": "forked ranks would span nodes",
+    "E443": "a protocol does not run on the platform",
 }
 
 
@@ -83,13 +98,18 @@ class _Problem:
     limit: int
     every: int
     options: dict
+    train_engines: list = field(default_factory=list)
+    """Train engines searched (their records say ``searched``, they run on the platform), simplest first."""
+    rollout_engines: list = field(default_factory=list)
+    protocols: list = field(default_factory=list)
+    """Protocols tried besides the route's own ("" first), simplest first."""
 
 
 @dataclass
 class _Choice:
     placement: tuple  # ("colocated", 0) | ("disaggregated", gen GPUs)
     train: tuple  # (kind, tp, pp)
-    rollout: int  # vllm tp
+    rollout: tuple  # (kind, tp)
     staleness: int
     protocol: str  # "" = the one the route implies
     analytic: float = 0.0
@@ -101,9 +121,13 @@ def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profi
     opts = dict(ctx.options.get("auto", {})) if ctx is not None else {}
     every = max((r.every for r in spec.resyncs.values()), default=1)
     limit = spec.staleness_limit or 1
+    runs = [e for e in searched_engines("train") + searched_engines("rollout") if e.support(hw.platform).ok]
     prob = _Problem(graph, spec, facts, hw, needed, workload(graph),
                     {n.model for n in graph.nodes() if n.kind == OpKind.UPDATE and n.model}, base_models(graph),
-                    limit, every, opts)
+                    limit, every, opts,
+                    train_engines=[e for e in runs if e.serves == "train"],
+                    rollout_engines=[e for e in runs if e.serves == "rollout"],
+                    protocols=[""] + [p.name for p in PROTOCOLS.values() if p.searched and p.support(hw.platform).ok])
     s_max = limit - every + 1
     if s_max < 1:
         r = next(r for r in spec.resyncs.values() if r.every == every)
@@ -135,45 +159,96 @@ class _Found:
     examples: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One engine layout of a role, its ops' seconds per step, and the engine plans it gives."""
+
+    kind: str
+    tp: int
+    pp: int
+    seconds: float = 0.0
+    plans: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.tp, self.pp)
+
+
 def _enumerate(prob: _Problem, stal: tuple, opts: dict) -> _Found:
     """Every placement x layout x staleness x protocol: count, reject with reasons, keep the best layouts."""
     out = _Found([])
     cache: dict = {}
     for placement in _placements(prob, opts):
-        pools, engines, problems = place(_spec(prob, placement, ("torch", 1, 1), 1, 1, ""), prob.needed, prob.bases)
+        pools, engines, problems = place(_spec(prob, placement, _none(prob, "train"), _none(prob, "rollout"), 1, ""),
+                                         prob.needed, prob.bases)
         if problems:
             continue
-        trains, t_rej = _train_layouts(prob, placement, pools, engines)
-        rolls, r_rej = _rollout_layouts(prob, placement, pools, engines)
+        trains, t_rej = _layouts(prob, "train", placement, pools, engines)
+        rolls, r_rej = _layouts(prob, "rollout", placement, pools, engines)
         sps = [(s, p) for s in stal for p in _protocols(prob, placement)]
         # a role the flow does not have counts as one (empty) choice
-        t_ok = len(trains) if _train_keys(prob) else 1
-        r_ok = len(rolls) if _rollout_keys(prob) else 1
+        if not _train_keys(prob):
+            trains = [_none(prob, "train")]
+        if not _rollout_keys(prob):
+            rolls = [_none(prob, "rollout")]
+        t_ok, r_ok = len(trains), len(rolls)
         out.considered += (t_ok + len(t_rej)) * (r_ok + len(r_rej)) * len(sps)
-        for d in t_rej:  # first failing reason: train layout, then rollout layout, then staleness/protocol
+        # first failing reason: train layout, then rollout layout, then memory together, then staleness/protocol
+        for d in t_rej:
             _count(out.counts, out.examples, d, (r_ok + len(r_rej)) * len(sps))
         for d in r_rej:
             _count(out.counts, out.examples, d, t_ok * len(sps))
-        if not (t_ok and r_ok):
+        pairs = []
+        for tl in trains:
+            for rl in rolls:
+                d = _memory_problem(prob, pools, {**engines, **tl.plans, **rl.plans})
+                if d is not None:
+                    _count(out.counts, out.examples, d, len(sps))
+                else:
+                    pairs.append((tl, rl))
+        if not pairs:
             continue
+        kept_t = _distinct([tl for tl in trains if any(tl is a for a, _ in pairs)])
+        kept_r = _distinct([rl for rl in rolls if any(rl is b for _, b in pairs)])
         for s, proto in sps:
             d = _sp_problem(prob, placement, pools, engines, s, proto)
             if d is not None:
-                _count(out.counts, out.examples, d, t_ok * r_ok)
+                _count(out.counts, out.examples, d, len(pairs))
                 continue
-            out.feasible += t_ok * r_ok
-            for tl in trains[:KEEP_LAYOUTS] or [("torch", 1, 1, 0.0)]:
-                for rl in rolls[:KEEP_LAYOUTS] or [(1, 0.0)]:
-                    ch = _Choice(placement, tl[:3], rl[0], s, proto)
-                    ch.analytic = _analytic(prob, ch, tl[3], rl[1], cache)
+            out.feasible += len(pairs)
+            for tl, rl in pairs:
+                if any(tl is k for k in kept_t) and any(rl is k for k in kept_r):
+                    ch = _Choice(placement, tl.key, rl.key, s, proto)
+                    ch.analytic = _analytic(prob, ch, tl.seconds, rl.seconds, cache)
                     out.pool.append(ch)
     return out
 
 
+def _distinct(ranked: list[_Layout], k: int = KEEP_LAYOUTS) -> list[_Layout]:
+    """The first ``k`` layouts of distinct op times: of layouts that take the same time, the
+    first (the simplest: they are ranked by time, then simplicity) stands for them all."""
+    out: list[_Layout] = []
+    for lay in ranked:
+        if len(out) == k:
+            break
+        if all(round(lay.seconds, 9) != round(o.seconds, 9) for o in out):
+            out.append(lay)
+    return out
+
+
+def _memory_problem(prob: _Problem, pools, engines: dict) -> Diagnostic | None:
+    """E439 for the first pool whose engines do not fit together in some phase."""
+    for pool in pools:
+        m = pool_memory(pool, engines, prob.hw)
+        if m is not None:
+            d = pool_problems(m, engines, prob.hw, prob.spec.span)
+            if d:
+                return d[0]
+    return None
+
+
 def _rank(prob: _Problem, picked: list[_Choice], opts: dict) -> list[tuple]:
     """Simulate the picked candidates; best first (ties within :data:`TIE` go to the less stale, simpler one)."""
-    from flowrl.compiler.passes.estimate_cost import estimate
-
     results = []
     for c in picked:
         st = _state(prob, c)
@@ -251,61 +326,66 @@ def _per_node(pool) -> int:
     return max((pool.nodes.count(n) for n in set(pool.nodes)), default=1)
 
 
-def _train_layouts(prob: _Problem, placement, pools, engines):
-    """Feasible train layouts ranked by their ops' time: [(kind, tp, pp, seconds)], and rejections."""
-    keys = _train_keys(prob)
-    if not keys:
-        return [], []
-    pool = _pool_for(prob, placement, "train", pools)
-    layouts = []
-    for kind in TRAIN_KINDS:
-        if kind == "megatron":
-            for tp in _pow2(min(_per_node(pool), 8)):
-                for pp in _pow2(16):
-                    if pool.gpus % (tp * pp) == 0 and (tp, pp) != (1, 1):
-                        layouts.append((kind, tp, pp))
-        else:
-            layouts.append((kind, 1, 1))
-    ok, rejected = [], []
-    for kind, tp, pp in layouts:
-        problem = None
-        for key in keys:
-            lspec = LayoutSpec(kind, {"tp": tp, "pp": pp} if kind == "megatron" else {}, prob.spec.span)
-            _plan, probs = layout_engine(key, engines[key], lspec, prob.facts.get(model_of(key)), prob.hw, pool,
-                                         prob.work, model_of(key) in prob.trained, prob.spec.span)
-            if probs:
-                problem = probs[0]
-                break
-        if problem is not None:
-            rejected.append(problem)
-        else:
-            ok.append((kind, tp, pp, _role_seconds(prob, placement, (kind, tp, pp), 1, "train")))
-    ok.sort(key=lambda t: (round(t[3], 9), TRAIN_KINDS.index(t[0]), t[1] * t[2]))
-    return ok, rejected
+def _none(prob: _Problem, role: str) -> tuple:
+    """The layout key standing for a role the flow does not have (or before layouts are chosen)."""
+    engines = prob.train_engines if role == "train" else prob.rollout_engines
+    return _Layout(engines[0].name if engines else "", 1, 1)
 
 
-def _rollout_layouts(prob: _Problem, placement, pools, engines):
-    keys = _rollout_keys(prob)
+def _model_parallel(spec: EngineSpec, pool, others: list[EngineSpec]) -> list[tuple[int, int]]:
+    """``(tp, pp)`` sizes tried for an engine on a pool: powers of two along the axes it has (tp
+    within a node); an engine with model-parallel axes skips ``(1, 1)`` when a simpler engine of
+    its role (one without them) covers pure data parallelism."""
+    tps = _pow2(min(_per_node(pool), 8)) if "tp" in spec.axes else [1]
+    pps = _pow2(16) if "pp" in spec.axes else [1]
+    mp = any(a in spec.axes for a in MODEL_PARALLEL)
+    covered = mp and any(not any(a in o.axes for a in MODEL_PARALLEL) for o in others)
+    return [(tp, pp) for tp in tps for pp in pps if pool.gpus % (tp * pp) == 0 and not (covered and (tp, pp) == (1, 1))]
+
+
+def _layout_options(spec: EngineSpec, tp: int, pp: int, prob: _Problem | None = None, key: str = "") -> dict:
+    """A candidate layout's options: its axes, and for a rollout engine whose record has a context
+    option (``max_model_len``), a context long enough for the flow's prompts and ``max_tokens``
+    when the engine's default (:func:`~flowrl.catalog.models.default_context`) is shorter."""
+    out = {a: v for a, v in (("tp", tp), ("pp", pp)) if a in spec.axes}
+    facts = prob.facts.get(model_of(key)) if prob is not None and key else None
+    if spec.context_option and facts is not None:
+        need = seq_len(facts, prob.work.max_tokens.get(model_of(key)) or 0)
+        if need > default_context(facts.max_len):
+            out[spec.context_option] = min(need, facts.max_len)
+    return out
+
+
+def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list[_Layout], list[Diagnostic]]:
+    """Feasible layouts of a role's engines on their pool, ranked by their ops' seconds (then
+    simplicity), and the rejections."""
+    keys = _train_keys(prob) if role == "train" else _rollout_keys(prob)
     if not keys:
         return [], []
-    pool = _pool_for(prob, placement, "rollout", pools)
+    searched = prob.train_engines if role == "train" else prob.rollout_engines
+    pool = _pool_for(prob, placement, role, pools)
     ok, rejected = [], []
-    for tp in _pow2(min(_per_node(pool), 8)):
-        if pool.gpus % tp:
-            continue
-        problem = None
-        for key in keys:
-            _plan, probs = layout_engine(key, engines[key], LayoutSpec("vllm", {"tp": tp}, prob.spec.span),
-                                         prob.facts.get(model_of(key)), prob.hw, pool, prob.work, False,
-                                         prob.spec.span)
-            if probs:
-                problem = probs[0]
-                break
-        if problem is not None:
-            rejected.append(problem)
-        else:
-            ok.append((tp, _role_seconds(prob, placement, ("torch", 1, 1), tp, "rollout")))
-    ok.sort(key=lambda t: (round(t[1], 9), t[0]))
+    for spec in searched:
+        for tp, pp in _model_parallel(spec, pool, searched):
+            problem, plans = None, {}
+            for key in keys:
+                lspec = LayoutSpec(spec.name, _layout_options(spec, tp, pp, prob, key), prob.spec.span)
+                plan, probs = layout_engine(key, engines[key], lspec, prob.facts.get(model_of(key)), prob.hw, pool,
+                                            prob.work, role == "train" and model_of(key) in prob.trained,
+                                            prob.spec.span)
+                if probs:
+                    problem = probs[0]
+                    break
+                plans[key] = plan
+            if problem is not None:
+                rejected.append(problem)
+                continue
+            lay = _Layout(spec.name, tp, pp)
+            other = _none(prob, "rollout" if role == "train" else "train")
+            train, roll = (lay, other) if role == "train" else (other, lay)
+            ok.append(_Layout(spec.name, tp, pp, _role_seconds(prob, placement, train.key, roll.key, role), plans))
+    order = {e.name: i for i, e in enumerate(searched)}
+    ok.sort(key=lambda t: (round(t.seconds, 9), order[t.kind], t.tp * t.pp))
     return ok, rejected
 
 
@@ -314,7 +394,7 @@ def _protocols(prob: _Problem, placement) -> list[str]:
         return [""]  # the schedule names them
     if placement[0] == "colocated" or not any(n.kind == OpKind.RESYNC for n in prob.graph.nodes()):
         return [""]
-    return list(PROTOCOL_ORDER)
+    return list(prob.protocols)
 
 
 def _sp_problem(prob: _Problem, placement, pools, engines, s: int, proto: str) -> Diagnostic | None:
@@ -331,12 +411,12 @@ def _sp_problem(prob: _Problem, placement, pools, engines, s: int, proto: str) -
         rpool = next(p for p in pools if p.name == roll.pool)
         train, roll = replace(train, gpus=tpool.gpu_ids), replace(roll, gpus=rpool.gpu_ids)
         written = prob.spec.resyncs.get(n.model)
-        protocol = written.protocol if written else (proto or "inplace")
         if not written and not proto:
             continue  # the route's own protocol always fits
+        protocol = written.protocol if written else proto
         opts = dict(written.options) if written else {}
         probs = protocol_problems(protocol, opts, route_of(train, roll, per_node), train, roll,
-                                  prob.spec.cluster, n.model, written.span if written else prob.spec.span)
+                                  prob.spec.cluster, n.model, written.span if written else prob.spec.span, prob.hw)
         if probs:
             return probs[0]
     return None
@@ -351,8 +431,13 @@ def _count(counts: dict, examples: dict, d: Diagnostic, n: int) -> None:
 
 
 def _simplicity(c: _Choice) -> tuple:
-    """Simpler first: the route's own protocol, plain engines, less model parallelism."""
-    return (PROTOCOL_ORDER.index(c.protocol), TRAIN_KINDS.index(c.train[0]), c.train[1] * c.train[2], c.rollout)
+    """Simpler first: the route's own protocol, plain engines (:func:`searched_engines` order),
+    less model parallelism."""
+    engines = [e.name for e in searched_engines("train") + searched_engines("rollout")]
+    protocols = [""] + [p.name for p in PROTOCOLS.values() if p.searched]
+    return (protocols.index(c.protocol), engines.index(c.train[0]) if c.train[0] in engines else -1,
+            c.train[1] * c.train[2], engines.index(c.rollout[0]) if c.rollout[0] in engines else -1,
+            c.rollout[1] * c.rollout[2])
 
 
 # ---- candidate schedules ----------------------------------------------------------------------------------
@@ -362,7 +447,7 @@ def _spec_args(c: _Choice) -> tuple:
     return (c.placement, c.train, c.rollout, c.staleness, c.protocol)
 
 
-def _spec(prob: _Problem, placement, train, rollout_tp: int, s: int, proto: str) -> ScheduleSpec:
+def _spec(prob: _Problem, placement, train, rollout, s: int, proto: str) -> ScheduleSpec:
     """A candidate as a ScheduleSpec (everything points at the auto schedule's header)."""
     spec, span = prob.spec, prob.spec.span
     pools, place_ = (), {}
@@ -374,13 +459,11 @@ def _spec(prob: _Problem, placement, train, rollout_tp: int, s: int, proto: str)
     else:
         for k in prob.needed:
             place_[k] = PlaceSpec("all", span, True)
-    kind, tp, pp = train
     layouts = {}
     for k in prob.needed:
-        if role_of(k) == "train":
-            layouts[k] = LayoutSpec(kind, {"tp": tp, "pp": pp} if kind == "megatron" else {}, span)
-        else:
-            layouts[k] = LayoutSpec("vllm", {"tp": rollout_tp}, span)
+        kind, tp, pp = _key(train if role_of(k) == "train" else rollout)
+        if kind:
+            layouts[k] = LayoutSpec(kind, _layout_options(ENGINES[kind], tp, pp, prob, k), span)
     resyncs = dict(spec.resyncs)
     if proto:
         for n in prob.graph.nodes():
@@ -390,9 +473,12 @@ def _spec(prob: _Problem, placement, train, rollout_tp: int, s: int, proto: str)
                    staleness_span=spec.staleness_span or span)
 
 
+def _key(layout) -> tuple:
+    return layout.key if isinstance(layout, _Layout) else tuple(layout)
+
+
 def _why_protocol(proto: str) -> str:
-    return {"delta": "only changed weights cross the link", "checkpoint": "weights go through the shared disk"}.get(
-        proto, proto)
+    return PROTOCOLS[proto].doc
 
 
 def _state(prob: _Problem, c: _Choice) -> SchedState:
@@ -401,10 +487,11 @@ def _state(prob: _Problem, c: _Choice) -> SchedState:
     pools, engines, _ = place(spec, prob.needed, prob.bases)
     by_name = {p.name: p for p in pools}
     for k in prob.needed:
-        e, _probs = layout_engine(k, engines[k], spec.layouts[k], prob.facts.get(model_of(k)), prob.hw,
+        e, _probs = layout_engine(k, engines[k], spec.layouts.get(k), prob.facts.get(model_of(k)), prob.hw,
                                   by_name[engines[k].pool], prob.work, model_of(k) in prob.trained, spec.span)
         engines[k] = e
-    st = SchedState(spec, prob.facts, prob.hw, prob.needed, pools, engines, staleness=c.staleness,
+    engines, memory = with_memory(engines, pools, prob.hw)
+    st = SchedState(spec, prob.facts, prob.hw, prob.needed, pools, engines, memory=memory, staleness=c.staleness,
                     pipeline=pipeline_plan(spec, c.staleness, prob.work.gens),
                     lengths=dict(prob.options.get("lengths", {})))
     resyncs = {}
@@ -414,11 +501,9 @@ def _state(prob: _Problem, c: _Choice) -> SchedState:
     return replace(st, resyncs=resyncs)
 
 
-def _role_seconds(prob: _Problem, placement, train, rollout_tp: int, role: str) -> float:
+def _role_seconds(prob: _Problem, placement, train: tuple, rollout: tuple, role: str) -> float:
     """Seconds per step of the ops on ``role``'s engines under this layout (for ranking layouts)."""
-    from flowrl.compiler.passes.estimate_cost import build_sim
-
-    st = _state(prob, _Choice(placement, train, rollout_tp, 1, ""))
+    st = _state(prob, _Choice(placement, train, rollout, 1, ""))
     _spec_, costs, _l, _d = build_sim(prob.graph, st, prob.work)
     return sum(sec for _pid, _k, where, sec, _t in costs if where.endswith("." + role))
 
@@ -428,13 +513,11 @@ def _analytic(prob: _Problem, c: _Choice, train_s: float, gen_s: float, cache: d
     engines that take turns on GPUs add up; otherwise generation overlaps training up to the
     staleness, and every push waits for the queued generation (so each step pays a resync on
     the generation side as well as on the training side)."""
-    from flowrl.compiler.passes.estimate_cost import build_sim
-
     key = (c.placement, c.train, c.rollout, c.protocol)
     if key not in cache:
         st = _state(prob, replace(c, staleness=1))
         spec, costs, _l, _d = build_sim(prob.graph, st, prob.work)
-        resync = sum(sec for _p, kind, _w, sec, _t in costs if kind == "resync")
+        resync = sum(sec for _p, kind, _w, sec, _t in costs if kind == OpKind.RESYNC)
         other = sum(sec for _p, _k, where, sec, _t in costs if where in ("reward", "driver", "env"))
         switch = sum(p.seconds for p in spec.phases if p.label == "sleep/wake")
         cache[key] = (resync, other, switch, _partial_gen(spec))
@@ -456,7 +539,7 @@ def _partial_gen(spec) -> float:
         return 0.0
     out = 0.0
     for p in spec.phases:
-        if p.kind != "generate":
+        if p.kind != PhaseKind.GENERATE:
             continue
         g = p.gen
         per_rep = math.ceil(g.samples / max(g.replicas, 1))
@@ -547,7 +630,9 @@ def _generated(graph: FlowGraph) -> set:
 
 
 def _layout_text(e) -> str:
-    return engine_label(e).replace("=", " = ")
+    """The layout as a schedule writes it, with its options (``vllm(tp = 1, dp = 8, max_model_len = 4608)``)."""
+    opts = "".join(f", {k} = {v!r}" if isinstance(v, str) else f", {k} = {v}" for k, v in sorted(e.options.items()))
+    return engine_label(e).replace("=", " = ")[:-1] + opts + ")"
 
 
 def _nothing_fits(prob: _Problem, considered: int, counts: dict, examples: dict) -> Diagnostic:
@@ -559,94 +644,5 @@ def _nothing_fits(prob: _Problem, considered: int, counts: dict, examples: dict)
                               f"candidates were rejected", prob.spec.span,
                       f"{hint}; add GPUs or nodes, or a larger GPU kind")
 
-
-# ---- the async comparison (flowrl.cost.sim.compare_async) ------------------------------------------------
-
-ASYNC_MODES = (
-    ("sync", {"staleness": (1,)}, None),
-    ("one-step-off", {"staleness": (2,)}, None),
-    ("bounded async (s=4)", {"staleness": (4,)}, None),
-    ("partial rollout", {"staleness": (2,)}, "partial"),
-)
-ANCHOR_OF = {"sync": "", "one-step-off": "NeMo-RL", "bounded async (s=4)": "AReaL", "partial rollout": "APRIL"}
-
-
-def async_modes(*, model: str, gpus: int, gpu: str, gpus_per_node: int, batch: int, group: int, max_tokens: int,
-                median: float | None, sigma: float, over_provision: float, steps: int, seed: int,
-                anchors: dict) -> list[dict]:
-    """See :func:`flowrl.cost.sim.compare_async`."""
-    from flowrl.compiler.lower import lower
-    from flowrl.compiler.pipeline import compile_text
-
-    nodes = max(1, gpus // gpus_per_node)
-    per = min(gpus, gpus_per_node)
-    lengths = {"median": median} if median else {}
-    lengths["sigma"] = sigma
-    rows = []
-    base = None
-    for mode, auto_opts, extra in ASYNC_MODES:
-        partial = f"\n  partial_rollout(over_provision = {over_provision:g})" if extra else ""
-        text = ASYNC_FLOW.format(model=model, batch=batch, group=group, max_tokens=max_tokens, nodes=nodes,
-                                 per=per, gpu=gpu, limit=max(auto_opts["staleness"]), partial=partial)
-        graph = compile_text(text, "<compare_async>", options={
-            "auto": {**auto_opts, "sim_steps": steps}, "sim_steps": steps, "lengths": lengths})
-        plan = lower(graph)
-        est = plan.estimate
-        gen_s = est.breakdown.get("generate", 0.0)
-        gen_tps = _rollout_tps(graph)
-        row = {"mode": mode, "step_s": est.step_s, "samples_per_s": est.samples_per_s,
-               "tokens_per_s": est.tokens_per_s, "generate_s": gen_s, "rollout_tokens_per_s": gen_tps,
-               "bubble": est.bubble, "schedule": plan.search.winner.summary if plan.search else "",
-               "anchor": anchors.get(ANCHOR_OF[mode], "")}
-        if base is None:
-            base = row
-        row["speedup"] = round(base["step_s"] / row["step_s"], 3) if row["step_s"] else 0.0
-        row["rollout_gain"] = round(row["rollout_tokens_per_s"] / base["rollout_tokens_per_s"], 3) \
-            if base["rollout_tokens_per_s"] else 0.0
-        rows.append(row)
-    return rows
-
-
-def _rollout_tps(graph: FlowGraph) -> float:
-    """Rollout throughput per rollout GPU (APRIL's metric, per GPU so that pools of different sizes
-    compare): generated tokens per GPU-second the rollout engine had. A pool of its own has the
-    whole wall time; colocated GPUs have only the generate phases."""
-    from flowrl.compiler.passes.estimate_cost import build_sim
-    from flowrl.cost.sim import simulate
-
-    st = graph.sched
-    spec, _c, _l, _d = build_sim(graph, st, workload(graph))
-    res = simulate(spec, steps=st.estimate.assumptions.get("steps_simulated", 6), seed=0)
-    gen = next((p for p in spec.phases if p.kind == "generate"), None)
-    if gen is None or not spec.lanes.get(gen.lane):
-        return 0.0
-    shared = any(p.lane == gen.lane and p.kind != "generate" for p in spec.phases)
-    wall_share = res.breakdown.get("generate", 0.0) / res.step_s if shared and res.step_s else 1.0
-    return res.gen_tokens_per_s / max(wall_share, 1e-12) / spec.lanes[gen.lane]
-
-
-ASYNC_PROGRAM = '''
-model policy = hf("{model}")
-dataset prompts = jsonl("prompts.jsonl")
-reward correct = verifier("math")
-
-flow main() {{
-  ref      = frozen(policy)
-  b        = sample(prompts, size = {batch})
-  rollouts = generate(policy, b, n = {group}, max_tokens = {max_tokens})
-  scores   = correct(rollouts)
-  old_lp   = logprobs(policy, rollouts)
-  ref_lp   = logprobs(ref, rollouts)
-  adv      = group_advantage(scores, group = {group})
-  update(policy, rollouts, adv, old_lp, ref_lp, kl = 0.001)
-}}
-'''
-"""The GRPO program of the async comparison (format fields: model, batch, group, max_tokens)."""
-
-ASYNC_FLOW = ASYNC_PROGRAM + '''
-schedule main auto on cluster(nodes = {nodes}, gpus_per_node = {per}, gpu = "{gpu}") {{
-  staleness <= {limit}{partial}
-}}
-'''
 
 __all__ = ["search_schedule", "summary", "schedule_text", "async_modes", "REASONS"]

@@ -1,11 +1,13 @@
 """The human view of an ExecutionPlan (``flowrl plan``): which engine runs on which GPUs, and how.
 
-Sections, in order: the cluster and staleness; the engines (a table: engine, layout, pool,
+Sections, in order: the cluster and staleness; the inputs (hub models read from the local
+cache, and whether each dataset's prompts are raw text or rendered by a chat template); the engines (a table: engine, layout, pool,
 GPUs, share of each GPU, memory per GPU); a picture of the GPU grid (one letter per
 engine on each GPU, one row per node); the pools; the step's ops in order with their
 estimated times; weight sync (protocol and why, route, bucket plan, resharding);
 staleness (steps in flight, buffer, partial rollout); the estimated step (time,
-throughput, bubble, a bar per phase, the modulo-schedule bounds, memory per GPU,
+throughput, bubble, a bar per phase, the modulo-schedule bounds, memory per GPU and the
+memory phases of shared GPUs (which engine sleeps or offloads when, each phase's peak),
 utilisation, assumptions); and, with ``explain=True``, what ``schedule auto`` searched
 (the winner as a schedule block, the runners-up, what it rejected and why).
 
@@ -14,9 +16,13 @@ Plain text, no colour, deterministic for a given plan.
 
 from __future__ import annotations
 
+import os
 import string
 
-from flowrl.plan import EnginePlan, ExecutionPlan
+from flowrl.catalog.ops import OpKind
+from flowrl.compiler.sched import engine_label
+from flowrl.compiler.schedule.placement import ranges
+from flowrl.plan import EnginePlan, ExecutionPlan, PoolMemory
 
 BAR = 32
 """Width of the longest bar in the step-time breakdown."""
@@ -25,14 +31,16 @@ BAR = 32
 def describe_plan(plan: ExecutionPlan, explain: bool = False) -> str:
     """The text of ``flowrl plan`` (``explain``: add the auto search's report)."""
     out: list[str] = []
-    for section in (_header, _engines, _grid, _pools, _steps, _sync, _staleness, _estimate):
+    for section in (_header, _inputs, _engines, _grid, _pools, _steps, _sync, _staleness, _estimate):
         lines = section(plan)
         if lines:
             out += lines + [""]
     if explain:
         out += _search(plan) + [""]
     r = plan.run
-    out.append(f"run: steps={r.steps} seed={r.seed} eval_every={r.eval_every} save_every={r.save_every}")
+    out.append(f"run: steps={r.steps} seed={r.seed} eval_every={r.eval_every} save_every={r.save_every}"
+               + (f" log={','.join(r.log)}" if getattr(r, "log", ()) else "")
+               + (f" log_samples={r.log_samples}" if getattr(r, "log_samples", 0) else ""))
     return "\n".join(out) + "\n"
 
 
@@ -49,21 +57,30 @@ def _header(plan: ExecutionPlan) -> list[str]:
     c = plan.cluster
     s = plan.staleness
     mode = "synchronous" if s == 1 else ("async: one-step-off" if s == 2 else f"async: bounded, {s} steps in flight")
-    how = "chosen by `schedule auto`" if plan.auto else "as scheduled"
+    how = ("chosen by `schedule auto`" if plan.auto else "as scheduled" if plan.scheduled
+           else "the default schedule (the file has no `schedule` block)")
     return [f"plan for flow `{plan.flow}` ({plan.source})",
             f"cluster: {c['nodes']} node(s) x {c['gpus_per_node']} GPU(s) ({c['gpu']}); "
             f"staleness {s} ({mode}); {how}"]
 
 
-def _gpus(ids) -> str:
-    from flowrl.compiler.passes.assign_placement import ranges
+def _inputs(plan: ExecutionPlan) -> list[str]:
+    """Where hub models come from and how each dataset's prompts are read (raw, or a chat template)."""
+    gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
+    lines = [f"  {m.id}: `{m.args['hub_id']}` from the local Hugging Face cache (offline)"
+             for m in plan.models if m.args.get("hub_id")]
+    for d in plan.datasets:
+        how = (f"chat messages rendered with the chat template of `{gen}`'s tokenizer (add_generation_prompt)"
+               if d.chat else "raw text (with the tokenizer's BOS where it has one)")
+        lines.append(f"  {d.id}: {d.format} {os.path.basename(d.path)}: prompts as {how}")
+    return ["inputs:"] + lines if lines else []
 
+
+def _gpus(ids) -> str:
     return ranges(ids) if ids else "-"
 
 
 def _layout(e: EnginePlan) -> str:
-    from flowrl.compiler.sched import engine_label
-
     return engine_label(e) + (" (chosen)" if e.chosen else "")
 
 
@@ -117,7 +134,7 @@ def _steps(plan: ExecutionPlan) -> list[str]:
     secs = {o.id: o.seconds for o in plan.estimate.ops} if plan.estimate else {}
     lines = ["step (in order):"]
     for op in plan.ops:
-        where = f"{op.model}.{'rollout' if op.engine == 'rollout' and op.kind != 'resync' else 'train'}" \
+        where = f"{op.model}.{'rollout' if op.engine == 'rollout' and op.kind != OpKind.RESYNC else 'train'}" \
             if op.model and op.engine in ("rollout", "train") else (op.engine or "driver")
         est = f"  ~{_s(secs[op.id])}" if op.id in secs else ""
         lines.append(f"  {op.id:<28} {op.op:<16} on {where}{est}")
@@ -132,7 +149,7 @@ _ELIDED_WHY = {
            "the same numbers",
     "ref_logprobs": "kl = 0: the update never reads the reference's log-probs",
 }
-"""Update argument -> why lowering dropped the pass that fed it (:mod:`flowrl.compiler.elide`)."""
+"""Update argument -> why lowering dropped the pass that fed it (the ``elide_logprobs`` pass)."""
 
 
 def _s(x: float) -> str:
@@ -209,9 +226,12 @@ def _estimate(plan: ExecutionPlan) -> list[str]:
     if b:
         lines.append(f"  bounds: busiest pool {_s(b.get('resource_s', 0))}; weight cycle {_s(b.get('cycle_s', 0))} / "
                      f"staleness {plan.staleness} = {_s(b.get('recurrence_s', 0))}")
+    phases = {m.pool: m for m in plan.memory}
     for pool, m in e.memory.items():
         lines.append(f"  memory per GPU, pool {pool}: peak {_bytes(m['peak_gb'] * 1e9)} of {m['capacity_gb']:g} GB "
                      f"({m['engines']})")
+        if pool in phases:
+            lines += _phases(phases[pool])
     if e.utilization:
         lines.append("  utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in e.utilization.items()))
     a = e.assumptions
@@ -222,6 +242,27 @@ def _estimate(plan: ExecutionPlan) -> list[str]:
                      f"{a.get('steps_simulated')} steps simulated (seed {a.get('seed')})")
     lines += [f"  note: {n}" for n in e.notes]
     return lines
+
+
+_RELEASED = {"sleep": "asleep", "offload": "offloaded"}
+
+
+def _phases(m: PoolMemory) -> list[str]:
+    """The pool's memory phases: what runs, what gave its memory back, each phase's peak."""
+    if not m.turns:
+        if len(m.engines) < 2:
+            return []
+        return ["    engines resident together (they do not take turns on these GPUs): "
+                + " + ".join(m.engines)]
+    out = ["    engines take turns:"]
+    for ph in m.phases:
+        parts = [f"runs {', '.join(ph.active)}"]
+        if ph.released:
+            parts.append(", ".join(f"{k} {_RELEASED.get(how, how)}" for k, how in ph.released))
+        if ph.resident:
+            parts.append(f"{', '.join(ph.resident)} resident")
+        out.append(f"      {ph.name:<9} {_bytes(ph.peak_gb * 1e9):>9}: " + "; ".join(parts))
+    return out
 
 
 def _dist(d: dict) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from flowrl.diagnostics import Collector, Span, did_you_mean
 from flowrl.ir.graph import Config, Const, Ref, Symbol, Value
 from flowrl.catalog.ops import LOSSES, KwSpec
@@ -31,7 +33,7 @@ def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, 
             continue
         if kspec.required:
             errors.error("E210", f"{what} needs option `{key}` ({kspec.type})", span,
-                         f"add `{key} = ...`" + (f": {kspec.doc}" if kspec.doc else ""))
+                         f"add `{key} = {suggest(kspec)}`" + (f" ({kspec.doc})" if kspec.doc else ""))
             continue
         if kspec.default is not None:
             out[key] = _default_value(kspec, span)
@@ -56,8 +58,17 @@ def _py_kind(x) -> str:
 
 
 def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what: str, span) -> Value:
-    if isinstance(value, (Symbol, Ref)):
-        return value  # abstract parameter / unresolved (already reported)
+    if isinstance(value, Symbol):
+        return value  # a scalar parameter without a value (a library flow checked on its own)
+    if isinstance(value, Ref):
+        # In a flow, names are resolved before options are checked (an unknown one stops
+        # compilation first), so a name here is a bare word where a constant belongs, e.g.
+        # `gpu = H100` in a schedule.
+        errors.error("E207", f"option `{key}` of {what} must be {_article(kspec.type)} {_type_word(kspec.type)}, "
+                             f"got the name `{value.target}`", value.span,
+                     f"strings are in double quotes: `{key} = \"{value.target}\"`" if kspec.type == "str"
+                     else f"e.g. `{key} = {suggest(kspec)}`")
+        return value
     t = kspec.type
     if t == "any":
         return value
@@ -108,15 +119,59 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
     v = value.value
     if kspec.min is not None and v < kspec.min:
         errors.error("E208", f"option `{key}` of {what} must be >= {_num(kspec.min)}, got {show(v)}", span,
-                     kspec.doc or None)
+                     _range_hint(key, kspec))
     if kspec.max is not None and v > kspec.max:
         errors.error("E208", f"option `{key}` of {what} must be <= {_num(kspec.max)}, got {show(v)}", span,
-                     kspec.doc or None)
+                     _range_hint(key, kspec))
     if kspec.choices and v not in kspec.choices:
         errors.error("E209", f"option `{key}` of {what} must be one of {', '.join(map(show, kspec.choices))}, "
-                             f"got {show(v)}", span,
-                     did_you_mean(str(v), kspec.choices) or None)
+                             f"got {show(v)}", span, _choice_hint(key, str(v), kspec))
     return value
+
+
+def suggest(kspec: KwSpec) -> str:
+    """A value of the option that passes its checks, as written in a flow: the default,
+    else the first choice, else an example of its type moved into its range."""
+    if kspec.default is not None and _in_range(kspec.default, kspec):
+        return show(kspec.default)
+    if kspec.choices:
+        return show(kspec.choices[0])
+    if kspec.type in ("int", "float"):
+        x = 8 if kspec.type == "int" else 1.0
+        if kspec.max is not None and x > kspec.max:
+            x = kspec.max
+        if kspec.min is not None and x < kspec.min:
+            x = kspec.min
+        return _num(x) if kspec.type == "int" else repr(float(x))
+    return _example(kspec.type)
+
+
+def _in_range(v, kspec: KwSpec) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return not kspec.choices or v in kspec.choices
+    return (kspec.min is None or v >= kspec.min) and (kspec.max is None or v <= kspec.max)
+
+
+def _range_hint(key: str, kspec: KwSpec) -> str:
+    bounds = ([f">= {_num(kspec.min)}"] if kspec.min is not None else []) + \
+        ([f"<= {_num(kspec.max)}"] if kspec.max is not None else [])
+    what = f"{kspec.doc}: " if kspec.doc else ""
+    default = " (the default)" if kspec.default is not None and _in_range(kspec.default, kspec) else ""
+    return f"{what}write a value {' and '.join(bounds)}, e.g. `{key} = {suggest(kspec)}`{default}"
+
+
+def _choice_hint(key: str, given: str, kspec: KwSpec) -> str:
+    same_case = [c for c in kspec.choices if c.lower() == given.lower()]
+    if same_case:
+        return f"names are case-sensitive: write `{key} = {show(same_case[0])}`"
+    close = difflib.get_close_matches(given, list(kspec.choices), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{key} = {show(close[0])}`?"
+    return (f"{kspec.doc}; " if kspec.doc else "") + f"e.g. `{key} = {suggest(kspec)}`"
+
+
+def _type_word(t: str) -> str:
+    return {"str": "string", "config": "loss such as ppo_clip(0.2)"}.get(t, t)
 
 
 def _article(t: str) -> str:

@@ -10,7 +10,7 @@ synchronous (staleness 1), in-place resync, ``torch`` training and ``vllm`` roll
 >>> g = compile_text('''
 ... model m = tiny()
 ... dataset d = jsonl("d.jsonl")
-... flow main() { b = sample(d, size = 2)  r = generate(m, b) }''', "/tmp/x.flow")
+... flow main() { b = sample(d, size = 2)  r = generate(m, b)  return r }''', "/tmp/x.flow")
 >>> plan = lower(g, {})
 >>> plan.model("m").rollout_engine.kind, plan.staleness
 ('vllm', 1)
@@ -19,17 +19,17 @@ synchronous (staleness 1), in-place resync, ``torch`` training and ``vllm`` roll
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
-from flowrl.compiler.elide import elided_logprobs
-from flowrl.plan import DatasetPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
+from flowrl.plan import DatasetPlan, EnvPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
 from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
-from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Symbol, plain
-from flowrl.catalog.ops import RESOURCE_KINDS, OpKind
+from flowrl.hub import is_hub_id
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, plain
+from flowrl.catalog.engines import ENGINES
+from flowrl.catalog.ops import OPS, OPTIMIZER_OPTIONS, RESOURCE_KINDS, OpKind
 from flowrl.syntax import ast
 
-RUN_PARAMS = ("steps", "seed", "eval_every", "save_every")
+RUN_PARAMS = ("steps", "seed", "eval_every", "save_every", "log", "log_samples")
 """Entry-flow parameters the runtime reads as run settings (``--set steps=100`` overrides)."""
 
 
@@ -41,24 +41,49 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
         raise ValueError(f"lower() needs a graph that went through every pass (flow `{graph.name}` stopped "
                          "before estimate_cost); compile it without `until`")
     errors = Collector(graph.sources or SourceMap())
-    models = _models(graph, st, errors)
+    run = _run(graph, run_overrides or {})
+    models = _models(graph, st, errors, run)
     datasets, rewards = _resources(graph, errors)
-    elided = elided_logprobs(graph)  # passes the update makes redundant (flowrl.compiler.elide)
+    elided = graph.elided  # passes the update makes redundant (the elide_logprobs pass)
     ops = tuple(_op(n, elided) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided)
-    models = _without_unread_engines(models, ops, datasets, rewards)
     resyncs = tuple(st.resyncs[n.id] for n in graph.nodes() if n.kind == OpKind.RESYNC)
     errors.raise_if_any()
     return ExecutionPlan(
         flow=graph.name, source=graph.span.path, cluster=dict(st.spec.cluster), pools=st.pools,
         models=models, datasets=datasets, rewards=rewards, ops=ops, resyncs=resyncs,
-        staleness=st.staleness, run=_run(graph, run_overrides or {}),
-        regions={rid: {"count": plain(r.count), "until": r.until} for rid, r in graph.regions.items()},
-        pipeline=st.pipeline, estimate=st.estimate, search=st.search, auto=st.spec.auto)
+        staleness=st.staleness, run=run,
+        regions=_regions(graph),
+        pipeline=st.pipeline, estimate=st.estimate, search=st.search, auto=st.spec.auto, memory=st.memory,
+        scheduled=st.spec.written, envs=_envs(graph))
 
 
-def _models(graph: FlowGraph, st: SchedState, errors: Collector) -> tuple[ModelPlan, ...]:
-    optims = {n.model: {k: plain(n.attr(k)) for k in ("lr", "weight_decay", "beta1", "beta2", "grad_clip")}
-              for n in graph.nodes() if n.kind == OpKind.UPDATE}
+def _regions(graph: FlowGraph) -> dict:
+    """Each ``repeat`` loop: its turn count, ``until`` field, and the values its TURN edges carry."""
+    out = {rid: {"count": plain(r.count), "until": r.until, "carry": {}} for rid, r in graph.regions.items()}
+    for src, dst, e in graph.edges():
+        if e.kind == EdgeKind.TURN:
+            region = graph.node(dst).region or graph.node(src).region
+            if region in out:
+                out[region]["carry"].setdefault(dst, {})[e.arg] = src
+    return out
+
+
+def _envs(graph: FlowGraph) -> tuple[EnvPlan, ...]:
+    """The environment resources (``python_env(...)``) with their options and ``target``."""
+    out = []
+    for n in graph.nodes():
+        if n.kind == OpKind.ENV and n.op != "param":
+            opts = {k: plain(v) for k, v in n.attrs}
+            if n.args:
+                opts["target"] = plain(n.args[0])
+            out.append(EnvPlan(n.id, n.op, opts, str(n.span)))
+    return tuple(out)
+
+
+def _models(graph: FlowGraph, st: SchedState, errors: Collector, run: RunPlan) -> tuple[ModelPlan, ...]:
+    optims = {n.model: _optim(n, run) for n in graph.nodes() if n.kind == OpKind.UPDATE}
+    served = {n.args[0].target: n for n in graph.nodes()  # models a resource runs (reward_model(m))
+              if OPS.get(n.op) is not None and OPS[n.op].serves_model and n.args and isinstance(n.args[0], Ref)}
     out = []
     for n in graph.nodes():
         if n.kind != OpKind.MODEL:
@@ -70,21 +95,46 @@ def _models(graph: FlowGraph, st: SchedState, errors: Collector) -> tuple[ModelP
             continue
         base = n.args[0].target if n.args and isinstance(n.args[0], Ref) else None
         args = {k: plain(v) for k, v in n.attrs}
-        if n.op == "hf" and n.args and isinstance(n.args[0], Const):
+        if _path_arg(n) and isinstance(n.args[0], Const):
             args["path"] = _abspath(graph, n, str(n.args[0].value))
+            if is_hub_id(str(n.args[0].value)) and not os.path.isfile(os.path.join(args["path"], "config.json")):
+                args["hub_id"] = str(n.args[0].value)  # no local checkpoint: the hub cache's snapshot (flowrl.hub)
         facts = st.facts.get(n.id)
+        _check_served(n, served.get(n.id), st.engines.get(f"{n.id}.train"), errors)
         out.append(ModelPlan(n.id, n.op, args, n.role or "trainable", base, st.engines.get(f"{n.id}.train"),
                              st.engines.get(f"{n.id}.rollout"), optims.get(n.id, {}), str(n.span),
                              facts.to_dict() if facts is not None else {}))
     return tuple(out)
 
 
-def _without_unread_engines(models, ops, datasets, rewards) -> tuple[ModelPlan, ...]:
-    """Frozen models no op or reward reads any more (their only pass was elided) start no engine."""
-    read = {op.model for op in ops} | {v for op in ops for v in op.inputs.values()} \
-        | {str(r.options.get("target")) for r in rewards}
-    return tuple(m if m.role != "frozen" or m.id in read else replace(m, train_engine=None, rollout_engine=None)
-                 for m in models)
+def _check_served(model: Node, user: Node | None, engine, errors: Collector) -> None:
+    """A model a resource serves (``reward_model(m)``) needs a train engine whose adapter takes that role."""
+    if user is None or engine is None:
+        return
+    role = OPS[user.op].serves_model
+    spec = ENGINES[engine.kind]
+    runs = ENGINES[spec.multi_rank_as] if engine.world_size > 1 and spec.multi_rank_as else spec
+    if role not in runs.extra_roles:
+        able = sorted(k for k, e in ENGINES.items() if role in e.extra_roles)
+        errors.error("E512", f"`{user.op}({model.id})` runs `{model.id}` in the `{role}` role, which the `{runs.name}` "
+                             f"engine does not serve", user.span,
+                     f"schedule `{model.id}.train = {able[0]}()` (one rank)" if able else None)
+
+
+def _optim(update: Node, run: RunPlan) -> dict:
+    """The update's optimizer options; a learning-rate schedule of 0 steps spans the whole run
+    (steps x epochs x minibatches optimizer steps)."""
+    optim = {k: plain(update.attr(k)) for k in OPTIMIZER_OPTIONS}
+    if not optim.get("schedule_steps"):
+        optim["schedule_steps"] = run.steps * int(plain(update.attr("epochs", 1)) or 1) \
+            * int(plain(update.attr("minibatches", 1)) or 1)
+    return optim
+
+
+def _path_arg(n: Node) -> bool:
+    """The op's first argument is a file path (its record names it ``path``: ``hf``, ``jsonl``...)."""
+    spec = OPS.get(n.op)
+    return bool(n.args and spec is not None and spec.args and spec.args[0].name == "path")
 
 
 def _abspath(graph: FlowGraph, node: Node, path: str) -> str:
@@ -97,14 +147,16 @@ def _abspath(graph: FlowGraph, node: Node, path: str) -> str:
 def _resources(graph: FlowGraph, errors: Collector):
     datasets, rewards = [], []
     for n in graph.nodes():
-        if n.op == "param" and n.kind in (OpKind.DATASET, OpKind.REWARD_FN):
+        if n.op == "param" and n.kind in (OpKind.DATASET, OpKind.REWARD_FN, OpKind.ENV):
             errors.error("E501", f"`{n.id}` is a parameter without a value, so there is nothing to run", n.span,
-                         "run a flow that passes it a declared dataset / reward")
+                         "run a flow that passes it a declared dataset / reward / environment")
         elif n.kind == OpKind.DATASET:
             path = _abspath(graph, n, str(plain(n.args[0]))) if n.args else ""
             ev = str(plain(n.attr("eval")) or "")
             datasets.append(DatasetPlan(n.id, n.op, path, str(plain(n.attr("prompt"))), str(plain(n.attr("answer"))),
-                                        _abspath(graph, n, ev) if ev else "", str(n.span)))
+                                        _abspath(graph, n, ev) if ev else "", str(n.span),
+                                        chat=plain(n.attr("chat")) is True,
+                                        bad_rows=str(plain(n.attr("bad_rows")) or "error")))
         elif n.kind == OpKind.REWARD_FN:
             opts = {k: plain(v) for k, v in n.attrs}
             if n.args:
@@ -115,8 +167,6 @@ def _resources(graph: FlowGraph, errors: Collector):
 
 
 def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:
-    from flowrl.catalog.ops import OPS
-
     spec = OPS.get(n.op)
     inputs = {}
     options = {k: _opt(v) for k, v in n.attrs}
@@ -148,9 +198,9 @@ def _run(graph: FlowGraph, overrides: dict) -> RunPlan:
     values = {}
     for p in graph.params:
         if p.name in RUN_PARAMS and isinstance(p.default, ast.Literal):
-            values[p.name] = int(p.default.value)
-    values.update({k: int(v) for k, v in overrides.items() if k in RUN_PARAMS and v is not None})
-    return RunPlan(**values)
+            values[p.name] = p.default.value
+    values.update({k: v for k, v in overrides.items() if k in RUN_PARAMS and v is not None})
+    return RunPlan.from_settings(values)
 
 
 __all__ = ["lower", "RUN_PARAMS"]

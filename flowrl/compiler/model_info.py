@@ -8,6 +8,8 @@ facts come from, in this order:
   and the task's character set (vocab = 4 special tokens + one per character);
 * ``hf("dir")``: the ``config.json`` in that local directory (relative paths are relative
   to the flow file, as for datasets);
+* ``hf("org/name")`` that is not a local directory: the ``config.json`` of its snapshot in the
+  local Hugging Face cache (:mod:`flowrl.hub`, offline);
 * ``hf("Qwen/Qwen2.5-7B")``: a built-in table of public configs (:data:`PRESETS`), so a
   plan for a cluster can be made on a laptop that does not hold the checkpoint;
 * ``frozen(m)`` / ``critic(m)``: the facts of ``m`` (a critic's value head, ``hidden + 1``
@@ -15,7 +17,13 @@ facts come from, in this order:
 
 Anything else (a flow parameter without a value, an ``hf`` path with no ``config.json``
 that is not a preset) has no facts: the checks that need them are skipped, and
-``flowrl plan`` says so.
+``flowrl plan`` says so (``flowrl check`` refuses such an ``hf`` path: check_resources).
+Which of these a model constructor is comes from its catalogue record
+(:attr:`~flowrl.catalog.ops.OpSpec.facts_from`).
+
+:func:`prompt_counter` counts a prompt's tokens the way the model's tokenizer will, where
+that is cheap: a tiny model's character-level tokenizer, or a checkpoint's ``tokenizer.json``
+of at most :data:`TOKENIZER_MAX_BYTES` (with the ``tokenizers`` library, no torch).
 
 >>> from flowrl.catalog.models import PRESETS
 >>> PRESETS["qwen/qwen2.5-7b"].layers
@@ -25,10 +33,18 @@ that is not a preset) has no facts: the checks that need them are skipped, and
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Callable
 
-from flowrl.catalog.models import ConfigError, ModelFacts, from_config, preset, tiny_facts
+from flowrl.catalog.models import ConfigError, ModelFacts, from_config, preset, tiny_facts, tiny_prompt_tokens
+from flowrl.catalog.ops import OPS, OpKind
+from flowrl.hub import find_checkpoint
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
-from flowrl.catalog.ops import OpKind
+
+TOKENIZER_MAX_BYTES = 2 << 20
+"""Largest ``tokenizer.json`` :func:`prompt_counter` loads. Loading one builds its merge table:
+about 0.25 s for GPT-2's 50k-token vocabulary (1.4 MB) and most of a second for 150k-token
+ones (7-11 MB, Qwen2 / Llama 3), too slow for a check that answers in milliseconds."""
 
 
 def facts_of(graph: FlowGraph, model_id: str, _depth: int = 0) -> ModelFacts | None:
@@ -36,24 +52,65 @@ def facts_of(graph: FlowGraph, model_id: str, _depth: int = 0) -> ModelFacts | N
     node: Node = graph.node(model_id)
     if node.kind != OpKind.MODEL or _depth > 8:
         return None
-    if node.op in ("frozen", "critic"):
-        base = node.args[0] if node.args else None
-        return facts_of(graph, base.target, _depth + 1) if isinstance(base, Ref) and base.target in graph else None
+    source = _facts_from(node)
+    if source == "base":
+        base = _base(graph, node)
+        return facts_of(graph, base, _depth + 1) if base is not None else None
     attrs = {k: plain(v) for k, v in node.attrs}
-    if node.op == "tiny":
+    if source == "options":
         if not all(isinstance(v, (int, str)) for v in attrs.values()):
             return None  # an abstract option (a symbol): shape unknown
         return tiny_facts(attrs)
-    if node.op == "hf" and node.args and isinstance(node.args[0], Const):
+    if source == "checkpoint" and node.args and isinstance(node.args[0], Const):
         return _hf_facts(node, str(node.args[0].value))
     return None
 
 
+def _facts_from(node: Node) -> str | None:
+    spec = OPS.get(node.op)
+    return spec.facts_from if spec is not None and spec.kind == OpKind.MODEL else None
+
+
+def _base(graph: FlowGraph, node: Node) -> str | None:
+    base = node.args[0] if node.args else None
+    return base.target if isinstance(base, Ref) and base.target in graph else None
+
+
+def local_path(node: Node, path: str) -> str:
+    """A path written in ``node``'s flow file, resolved against that file's folder (as lowering does)."""
+    if os.path.isabs(path) or node.span.path.startswith("<"):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(node.span.path)), path)
+
+
+def shown_path(node: Node, path: str) -> str:
+    """:func:`local_path` as the user sees it: relative to the current directory when the flow
+    file was named relative to it (diagnostics quote paths so, and golden outputs stay the same
+    on every machine)."""
+    if os.path.isabs(path) or node.span.path.startswith("<"):
+        return os.path.normpath(path)
+    return os.path.normpath(os.path.join(os.path.dirname(node.span.path), path))
+
+
+def checkpoint_dir(graph: FlowGraph, model_id: str, _depth: int = 0) -> Path | None:
+    """The local checkpoint directory (holding a ``config.json``) a model is loaded from, if any."""
+    node = graph.node(model_id)
+    if node.kind != OpKind.MODEL or _depth > 8:
+        return None
+    source = _facts_from(node)
+    if source == "base":
+        base = _base(graph, node)
+        return checkpoint_dir(graph, base, _depth + 1) if base is not None else None
+    if source == "checkpoint" and node.args and isinstance(node.args[0], Const):
+        written = str(node.args[0].value)
+        return find_checkpoint(written, shown_path(node, written))
+    return None
+
+
 def _hf_facts(node: Node, path: str) -> ModelFacts | None:
-    local = path if os.path.isabs(path) or node.span.path.startswith("<") else \
-        os.path.join(os.path.dirname(os.path.abspath(node.span.path)), path)
+    local = find_checkpoint(path, local_path(node, path))  # a local directory, else the hub cache's snapshot
     facts = None
-    if os.path.isfile(os.path.join(local, "config.json")):
+    if local is not None:
         try:
             facts = from_config(local)
         except ConfigError:
@@ -68,4 +125,40 @@ def model_facts(graph: FlowGraph) -> dict[str, ModelFacts | None]:
     return {n.id: facts_of(graph, n.id) for n in graph.nodes() if n.kind == OpKind.MODEL}
 
 
-__all__ = ["facts_of", "model_facts"]
+def prompt_counter(graph: FlowGraph, model_id: str, _depth: int = 0) -> Callable[[str], int] | None:
+    """``count(text) -> tokens`` of a prompt as the model's tokenizer encodes it (special tokens
+    included), or None where that is not known cheaply (see :data:`TOKENIZER_MAX_BYTES`)."""
+    node = graph.node(model_id)
+    if node.kind != OpKind.MODEL or _depth > 8:
+        return None
+    source = _facts_from(node)
+    if source == "base":
+        base = _base(graph, node)
+        return prompt_counter(graph, base, _depth + 1) if base is not None else None
+    if source == "options":
+        return tiny_prompt_tokens
+    folder = checkpoint_dir(graph, model_id)
+    tokenizer = folder / "tokenizer.json" if folder is not None else None
+    if tokenizer is None or not tokenizer.is_file() or tokenizer.stat().st_size > TOKENIZER_MAX_BYTES:
+        return None
+    return _tokenizer_counter(str(tokenizer), tokenizer.stat().st_mtime_ns)
+
+
+_COUNTERS: dict[tuple[str, int], Callable[[str], int] | None] = {}
+
+
+def _tokenizer_counter(path: str, mtime: int) -> Callable[[str], int] | None:
+    """A counter over ``tokenizer.json``, loaded once per file version (a check compiles every flow of a file)."""
+    key = (path, mtime)
+    if key not in _COUNTERS:
+        try:
+            from tokenizers import Tokenizer  # Rust, no torch: what transformers' fast tokenizers wrap
+
+            tok = Tokenizer.from_file(path)
+            _COUNTERS[key] = lambda text: len(tok.encode(text).ids)
+        except Exception:  # noqa: BLE001 - not installed, or a file it cannot read: no estimate
+            _COUNTERS[key] = None
+    return _COUNTERS[key]
+
+
+__all__ = ["facts_of", "model_facts", "checkpoint_dir", "local_path", "shown_path", "prompt_counter", "TOKENIZER_MAX_BYTES"]

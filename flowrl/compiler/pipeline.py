@@ -15,9 +15,18 @@ from typing import Callable
 
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.passes.assign_placement import assign_placement
+from flowrl.compiler.passes.check_chat_templates import check_chat_templates
 from flowrl.compiler.passes.check_edge_types import check_edge_types
+from flowrl.compiler.passes.check_model_fit import check_model_fit
+from flowrl.compiler.passes.check_platform import check_platform
+from flowrl.compiler.passes.check_resources import check_resources
 from flowrl.compiler.passes.check_roles import check_roles
+from flowrl.compiler.passes.check_run_settings import check_run_settings
 from flowrl.compiler.passes.check_schedule import check_schedule
+from flowrl.compiler.passes.check_schedule_once import check_schedule_once
+from flowrl.compiler.passes.choose_schedule import choose_schedule
+from flowrl.compiler.passes.elide_logprobs import elide_logprobs
+from flowrl.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from flowrl.compiler.passes.estimate_cost import estimate_cost
 from flowrl.compiler.passes.insert_resyncs import insert_resyncs
 from flowrl.compiler.passes.plan_layouts import plan_layouts
@@ -35,15 +44,24 @@ Pass = Callable[[FlowGraph, CompileContext], FlowGraph]
 
 PASSES: tuple[Pass, ...] = (
     resolve_names,
+    check_run_settings,
     check_edge_types,
     check_roles,
+    eliminate_dead_code,
     insert_resyncs,
+    elide_logprobs,
+    check_schedule_once,
     check_schedule,
+    check_platform,
+    choose_schedule,
     assign_placement,
     plan_layouts,
     resolve_staleness,
     select_sync_protocol,
     estimate_cost,
+    check_chat_templates,
+    check_resources,
+    check_model_fit,
 )
 PASS_NAMES = tuple(p.__name__ for p in PASSES)
 
@@ -65,7 +83,11 @@ def run_passes(raw: FlowGraph, ctx: CompileContext, until: str | None = None,
         return Compiled(graph, dumps)
     done: list[str] = []
     for p in PASSES:
-        graph = p(graph, ctx)
+        try:
+            graph = p(graph, ctx)
+        except FlowError as e:  # report the warnings of the passes before with the errors
+            raise FlowError(list(e.diagnostics) + [w for w in graph.warnings if w not in e.diagnostics],
+                            e.sources) from None
         done.append(p.__name__)
         if lint_each:
             problems = lint(graph)
@@ -220,9 +242,10 @@ def check_file(path: str | Path, unit: Unit | None = None) -> dict[str, FlowGrap
             if isinstance(item, ast.FlowDef):
                 try:
                     graphs[item.name] = compile_module(module, unit, item.name).graph
+                    diagnostics.update(dict.fromkeys(graphs[item.name].warnings))
                 except FlowError as e:
                     diagnostics.update(dict.fromkeys(e.diagnostics))
-        if diagnostics:
+        if any(d.is_error for d in diagnostics):
             raise FlowError(diagnostics, unit.sources)
         return graphs
 

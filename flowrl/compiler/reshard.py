@@ -1,19 +1,21 @@
 """Resharding plans: how a model's weights move from a train layout to a rollout layout.
 
-Each engine holds a tensor family in its own way:
+Each engine holds a tensor family as its record's weight layout says
+(:attr:`~flowrl.catalog.engines.EngineSpec.weights`, a
+:class:`~flowrl.catalog.engines.WeightLayout`):
 
 =============  ===========================================================================
-engine         attention q/k/v, MLP gate/up (fused?), sharded by tensor parallelism (tp)
+layout         attention q/k/v, MLP gate/up (fused?), sharded by tensor parallelism (tp)
 =============  ===========================================================================
-megatron       ``linear_qkv`` fused and *interleaved per KV-head group* (``[q_g; k_g; v_g]`` for
-               each group g), groups split across tp ranks; ``linear_fc1`` = ``[gate; up]``
+``megatron``   ``linear_qkv`` fused and *interleaved per KV-head group* (``[q_g; k_g; v_g]`` for
+(megatron)     each group g), groups split across tp ranks; ``linear_fc1`` = ``[gate; up]``
                per rank; row-parallel ``linear_proj`` / ``linear_fc2`` split on dim 1;
                vocab-parallel embedding and output layer; pipeline stages own layer ranges
-vllm, sglang   ``qkv_proj`` fused per rank as ``[q heads of rank; k; v]`` (KV heads replicated
-               when tp exceeds them); ``gate_up_proj`` = ``[gate; up]`` per rank; the rest as
+``vllm``       ``qkv_proj`` fused per rank as ``[q heads of rank; k; v]`` (KV heads replicated
+(vllm, sglang) when tp exceeds them); ``gate_up_proj`` = ``[gate; up]`` per rank; the rest as
                Megatron
-fsdp, torch,   the checkpoint's own tensors (``q_proj``, ``k_proj``...), unsharded (FSDP's flat
-hf_generate    shards are gathered into full tensors first)
+``hf`` (fsdp,  the checkpoint's own tensors (``q_proj``, ``k_proj``...), unsharded (FSDP's flat
+torch, ...)    shards are gathered into full tensors first)
 =============  ===========================================================================
 
 Each layout maps its local rows to rows of the checkpoint (HF) tensors: a list of
@@ -35,11 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from flowrl.catalog.engines import ENGINES, WeightLayout
 from flowrl.catalog.models import ModelFacts
 from flowrl.plan import ReshardPiece, ReshardPlan, ReshardTensor
-
-FUSED_ENGINES = {"megatron", "vllm", "sglang"}
-"""Engines that fuse q/k/v and gate/up and shard by tensor parallelism."""
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,11 @@ class _Seg:
 # Checkpoint (HF) names, per layer.
 Q, K, V = "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"
 O, GATE, UP, DOWN = "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"
-ENGINE_NAMES = {
-    "megatron": {"qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
-                 "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",
-                 "embed": "embedding.word_embeddings", "lm_head": "output_layer"},
-    "vllm": {"qkv": "model.layers.{i}.self_attn.qkv_proj", "o": "model.layers.{i}.self_attn.o_proj",
-             "gate_up": "model.layers.{i}.mlp.gate_up_proj", "down": "model.layers.{i}.mlp.down_proj",
-             "embed": "model.embed_tokens", "lm_head": "lm_head"},
-}
-ENGINE_NAMES["sglang"] = ENGINE_NAMES["vllm"]
+
+
+def layout_of(engine: str) -> WeightLayout:
+    """The weight layout of an engine (its record's)."""
+    return ENGINES[engine].weight_layout
 
 
 def _hf(part: str) -> str:
@@ -76,11 +72,12 @@ def _hf(part: str) -> str:
 def _qkv_segments(f: ModelFacts, engine: str, tp: int, suffix: str) -> list[_Seg]:
     hd, heads, kv = f.hd, f.heads, f.kv_heads
     q, k, v = _hf(Q) + suffix, _hf(K) + suffix, _hf(V) + suffix
-    if engine not in FUSED_ENGINES:
+    layout = layout_of(engine)
+    if not layout.fused:
         return [_Seg(q, 0, 0, heads * hd, q, 0), _Seg(k, 0, 0, kv * hd, k, 0), _Seg(v, 0, 0, kv * hd, v, 0)]
-    name = ENGINE_NAMES[engine]["qkv"] + suffix
+    name = layout.names["qkv"] + suffix
     out = []
-    if engine == "megatron":  # per rank: its KV groups, each [q heads of the group; k; v]
+    if layout.qkv_grouped:  # per rank: its KV groups, each [q heads of the group; k; v]
         per_group = heads // kv
         groups = kv // tp
         for r in range(tp):
@@ -103,9 +100,10 @@ def _qkv_segments(f: ModelFacts, engine: str, tp: int, suffix: str) -> list[_Seg
 
 def _split_segments(f_rows: int, engine: str, tp: int, key: str, parts: list[str]) -> list[_Seg]:
     """Column/row-parallel tensors: each of ``parts`` split evenly over tp ranks, concatenated per rank."""
-    if engine not in FUSED_ENGINES:
+    layout = layout_of(engine)
+    if not layout.fused:
         return [_Seg(p, 0, 0, f_rows, p, 0) for p in parts]
-    name = ENGINE_NAMES[engine][key] + (".weight" if not parts[0].endswith(".bias") else ".bias")
+    name = layout.names[key] + (".weight" if not parts[0].endswith(".bias") else ".bias")
     per = -(-f_rows // tp)  # a vocabulary that does not divide by tp is padded: the last rank holds fewer rows
     out = []
     for r in range(tp):
@@ -161,9 +159,9 @@ def _join(src: list[_Seg], dst: list[_Seg]) -> list[tuple[str, ReshardPiece]]:
 
 def _action(src_engine: str, dst_engine: str, key: str, src_tp: int, dst_tp: int) -> str:
     fused = key in ("qkv", "qkv_bias", "gate_up")
-    same_layout = (src_engine in FUSED_ENGINES) == (dst_engine in FUSED_ENGINES) and \
-        not (key.startswith("qkv") and "megatron" in (src_engine, dst_engine) and src_engine != dst_engine)
-    if fused and (not same_layout or (src_tp != dst_tp and src_engine in FUSED_ENGINES)):
+    src, dst = layout_of(src_engine), layout_of(dst_engine)
+    same_layout = src.fused == dst.fused and not (key.startswith("qkv") and src.qkv_grouped != dst.qkv_grouped)
+    if fused and (not same_layout or (src_tp != dst_tp and src.fused)):
         return "regroup"
     if src_tp == dst_tp:
         return "copy"
@@ -174,11 +172,11 @@ def _action(src_engine: str, dst_engine: str, key: str, src_tp: int, dst_tp: int
 def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_engine: str, dst_tp: int) -> ReshardPlan:
     """The plan moving ``f``'s weights from ``src_engine(tp=src_tp, pp=src_pp)`` to ``dst_engine(tp=dst_tp)``.
 
-    Engines without tensor parallelism (fsdp, torch, hf_generate) count as tp = 1 with the
+    Engines whose weight layout is unfused (fsdp, torch, hf_generate) count as tp = 1 with the
     checkpoint's unfused tensors.
     """
-    s_tp = src_tp if src_engine in FUSED_ENGINES else 1
-    d_tp = dst_tp if dst_engine in FUSED_ENGINES else 1
+    s_tp = src_tp if layout_of(src_engine).fused else 1
+    d_tp = dst_tp if layout_of(dst_engine).fused else 1
     tensors = []
     for key, dim, _rows, parts, count, _per_layer in families(f):
         dst = segments(f, dst_engine, d_tp, key)
@@ -200,23 +198,24 @@ def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_e
 
 def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tuple[int, ...]:
     hd = f.hd
+    layout = layout_of(engine)
+    # a grouped qkv never replicates KV heads; a per-rank one does when tp exceeds them
+    kv_rows = f.kv_heads * hd if layout.qkv_grouped or tp <= f.kv_heads else tp * hd
     if key == "qkv":
-        if engine in FUSED_ENGINES:
-            kv_rows = f.kv_heads * hd if engine == "megatron" or tp <= f.kv_heads else tp * hd
+        if layout.fused:
             return ((f.heads * hd + 2 * kv_rows), f.hidden)
         return ((f.heads if ".q_proj" in name else f.kv_heads) * hd, f.hidden)
     if key == "qkv_bias":
-        if engine in FUSED_ENGINES:
-            kv_rows = f.kv_heads * hd if engine == "megatron" or tp <= f.kv_heads else tp * hd
+        if layout.fused:
             return (f.heads * hd + 2 * kv_rows,)
         return ((f.heads if ".q_proj" in name else f.kv_heads) * hd,)
     if key == "o":
         return (f.hidden, f.heads * hd)
     if key == "gate_up":
-        return ((2 if engine in FUSED_ENGINES else 1) * f.intermediate, f.hidden)
+        return ((2 if layout.fused else 1) * f.intermediate, f.hidden)
     if key == "down":
         return (f.hidden, f.intermediate)
     return (f.vocab, f.hidden)
 
 
-__all__ = ["reshard_plan", "segments", "families", "ENGINE_NAMES", "FUSED_ENGINES"]
+__all__ = ["reshard_plan", "segments", "families", "layout_of"]

@@ -8,8 +8,9 @@ a flow has none (:func:`default_spec`), or from ``schedule auto``'s search
 thing however the schedule was made.
 
 :class:`SchedState` is what the passes decide, written into ``FlowGraph.sched`` one pass
-at a time (``dataclasses.replace``): pools and engine placements (assign_placement),
-layouts and memory (plan_layouts), staleness and the modulo schedule (resolve_staleness),
+at a time (``dataclasses.replace``): the schedule, model facts and hardware profile
+(choose_schedule), pools and engine placements (assign_placement), layouts, memory and
+memory phases (plan_layouts), staleness and the modulo schedule (resolve_staleness),
 protocols, buckets and resharding (select_sync_protocol), estimates (estimate_cost).
 ``lower`` copies it into the :class:`~flowrl.plan.ExecutionPlan`.
 """
@@ -18,18 +19,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flowrl.catalog.engines import AXES, ENGINES
 from flowrl.catalog.models import ModelFacts
-from flowrl.plan import CostPlan, EnginePlan, PipelinePlan, PoolPlan, SearchReport
+from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.cost.profiles import Profile
 from flowrl.diagnostics import Span
-from flowrl.ir.graph import FlowGraph
-from flowrl.catalog.ops import OpKind
-from flowrl.catalog.protocols import PROTOCOLS
+from flowrl.ir.graph import FlowGraph, Ref
+from flowrl.plan import CostPlan, EnginePlan, PipelinePlan, PoolMemory, PoolPlan, SearchReport
 from flowrl.syntax import ast
 
-DEFAULT_ENGINE = {"train": "torch", "rollout": "vllm"}
-"""Engines of targets the schedule does not give a layout (the default schedule's)."""
-PAR_KEYS = ("tp", "pp", "dp", "cp")
+PAR_KEYS = AXES
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,8 @@ class SchedState:
     pools: tuple[PoolPlan, ...] = ()
     engines: dict = field(default_factory=dict)
     """Engine key -> EnginePlan (placement; layout and memory after plan_layouts)."""
+    memory: tuple[PoolMemory, ...] = ()
+    """The memory phases of each pool, as the runtime runs them (plan_layouts)."""
     staleness: int = 1
     pipeline: PipelinePlan | None = None
     resyncs: dict = field(default_factory=dict)
@@ -134,11 +136,15 @@ class SchedState:
 
 
 def engines_needed(graph: FlowGraph) -> tuple[str, ...]:
-    """Engine keys ``MODEL.ROLE`` the flow's ops use, in model order (train before rollout)."""
+    """Engine keys ``MODEL.ROLE`` the flow's ops use, in model order (train before rollout); ops
+    the compiler elided (``graph.elided``) do not run, so they need no engine."""
     roles: dict[str, set[str]] = {}
     for n in graph.nodes():
-        if n.model and n.kind != OpKind.MODEL:
+        if n.model and n.kind != OpKind.MODEL and n.id not in graph.elided:
             roles.setdefault(n.model, set()).add("rollout" if n.kind == OpKind.GENERATE else "train")
+        spec = OPS.get(n.op)
+        if spec is not None and spec.serves_model and n.args and isinstance(n.args[0], Ref):
+            roles.setdefault(n.args[0].target, set()).add("train")  # e.g. reward_model(m): m's scorer
     out = []
     for n in graph.nodes():
         if n.kind == OpKind.MODEL:
@@ -234,12 +240,13 @@ def spec_from_ast(graph: FlowGraph) -> ScheduleSpec:
 
 
 def engine_label(e: EnginePlan) -> str:
-    """``megatron(tp=2, pp=1, dp=4)`` / ``vllm(tp=1, dp=8)`` / ``fsdp(dp=8)``: the layout as written."""
-    keys = {"megatron": PAR_KEYS, "vllm": ("tp", "dp"), "sglang": ("tp", "dp")}.get(e.kind, ("dp",))
-    parts = [f"{k}={getattr(e, k)}" for k in keys if k != "cp" or e.cp != 1]
+    """``megatron(tp=2, pp=1, dp=4)`` / ``vllm(tp=1, dp=8)`` / ``fsdp(dp=8)``: the layout with the
+    engine's parallel axes (its record's), context parallelism only when used."""
+    axes = ENGINES[e.kind].axes
+    parts = [f"{k}={getattr(e, k)}" for k in PAR_KEYS if k in axes and (k != "cp" or e.cp != 1)]
     return f"{e.kind}({', '.join(parts)})"
 
 
 __all__ = ["ScheduleSpec", "PoolSpec", "PlaceSpec", "LayoutSpec", "ResyncSpec", "PartialSpec", "SchedState",
            "engines_needed", "spec_from_ast", "default_spec", "literal_options", "match_model", "target_key",
-           "model_of", "role_of", "engine_label", "DEFAULT_ENGINE", "ModelFacts"]
+           "model_of", "role_of", "engine_label", "ModelFacts"]

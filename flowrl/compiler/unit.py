@@ -95,18 +95,29 @@ class Unit:
             for item in module.items:
                 if isinstance(item, ast.Import):
                     self._import(module, item, vis, errors)
+            imported = dict(vis.flows)
             for item in module.items:
                 if isinstance(item, ast.FlowDef):
                     if item.name in vis.flows and vis.flows[item.name][0] is module:
                         first = vis.flows[item.name][1]
                         errors.error("E112", f"flow `{item.name}` is defined twice", item.name_span,
                                      "rename one of them", notes=(("first defined", first.name_span),))
+                    elif item.name in imported:  # a local flow would silently hide the imported one
+                        errors.error("E112", f"flow `{item.name}` is defined here and imported from "
+                                             f"{imported[item.name][0].path}", item.name_span,
+                                     "rename it, or import the file under an alias (`import ... as lib`: "
+                                     f"`lib.{item.name}`)",
+                                     notes=(("the imported flow is defined", imported[item.name][1].name_span),))
                     vis.flows[item.name] = (module, item)
                 elif isinstance(item, ast.Decl):
                     if item.name in vis.decls:
                         errors.error("E113", f"`{item.name}` is declared twice", item.name_span,
                                      "rename one of them", notes=(("first declared", vis.decls[item.name].name_span),))
                     vis.decls[item.name] = item
+            for name in sorted(set(vis.decls) & set(vis.flows)):  # a call would mean the flow, a name the declaration
+                flow_module, flow = vis.flows[name]
+                errors.error("E113", f"`{name}` is declared here and is also a flow", vis.decls[name].name_span,
+                             "rename one of them", notes=(("the flow is defined", flow.name_span),))
         finally:
             self._loading.pop()
         errors.raise_if_any()
@@ -146,4 +157,8 @@ class Unit:
             if mod is not sub:
                 continue  # imports are not re-exported
             key = f"{imp.alias}.{name}" if imp.alias else name
+            if key in vis.flows and vis.flows[key][0] is not mod:  # the later import would silently win
+                errors.error("E112", f"flow `{key}` is imported from both {vis.flows[key][0].path} and {mod.path}",
+                             imp.span, f"import one of the files under an alias (`import ... as lib`: `lib.{name}`)",
+                             notes=(("the other is defined", vis.flows[key][1].name_span),))
             vis.flows[key] = (mod, flow)

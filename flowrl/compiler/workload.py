@@ -12,7 +12,7 @@ options (``sample(size)``, ``generate(n, max_tokens)``, ``update(micro_batch, ep
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
-... flow f(m: model, d: dataset) { b = sample(d, size = 4)  r = generate(m, b, n = 8, max_tokens = 32) }
+... flow f(m: model, d: dataset) { b = sample(d, size = 4)  r = generate(m, b, n = 8, max_tokens = 32)  return r }
 ... ''', "doc.flow")
 >>> w = workload(g)
 >>> (w.gens[0].prompts, w.gens[0].samples, w.gens[0].max_tokens)
@@ -21,12 +21,15 @@ options (``sample(size)``, ``generate(n, max_tokens)``, ``update(micro_batch, ep
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+
+import networkx as nx
 
 from flowrl.catalog.models import ModelFacts
 from flowrl.cost.sim import LengthDist
 from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OPS, PRODUCER_KINDS, OpKind
 
 LENGTH_MEDIAN_FRACTION = 0.25
 LENGTH_SIGMA = 1.0
@@ -42,10 +45,19 @@ class GenWork:
     max_tokens: int
     turns: int = 1
     """``repeat`` count of the loop the generate is in (1 outside loops)."""
+    draws: float = 1.0
+    """Expected draws per step: above 1 when an op after it draws again until it keeps enough
+    groups (:attr:`~flowrl.catalog.ops.OpSpec.redraw`: DAPO's dynamic sampling)."""
 
     @property
     def samples(self) -> int:
+        """Completions of one draw: the batch the step trains on."""
         return self.prompts * self.n
+
+    @property
+    def generated(self) -> int:
+        """Completions generated per step, every expected draw counted."""
+        return math.ceil(self.samples * self.draws)
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,31 @@ def workload(graph: FlowGraph) -> Workload:
         elif n.kind == OpKind.UPDATE and n.model:
             micro[n.model] = _int(n, "micro_batch", 8)
             epochs[n.model] = _int(n, "epochs", 1)
+    draws = _expected_draws(graph, samples)
+    for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
+        samples[op_id] = math.ceil(samples[op_id] * d)
+    gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
     return Workload(tuple(gens), samples, micro, epochs, max_tok)
+
+
+def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:
+    """Op id -> expected runs per step of the producer ops an op with a ``redraw`` record re-runs."""
+    out: dict[str, float] = {}
+    dag = graph.step_dag()
+    for n in graph.nodes():
+        spec = OPS.get(n.op)
+        if spec is None or spec.redraw is None:
+            continue
+        r = spec.redraw
+        rows = next((samples[u] for u, e in graph.in_edges(n.id) if e.kind == EdgeKind.DATA and u in samples), 0)
+        groups = max(rows // max(_int(n, spec.group_option, 1), 1), 1)
+        keep = n.attr(r.keep)
+        keep = float(keep.value) if isinstance(keep, Const) else float(spec.kwargs[r.keep].default)
+        d = r.expected_draws(_int(n, r.size, 0), groups, _int(n, r.max_draws, 1), keep)
+        for u in nx.ancestors(dag, n.id):
+            if graph.node(u).kind in PRODUCER_KINDS:
+                out[u] = max(out.get(u, 1.0), d)
+    return out
 
 
 def _input(graph: FlowGraph, n: Node, arg: str) -> str | None:
@@ -128,6 +164,9 @@ def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
     if n.kind == OpKind.GENERATE:
         src = _input(graph, n, "prompts")
         return samples.get(src, 64) * _int(n, "n", 1) if src else 64
+    spec = OPS.get(n.op)
+    if spec is not None and spec.redraw is not None and _int(n, spec.redraw.size, 0):
+        return _int(n, spec.redraw.size, 0) * _int(n, spec.group_option, 1)  # the groups it keeps
     for u, e in graph.in_edges(n.id):  # rows follow the first data input
         if e.kind == EdgeKind.DATA and e.distance == 0 and u in samples:
             return samples[u]

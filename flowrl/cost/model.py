@@ -14,18 +14,22 @@ Time
     data-parallel gradient all-reduce (ring: ``2 (dp-1)/dp`` of the gradient shard).
   * **logprobs / values**: ``2 P tokens`` FLOPs at ``mfu_forward``.
   * **resync**: bytes over the link the placement implies (same GPU: HBM copy; same node:
-    NVLink; across nodes: InfiniBand; checkpoint: the shared disk twice), plus a fixed
-    latency per bucket, plus the trainer-side gather of tensor/pipeline shards.
+    NVLink; across nodes: InfiniBand), the shared disk twice for protocols that go through
+    one, a fraction of the bytes for protocols sending what changed (the protocol's record
+    says which: ``ProtocolSpec.cost``), plus a fixed latency per bucket, plus the
+    trainer-side gather of tensor/pipeline shards.
 
-Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam states)
-  * train engines: weights + gradients + optimizer states, sharded by the layout
-    (Megatron: weights and gradients by ``tp pp``, optimizer states also by ``dp``, the
-    distributed optimizer; FSDP: everything by ``dp``; ``offload`` moves gradients and
-    optimizer states to the host; plain torch: replicated), + activations of one
-    micro-batch (Megatron: selective recompute, ``34 s b h`` bytes per layer;
-    FSDP/torch: full activation checkpointing) + fp32 logits of one micro-batch;
+Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam states), by
+the engine's memory model (:class:`~flowrl.catalog.engines.MemoryModel`, its record's ``memory``)
+  * train engines: weights + gradients + optimizer states, sharded by the layout's axes the
+    model names (Megatron: weights and gradients by ``tp pp``, optimizer states also by
+    ``dp``, the distributed optimizer; FSDP: everything by ``dp``, its ``offload`` option
+    moving gradients and optimizer states to the host; plain torch: replicated), +
+    activations of one micro-batch (Megatron: selective recompute, ``34 s b h`` bytes per
+    layer; FSDP/torch: full activation checkpointing) + fp32 logits of one micro-batch;
   * rollout engines: vLLM/SGLang reserve a fraction of the GPU; within it, the weight
-    shard, a workspace, and the KV cache (what is left), which bounds concurrency.
+    shard, a workspace, and the KV cache (what is left), which bounds concurrency;
+    ``hf_generate`` allocates the KV cache of its batch.
 
 >>> from flowrl.catalog.models import PRESETS
 >>> from flowrl.cost.profiles import get_profile
@@ -38,21 +42,23 @@ from __future__ import annotations
 
 import math
 
+from flowrl.catalog.engines import ENGINES, MemoryModel
 from flowrl.catalog.models import ModelFacts
-from flowrl.plan import Memory
+from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.cost.profiles import Profile
+from flowrl.plan import Memory
 
 GB = 1e9
 ROLLOUT_WORKSPACE_GB = {"gpu": 1.5, "cpu": 0.05}
 """Activation workspace of a rollout engine (vLLM profiles ~1-2 GB on GPUs)."""
-REWARD_S_PER_SAMPLE = {"verifier": 2e-3, "python_reward": 1e-3}
-"""CPU seconds per scored sample (math-verify parses both answers; a Python reward is a call)."""
+REWARD_S_PER_SAMPLE = 1e-3
+"""CPU seconds per scored sample of a reward function whose record gives none."""
 ENV_S_PER_CALL = 5e-3
 """CPU seconds per environment step of one conversation."""
 DRIVER_S_PER_SAMPLE = 2e-6
 """Driver-side math (advantages) per sample."""
 DELTA_FRACTION = 0.5
-"""Bytes a delta resync sends, as a fraction of the full weights: RL updates leave most bf16
+"""Bytes a resync sending what changed (``ProtocolSpec.cost == "changed"``) sends, as a fraction of the full weights: RL updates leave most bf16
 weights unchanged from one step to the next (70-95% in published measurements); indices
 plus values of the changed ones come to about half of a dense copy."""
 ACT_BYTES_PER_LAYER = 34
@@ -63,37 +69,39 @@ al. 2022, selective recompute with sequence parallelism)."""
 # ---- memory -------------------------------------------------------------------------------------
 
 
+def _shards(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
+    return math.prod(sizes[a] for a in axes)
+
+
 def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                  trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
                  n_micro: int | None = None) -> Memory:
-    """Memory per GPU of a train engine (``kind`` megatron / fsdp / torch).
+    """Memory per GPU of a train engine ``kind`` (an engine name; its record's memory model).
 
     ``micro_batch`` is sequences per micro-batch, ``seq_len`` tokens per sequence (prompt +
-    response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count).
+    response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count),
+    ``offload`` the engine's option keeping gradients and optimizer states in host memory.
     A frozen model (``trainable=False``) holds weights and one layer of activations only.
     """
+    mm: MemoryModel = ENGINES[kind].memory_model
     P, wb = f.params, hw.weight_bytes
     master = 4 if wb < 4 else 0  # fp32 master weights exist only under mixed precision
-    if kind == "megatron":
-        w_shard, g_shard, o_shard = tp * pp, tp * pp, tp * pp * dp
-    elif kind == "fsdp":
-        w_shard = g_shard = o_shard = dp
-    else:  # torch: every rank holds everything
-        w_shard = g_shard = o_shard = 1
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    w_shard, o_shard = _shards(mm.weights_by, sizes), _shards(mm.optimizer_by, sizes)
     weights = P * wb / w_shard
-    if kind == "fsdp" and dp > 1:
-        weights += 2 * f.layer_params * wb  # two layers gathered at a time (prefetch)
+    if mm.gathered_layers and w_shard > 1:
+        weights += mm.gathered_layers * f.layer_params * wb  # layers gathered whole at a time (prefetch)
     grads = optim = 0.0
     if trainable:
-        grads = P * 4 / g_shard
+        grads = P * 4 / w_shard
         optim = P * (8 + master) / o_shard
-        if kind == "fsdp" and offload:
+        if mm.offload_option and offload:
             grads = optim = 0.0
     s, b, h = seq_len, micro_batch, f.hidden
     per_layer = ACT_BYTES_PER_LAYER * s * b * h * (wb / 2)
     if not trainable:
         act = per_layer / (tp * cp)
-    elif kind == "megatron":
+    elif mm.activations == "selective":
         in_flight = min(pp, n_micro or pp)
         act = per_layer * (f.layers / pp) * in_flight / (tp * cp)
     else:  # full activation checkpointing: each layer's input, plus one layer recomputed
@@ -104,20 +112,23 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
 
 def rollout_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, options: dict | None = None,
                    seq_len: int = 1024, batch: int = 1) -> Memory:
-    """Memory per GPU of a rollout engine: its reservation, weight shard, workspace, KV cache.
+    """Memory per GPU of a rollout engine ``kind``: its reservation, weight shard, workspace, KV cache.
 
-    vLLM reserves ``gpu_memory_utilization`` x memory (SGLang ``mem_fraction``); the KV cache
-    is what is left after weights and workspace. ``hf_generate`` reserves nothing and needs
-    the KV of its whole ``batch`` at ``seq_len`` tokens.
+    An engine that reserves memory (vLLM: ``gpu_memory_utilization`` x memory, SGLang:
+    ``mem_fraction``; its record's ``memory_option``) holds as KV cache what weights and
+    workspace leave; one allocating on demand (``hf_generate``) needs the KV of its whole
+    ``batch`` at ``seq_len`` tokens.
     """
+    spec = ENGINES[kind]
     opts = options or {}
     weights = f.params * hw.weight_bytes / tp / GB
     work = ROLLOUT_WORKSPACE_GB[hw.kind] + hw.context_gb
     kv_tok = kv_bytes_per_token_per_gpu(f, hw, tp)
-    if kind == "hf_generate":
+    if spec.memory_model.kv_cache != "reserved":
         kv = kv_tok * seq_len * batch / GB
         return Memory(weights, kv_cache_gb=kv, other_gb=work, kv_tokens=seq_len * batch)
-    util = float(opts.get("gpu_memory_utilization", opts.get("mem_fraction", 0.5)))
+    knob = spec.memory_option
+    util = float(opts.get(knob, spec.options[knob].default))
     reserved = util * hw.hbm_gb
     kv = max(reserved - weights - work, 0.0)
     return Memory(weights, kv_cache_gb=kv, other_gb=work, reserved_gb=reserved, kv_tokens=int(kv * GB / kv_tok))
@@ -190,7 +201,7 @@ def train_s(f: ModelFacts, hw: Profile, *, kind: str, tp: int, pp: int, dp: int,
     t = 6 * f.params * tokens * epochs / (world * hw.tflops * 1e12 * hw.mfu_train)
     t *= pipeline_bubble(pp, n_micro)
     if dp > 1:  # gradient all-reduce (ring) of each rank's gradient shard, once per step
-        shard = f.params * (2 if hw.kind == "gpu" else 4) / (tp * pp if kind == "megatron" else 1)
+        shard = f.params * (2 if hw.kind == "gpu" else 4) / (tp * pp)
         link = hw.ib_gbs if dp_inter_node else hw.nvlink_gbs
         t += 2 * (dp - 1) / dp * shard / (link * GB * hw.link_eff) + 2 * hw.latency_s
     return t + hw.op_overhead_s + hw.micro_overhead_s * max(n_micro, 1) * epochs
@@ -209,20 +220,20 @@ ROUTE_LINK = {"local": "hbm_gbs", "intra-node": "nvlink_gbs", "inter-node": "ib_
 
 
 def transfer_s(nbytes: float, hw: Profile, *, protocol: str, route: str, buckets: int) -> float:
-    """Seconds to move ``nbytes`` of weights trainer -> rollout engine (after any gather).
-
-    ``inplace``/``ipc`` copy on the device (or node); ``nccl``/``gloo``/``broadcast`` stream
-    over the route's link; ``checkpoint`` writes then reads the shared disk; ``delta`` sends
-    :data:`DELTA_FRACTION` of the bytes over the link.
+    """Seconds to move ``nbytes`` of weights trainer -> rollout engine (after any gather), as
+    ``protocol``'s record says it moves them (``ProtocolSpec.cost``): ``link`` streams over the
+    route's link (a copy on the device for ``local``); ``disk`` writes then reads the shared
+    disk; ``changed`` sends :data:`DELTA_FRACTION` of the bytes over the link.
     """
+    cost = PROTOCOLS[protocol].cost
     # Two engine calls whatever the protocol: export/pack on the trainer, load on the replicas
     # (``op_overhead_s`` each: 0 on GPU profiles, a Ray round trip with its payload on CPU).
     calls = 2 * hw.op_overhead_s
-    if protocol == "checkpoint":
+    if cost == "disk":
         return 2 * nbytes / (hw.disk_gbs * GB) + buckets * hw.latency_s + calls
     bw = getattr(hw, ROUTE_LINK.get(route, "ib_gbs"))
     eff = hw.bw_eff if route == "local" else hw.link_eff
-    if protocol == "delta":
+    if cost == "changed":
         nbytes = nbytes * DELTA_FRACTION  # diffing against the last sent copy is on-device: negligible
     return nbytes / (bw * GB * eff) + buckets * hw.latency_s + calls
 
@@ -232,9 +243,10 @@ def offload_s(gb: float, hw: Profile) -> float:
     return gb * GB / (hw.pcie_gbs * GB) if gb > 0 else 0.0
 
 
-def reward_s(kind: str, samples: int, workers: int = 2) -> float:
-    """CPU seconds to score ``samples`` completions with ``workers`` processes."""
-    return REWARD_S_PER_SAMPLE.get(kind, 1e-3) * samples / max(workers, 1)
+def reward_s(per_sample_s: float, samples: int, workers: int = 2) -> float:
+    """CPU seconds to score ``samples`` completions at ``per_sample_s`` each (the reward op's
+    ``seconds_per_item``; :data:`REWARD_S_PER_SAMPLE` when it gives none) with ``workers`` processes."""
+    return (per_sample_s or REWARD_S_PER_SAMPLE) * samples / max(workers, 1)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -73,7 +73,8 @@ def cpu_profile(gpus_per_node: int = 1) -> Profile:
                 base = CPU_FALLBACK  # a broken file must not break `flowrl check`; plan shows the source
             _CACHE[str(path)] = (mtime, base)
     total = base.memory_total_gb or base.hbm_gb
-    return replace(base, hbm_gb=round(total / max(gpus_per_node, 1), 3))
+    # a profile file written before profiles had a platform reads as the default (cuda): `cpu` is cpu
+    return replace(base, hbm_gb=round(total / max(gpus_per_node, 1), 3), kind="cpu", platform="cpu")
 
 
 def get_profile(name: str, gpus_per_node: int = 1) -> Profile:

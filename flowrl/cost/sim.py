@@ -58,6 +58,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import lru_cache
 
 
@@ -156,6 +157,18 @@ def _norm_ppf(q: float) -> float:
 # ---- the spec --------------------------------------------------------------------------------------
 
 
+class PhaseKind(str, Enum):
+    """What a phase does in the simulation (its cost comes from its fields)."""
+
+    GENERATE = "generate"
+    """Requests decoded by rollout replicas (:class:`GenPhase`)."""
+    WORK = "work"
+    """Fixed seconds plus seconds per trained token, on its lane."""
+    RESYNC = "resync"
+    """Weights sent: blocks its lane for ``block_s``, delivered ``seconds`` after it starts."""
+
+
+
 @dataclass(frozen=True)
 class GenPhase:
     """A generate op: how many replicas, how fast, how many completions the step needs."""
@@ -181,6 +194,9 @@ class GenPhase:
     request_s: float = 0.0
     """Serial seconds per request on its replica (input processing, detokenisation, building
     the output; ~0 on GPUs, the largest part of a tiny model's generation on CPU)."""
+    trained: int = 0
+    """Completions the step trains on, when fewer than ``samples`` (dynamic sampling generates
+    several draws and keeps some groups); 0: all of them."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +205,7 @@ class Phase:
 
     id: str
     kind: str
-    """``generate`` | ``work`` | ``resync``."""
+    """A :class:`PhaseKind` (``generate`` | ``work`` | ``resync``)."""
     lane: str
     deps: tuple[str, ...] = ()
     seconds: float = 0.0
@@ -287,14 +303,14 @@ def with_workload(spec: SimSpec, *, prompt_tokens: float | None = None, mean_res
     """
     out = []
     for ph in spec.phases:
-        if ph.kind == "generate" and ph.gen is not None:
+        if ph.kind == PhaseKind.GENERATE and ph.gen is not None:
             g = ph.gen
             if prompt_tokens is not None:
                 g = replace(g, prompt_tokens=max(int(round(prompt_tokens)), 1))
             if mean_response is not None:
                 g = replace(g, lengths=g.lengths.with_mean(mean_response))
             ph = replace(ph, gen=g)
-        elif ph.kind == "work" and seconds:
+        elif ph.kind == PhaseKind.WORK and seconds:
             key = ph.id if ph.id in seconds else (ph.label if ph.label in seconds else None)
             if key is not None:
                 ph = replace(ph, seconds=float(seconds[key]), per_token_s=0.0)
@@ -334,7 +350,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
     producers = [p for p in spec.phases if p.id in prod_ids]
     consumers = [p for p in spec.phases if p.id not in prod_ids]
     lane_free = {lane: 0.0 for lane in spec.lanes}
-    recycled: dict[str, list[_Req]] = {p.id: [] for p in spec.phases if p.kind == "generate"}
+    recycled: dict[str, list[_Req]] = {p.id: [] for p in spec.phases if p.kind == PhaseKind.GENERATE}
     pushes: list[dict[str, float] | None] = []  # per step: gated generate id -> weights available at
     busy = {lane: 0.0 for lane in spec.lanes}  # GPU-seconds within the measured window
     durations: dict[str, list[float]] = {}
@@ -354,7 +370,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
             return
         if k >= warm:
             busy[ph.lane] += lane_busy
-            label = ph.label or (ph.kind if ph.kind in ("generate", "resync") else ph.id)
+            label = ph.label or (PhaseKind(ph.kind).value if ph.kind in (PhaseKind.GENERATE, PhaseKind.RESYNC) else ph.id)
             durations.setdefault(label, []).append(seconds)
             per_phase.setdefault(ph.id, []).append(seconds)
         timeline.append((ph.lane, ph.label or ph.id, k, start, stop))
@@ -366,7 +382,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
         gpus = spec.lanes.get(ph.lane, 0)
         if gpus:
             ready = max(ready, lane_free[ph.lane])
-        if ph.kind == "generate":
+        if ph.kind == PhaseKind.GENERATE:
             g = ph.gen
             release = max(ready, _gate(pushes, k - depth, ph.id))
             t_end, n_tok, used, n_gen, n_waste = _generate(ph, g, recycled, release + g.overhead_s, spec, rng)
@@ -374,12 +390,12 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
             stop = t_end
             if steps > k >= warm:
                 stats["trained"] += n_tok
-                stats["samples"] += g.samples
+                stats["samples"] += g.trained or g.samples
                 stats["gen"] += n_gen
                 stats["wasted"] += n_waste
             record(ph, k, release, stop, stop - release, used)
             start = release
-        elif ph.kind == "resync":
+        elif ph.kind == PhaseKind.RESYNC:
             if (k + 1) % max(ph.every, 1):
                 end[ph.id] = ready  # `every K`: no push this step; readers keep older weights
                 pushes[k] = None
@@ -395,7 +411,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
             dur = ph.seconds + ph.per_token_s * toks.get(ph.tokens_from, 0)
             stop = start + dur
             record(ph, k, start, stop, dur, dur * gpus)
-        if gpus and ph.kind != "resync":
+        if gpus and ph.kind != PhaseKind.RESYNC:
             lane_free[ph.lane] = stop
         end[ph.id] = stop
         threads[thread] = stop
@@ -409,7 +425,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
             produced += 1
         for ph in consumers:
             # a resync waits for every queued producer stage first (the runtime's drain)
-            run(ph, k, "main", not_before=threads["producer"] if ph.kind == "resync" else 0.0)
+            run(ph, k, "main", not_before=threads["producer"] if ph.kind == PhaseKind.RESYNC else 0.0)
         if k == warm - 1:
             window_start = max(ends[k].values(), default=0.0)
         step_end.append(max(ends[k].values(), default=0.0))
@@ -433,7 +449,7 @@ def producer_ids(spec: SimSpec) -> set[str]:
     :func:`flowrl.runtime.pipeline.split_stages`); unmarked generates and what they depend on."""
     by_id = {p.id: p for p in spec.phases}
     out = {p.id for p in spec.phases if p.stage == "producer"}
-    todo = [p.id for p in spec.phases if p.kind == "generate" and not p.stage]
+    todo = [p.id for p in spec.phases if p.kind == PhaseKind.GENERATE and not p.stage]
     while todo:
         pid = todo.pop()
         if pid in out or by_id[pid].stage == "consumer":
@@ -490,7 +506,8 @@ def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimS
             tokens += sum(mine)
             used += len(mine) * pre0 + sum(mine) * it
         n = len(lens)
-        return t_end, n * g.prompt_tokens + tokens, used / b * g.gpus_per_replica, tokens, 0
+        kept = (g.trained or n) / max(n, 1)  # the trained share of what was generated
+        return t_end, kept * (n * g.prompt_tokens + tokens), used / b * g.gpus_per_replica, tokens, 0
     issued = math.ceil(g.samples * spec.over_provision)
     reqs = recycled[ph.id]
     recycled[ph.id] = []
@@ -532,35 +549,6 @@ def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimS
     return t_end, toks, used / b * g.gpus_per_replica, gen, waste
 
 
-__all__ = ["LengthDist", "GenPhase", "Phase", "SimSpec", "SimResult", "simulate", "with_workload", "compare_async"]
+__all__ = ["LengthDist", "GenPhase", "Phase", "PhaseKind", "SimSpec", "SimResult", "simulate", "with_workload"]
 
 
-# ---- the async anchors -------------------------------------------------------------------------------
-
-ANCHORS = {
-    "AReaL": "2.77x step throughput from fully asynchronous RL over synchronous (AReaL, 2025)",
-    "veRL": "2.35-2.67x from asynchronous / one-step-off pipelines over synchronous (veRL recipes)",
-    "NeMo-RL": "111 s -> 64 s per step with one-step-off (1.73x) (NeMo-RL)",
-    "APRIL": "+22.5% rollout throughput from partial rollouts (APRIL)",
-}
-
-
-def compare_async(model: str = "Qwen/Qwen2.5-7B", gpus: int = 64, gpu: str = "H100", *, gpus_per_node: int = 8,
-                  batch: int = 512, group: int = 8, max_tokens: int = 8192, median: float | None = None,
-                  sigma: float = 1.0, over_provision: float = 1.5, steps: int = 10, seed: int = 0) -> list[dict]:
-    """The async comparison of the issue, simulated: sync vs one-step-off vs bounded async (s=4)
-    vs partial rollout, for ``model`` on ``gpus`` GPUs with long-tailed response lengths.
-
-    Each mode gets its best schedule from ``schedule auto``'s search restricted to that mode
-    (sync: staleness 1; one-step-off: 2; bounded: 4; partial: staleness 2 +
-    ``partial_rollout(over_provision)``). Returns one dict per mode: ``mode``, ``step_s``,
-    ``speedup`` (vs sync), ``rollout_tokens_per_s`` and ``rollout_gain`` (generated tokens per
-    second of generation time, APRIL's metric, vs sync), ``bubble``, ``schedule`` (a one-line
-    summary), and the published ``anchor`` it compares with. Imports the compiler (the flow is
-    compiled for real); no torch.
-    """
-    from flowrl.compiler.auto import async_modes
-
-    return async_modes(model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, batch=batch, group=group,
-                       max_tokens=max_tokens, median=median, sigma=sigma, over_provision=over_provision,
-                       steps=steps, seed=seed, anchors=ANCHORS)

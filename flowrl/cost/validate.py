@@ -10,38 +10,38 @@ driver, and inside it the engine's own span, e.g. ``forward:policy`` on lane
   **dispatch overhead** (driver span of an engine op minus the engine's own span: the Ray
   round trip with the batch and results), the engine-side generate seconds, and the
   workload the run actually had (mean response tokens; the reward op's seconds).
-* :func:`calibrate` sets what the ``cpu`` profile cannot get from a matmul or a memcpy, each
+* :func:`flowrl.compiler.calibrate.calibrate` sets what the ``cpu`` profile cannot get from a matmul or a memcpy, each
   from the engine spans that show it: the dispatch overhead; a decode iteration's cost outside
   the model (fixed + per active sequence); a training micro-batch's fixed cost; the achieved
   fraction of the matmul peak in log-prob and update passes. Runs of two batch sizes
   separate the fixed from the proportional parts. No factor is fitted to a step time, and a
   calibration from some flows is then checked on others (bench/sim_validation.py).
-* :func:`predict` compiles a flow under the current profile, puts the measured workload in
-  (:func:`flowrl.cost.sim.with_workload`) and simulates it; :func:`compare` gives the error.
+* :func:`compare` gives the error of a prediction (:func:`flowrl.compiler.calibrate.predict`
+  compiles a flow under the current profile, puts the measured workload in and simulates it).
 
-Pure Python; :func:`predict` and :func:`calibrate` import the compiler (not torch or Ray).
+Pure Python, below the compiler: what needs a compiled flow (predicting a run, calibrating
+the ``cpu`` profile from runs) is :mod:`flowrl.compiler.calibrate`.
 
 >>> m = measure_run({"staleness": 1, "ops": [{"id": "g", "kind": "generate"}]},
-...                 [{"step": s, "perf/step_s": 1.0 + s / 10, "time/g": 0.5} for s in range(4)], [])
+...                 [{"step": s, "perf/step_s": 1.0 + s / 10, "time/g": 0.5} for s in range(1, 5)], [])
 >>> m["step_s"], m["phases"]["g"], m["steps_used"]
-(1.2, 0.5, 3)
+(1.3, 0.5, 3)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from flowrl.cost.profiles import Profile
+from flowrl.catalog.ops import OpKind
+from flowrl.cost.sim import Phase, PhaseKind, simulate, with_workload
+
 
 ENGINE_SPAN_PREFIXES = ("forward:", "train:", "generate[", "resync:")
 """Names of the spans engines record inside a driver op (see flowrl/runtime/driver.py)."""
-DISPATCHED_KINDS = ("generate", "logprobs", "values", "update")
+DISPATCHED_KINDS = (OpKind.GENERATE, OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE)
 """Op kinds whose driver span wraps exactly one engine call (the dispatch overhead is their gap)."""
 WARMUP_STEPS = 1
 """Steps left out of the steady state: the first step pays for lazy initialisation in the engines."""
@@ -76,14 +76,15 @@ def measure_run(plan: dict, rows: list[dict], events: list[dict], skip: int = WA
     (op id -> s), "engine" (op id -> the engine's own span, s), "dispatch_s", "workload":
     {"mean_response" (generated tokens per completion), "seconds" (score op id -> s)}}``.
     """
-    used = [r for r in sorted(rows, key=lambda r: r["step"]) if r["step"] >= skip and "perf/step_s" in r]
+    # Steps are numbered from 1 (flowrl.runtime.observe): the first `skip` of them are left out.
+    used = [r for r in sorted(rows, key=lambda r: r["step"]) if r["step"] > skip and "perf/step_s" in r]
     if not used:
         raise ValidateError(f"no steps after the first {skip} in metrics.jsonl; hint: run at least {skip + 2} steps")
     ops = plan.get("ops", [])
     phases = {op["id"]: _median(r[f"time/{op['id']}"] for r in used if f"time/{op['id']}" in r) for op in ops}
-    samples = [_samples(plan, op) for op in ops if op.get("kind") == "generate"]
+    samples = [_samples(plan, op) for op in ops if op.get("kind") == OpKind.GENERATE]
     gen_tokens = [r["perf/gen_tokens"] for r in used if "perf/gen_tokens" in r]
-    workload = {"seconds": {op["id"]: phases[op["id"]] for op in ops if op.get("kind") == "score"}}
+    workload = {"seconds": {op["id"]: phases[op["id"]] for op in ops if op.get("kind") == OpKind.SCORE}}
     if gen_tokens and samples and samples[0]:
         workload["mean_response"] = _median(gen_tokens) / sum(samples)
     prompts = [r["perf/prompt_tokens"] for r in used if "perf/prompt_tokens" in r]
@@ -106,7 +107,7 @@ def _samples(plan: dict, op: dict) -> int:
 def _engine_spans(ops: list[dict], events: list[dict], skip: int) -> tuple[dict, list[float]]:
     """(op id -> median engine seconds, [driver span - engine span] of every dispatched op)."""
     kinds = {op["id"]: op.get("kind") for op in ops}
-    spans = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("step", -1) >= skip]
+    spans = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("step", 0) > skip]
     inner = [e for e in spans if e["name"].startswith(ENGINE_SPAN_PREFIXES)]
     per_op: dict[str, list[float]] = {}
     gaps: list[float] = []
@@ -123,55 +124,7 @@ def _engine_spans(ops: list[dict], events: list[dict], skip: int) -> tuple[dict,
     return {k: _median(v) for k, v in per_op.items()}, gaps
 
 
-# ---- prediction -----------------------------------------------------------------------------------
-
-
-def compile_spec(flow_file: str, sets: dict | None = None, flow: str | None = None, profile: Profile | None = None):
-    """``(graph, SimSpec, costs)`` of a flow as the compiler plans it, under ``profile`` for
-    ``gpu = "cpu"`` (default: the current ``cpu`` profile, ``$FLOWRL_PROFILE``); ``costs`` rows
-    are ``(phase id, kind, engine or driver/reward, seconds, tokens)``."""
-    from flowrl.compiler.passes.estimate_cost import build_sim
-    from flowrl.compiler.pipeline import compile_file
-    from flowrl.compiler.workload import workload
-
-    with _profile_in_effect(profile):
-        graph = compile_file(flow_file, flow,
-                             options={"overrides": {k: str(v) for k, v in (sets or {}).items()}}).graph
-        spec, costs, _, _ = build_sim(graph, graph.sched, workload(graph))
-    return graph, spec, costs
-
-
-@contextmanager
-def _profile_in_effect(profile: Profile | None):
-    """Make ``profile`` the ``cpu`` profile the compiler reads (a temp file via ``$FLOWRL_PROFILE``)."""
-    if profile is None:
-        yield
-        return
-    from flowrl.cost.profiles import save_profile
-
-    old = os.environ.get("FLOWRL_PROFILE")
-    with tempfile.TemporaryDirectory(prefix="flowrl-cal-") as d:
-        os.environ["FLOWRL_PROFILE"] = str(save_profile(profile, Path(d) / "profile.json"))
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop("FLOWRL_PROFILE", None)
-            else:
-                os.environ["FLOWRL_PROFILE"] = old
-
-
-def predict(flow_file: str, sets: dict | None = None, workload: dict | None = None, *, flow: str | None = None,
-            steps: int = 12, seed: int = 0):
-    """Simulate a flow's plan on a measured ``workload`` (:func:`measure_run`'s, plus an optional
-    ``prompt_tokens``); returns the :class:`~flowrl.cost.sim.SimResult`."""
-    from flowrl.cost.sim import simulate, with_workload
-
-    _, spec, _ = compile_spec(flow_file, sets, flow)
-    w = workload or {}
-    spec = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"),
-                         seconds=w.get("seconds"))
-    return simulate(spec, steps=steps, seed=seed)
+# ---- comparison ------------------------------------------------------------------------------------
 
 
 def compare(predicted, measured: dict) -> dict:
@@ -199,19 +152,17 @@ def generate_iterations(spec, workload: dict | None = None, steps: int = 12, see
     tail), so a measured generate time turns into per-iteration, per-sequence and per-request
     seconds without guessing waves.
     """
-    from flowrl.cost.sim import Phase, simulate, with_workload
-
     w = workload or {}
     base = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"))
     out = {}
     for ph in base.phases:
-        if ph.kind != "generate":
+        if ph.kind != PhaseKind.GENERATE:
             continue
 
         def alone(iter_s=0.0, seq_s=0.0, request_s=0.0, prefill_s=0.0) -> float:
             g = replace(ph.gen, iter_s=iter_s, seq_s=seq_s, request_s=request_s, prefill_s=prefill_s, overhead_s=0.0)
             gen = replace(ph, deps=(), gen=g)
-            drain = Phase("calibrate.drain", "work", ph.lane, (ph.id,))
+            drain = Phase("calibrate.drain", PhaseKind.WORK, ph.lane, (ph.id,))
             one = replace(base, phases=(gen, drain), staleness=1, over_provision=1.0)
             return simulate(one, steps=steps, seed=seed).by_phase[ph.id]
 
@@ -220,115 +171,19 @@ def generate_iterations(spec, workload: dict | None = None, steps: int = 12, see
     return out
 
 
-def calibrate(profile: Profile, runs: list[tuple[str, dict]], sets: dict | None = None) -> Profile:
-    """``profile`` with what a matmul and a memcpy cannot show, measured from runs on this machine.
-
-    ``runs`` are ``(flow file, measure_run(...))`` pairs (a run's ``"sets"``, if any, are the
-    parameter overrides it ran with; else ``sets``). Each figure comes from the phases
-    that show it, in the runs' own traces and workloads:
-
-    * ``op_overhead_s``: the median dispatch overhead (driver span minus engine span);
-    * decode: a generate's engine seconds are ``a x iteration + s x per sequence + n x per
-      request + b x prefill`` (:func:`generate_iterations`); less the cost model's own part
-      (weights + KV reads, FLOPs), the rest is ``iter_overhead_s``, ``seq_overhead_s`` and
-      ``request_overhead_s``, solved by non-negative least squares over the runs (runs whose
-      responses differ in length separate per-sequence from per-request costs; when they
-      cannot tell two apart, the per-iteration and per-sequence costs are kept);
-    * update: engine seconds = ``micro-batches x micro_overhead_s + FLOP time / mfu_train``:
-      both from runs whose shapes differ, else ``mfu_train`` alone;
-    * ``mfu_forward``: the achieved fraction of the matmul peak in log-prob / value passes.
-
-    Tokens are each run's samples x (prompt + mean response). The generate's modelled part
-    depends on ``mfu_forward``, so the figures are solved together over
-    :data:`CALIBRATION_ROUNDS` rounds, each compiling the flows under the last round's
-    profile. Raises :class:`ValidateError` when the runs show no engine span.
-    """
-    if not any(m.get("engine") for _, m in runs):
-        raise ValidateError("the runs' traces have no engine spans (forward:, train:, generate[); "
-                            "hint: calibrate from run directories written by `flowrl run`")
-    current = profile
-    for _ in range(CALIBRATION_ROUNDS):
-        current = _calibrate_once(current, runs, sets)
-    parts = [f"dispatch {current.op_overhead_s * 1e3:.1f} ms/op",
-             f"decode {current.iter_overhead_s * 1e3:.1f} ms + {current.seq_overhead_s * 1e6:.0f} us/sequence "
-             f"per iteration + {current.request_overhead_s * 1e6:.0f} us/request",
-             f"{current.micro_overhead_s * 1e3:.1f} ms/micro-batch",
-             f"mfu forward {current.mfu_forward:.2f} / train {current.mfu_train:.2f}"]
-    names = ", ".join(Path(f).name for f, _ in runs)
-    note = f"; calibrated from runs of {names} ({', '.join(parts)})"
-    return replace(current, source=profile.source.split("; calibrated from run")[0] + note)
-
-
-CALIBRATION_ROUNDS = 4
-"""Rounds of :func:`calibrate` (each one's error is a small fraction of the last one's)."""
-
-
-def _calibrate_once(profile: Profile, runs: list[tuple[str, dict]], sets) -> Profile:
-    dispatch, decode, update, forward = [], [], [], []
-    for flow_file, measured in runs:
-        obs = _observations(profile, flow_file, measured, measured.get("sets", sets))
-        dispatch.append(measured.get("dispatch_s", profile.op_overhead_s))
-        decode += obs["decode"]
-        update += obs["update"]
-        forward += obs["forward"]
-    changes: dict = {"op_overhead_s": _median(dispatch)}
-    if decode:  # y = iter_overhead x a + seq_overhead x s + request_overhead x n
-        changes.update(zip(("iter_overhead_s", "seq_overhead_s", "request_overhead_s"), _nnls3(decode)))
-    if update:  # engine = n_micro x micro_overhead + w / mfu
-        # e / w = 1 / mfu + micro_overhead x (n / w): a line in n / w
-        inv, c = _line([(n / w, e / w) for n, w, e in update], through_origin_if_degenerate=False)
-        if inv is None or inv <= 0:  # one shape only: the micro-batch overhead stays as it is
-            c = profile.micro_overhead_s
-            inv = _median((e - n * c) / w for n, w, e in update)
-        changes.update(micro_overhead_s=c, mfu_train=1.0 / max(inv, 1e-9))
-    if forward:
-        changes["mfu_forward"] = _median(forward)
-    return replace(profile, **changes)
-
-
-def _observations(profile: Profile, flow_file: str, measured: dict, sets) -> dict:
-    """What one run says, as the linear relations :func:`_calibrate_once` solves."""
-    _, spec, _ = compile_spec(flow_file, sets, profile=profile)
-    # n_micro x epochs of each update, exactly as the cost model counts them: the phase's fixed
-    # seconds grow by 1 s per micro-batch when the per-micro-batch cost is 1 s
-    _, probe, _ = compile_spec(flow_file, sets, profile=replace(profile, micro_overhead_s=profile.micro_overhead_s + 1))
-    n_micro = {p.id: q.seconds - p.seconds for p, q in zip(spec.phases, probe.phases)}
-    w = measured.get("workload", {})
-    engine = measured.get("engine", {})
-    iters = generate_iterations(spec, w)
-    gens = {ph.id: ph.gen for ph in spec.phases if ph.kind == "generate"}
-    out: dict = {"decode": [], "update": [], "forward": []}
-    for ph in spec.phases:
-        if ph.id not in engine:
-            continue
-        if ph.kind == "generate" and ph.id in iters and iters[ph.id][0] > 0:
-            a, s_, n, b = iters[ph.id]
-            g = ph.gen
-            core = (a * (g.iter_s - profile.iter_overhead_s) + s_ * (g.seq_s - profile.seq_overhead_s)
-                    + n * (g.request_s - profile.request_overhead_s) + b * g.prefill_s)
-            out["decode"].append(((a, s_, n), max(engine[ph.id] - core, 0.0)))
-        elif ph.kind == "work" and ph.per_token_s > 0 and ph.tokens_from in gens:
-            g = gens[ph.tokens_from]
-            tokens = g.samples * (float(w.get("prompt_tokens") or g.prompt_tokens)
-                                  + float(w.get("mean_response") or g.lengths.mean()))
-            if ph.label == "update":
-                # FLOP seconds at mfu 1: the modelled seconds per token scale as 1 / mfu
-                out["update"].append((max(round(n_micro.get(ph.id, 1.0)), 1),
-                                      ph.per_token_s * profile.mfu_train * tokens, engine[ph.id]))
-            else:
-                out["forward"].append(profile.mfu_forward * ph.per_token_s * tokens / max(engine[ph.id], 1e-9))
-    return out
-
-
 DECODE_PREFERENCE = ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (0,), (2,))
 """Which of (per iteration, per sequence, per request) :func:`_nnls3` tries first when several
 fit the runs equally well (the runs cannot tell them apart)."""
 
 
-def _nnls3(rows: list[tuple[tuple[float, float, float], float]]) -> tuple[float, float, float]:
+def nnls3(rows: list[tuple[tuple[float, float, float], float]]) -> tuple[float, float, float]:
     """Non-negative least squares ``y = x . c`` in three unknowns: every subset of them solved
     by its normal equations; the best-fitting full-rank subset with non-negative values wins
-    (ties go by :data:`DECODE_PREFERENCE`)."""
+    (ties go by :data:`DECODE_PREFERENCE`).
+
+    >>> nnls3([((1.0, 0.0, 0.0), 2.0), ((0.0, 1.0, 0.0), 3.0), ((0.0, 0.0, 1.0), 1.0)])
+    (2.0, 3.0, 1.0)
+    """
     best, best_r = (0.0, 0.0, 0.0), sum(y * y for _, y in rows)
     scale = max(best_r, 1e-30)
     for subset in DECODE_PREFERENCE:
@@ -362,7 +217,7 @@ def _solve(xs: list[list[float]], ys: list[float]) -> list[float] | None:
     return [a[i][k] / a[i][i] for i in range(k)]
 
 
-def _line(points: list[tuple[float, float]], through_origin_if_degenerate: bool = True):
+def line(points: list[tuple[float, float]], through_origin_if_degenerate: bool = True):
     """Least-squares ``y = c + m x`` with both >= 0; ``(c, m)``. With one distinct ``x`` the
     intercept cannot be told from the slope: ``(0, median(y / x))``, or ``(None, None)``."""
     xs = [x for x, _ in points]
@@ -382,5 +237,5 @@ def _line(points: list[tuple[float, float]], through_origin_if_degenerate: bool 
     return c, m
 
 
-__all__ = ["ValidateError", "read_run", "measure_run", "compile_spec", "predict", "compare", "calibrate",
-           "generate_iterations", "WARMUP_STEPS"]
+__all__ = ["ValidateError", "read_run", "measure_run", "compare", "generate_iterations", "nnls3", "line",
+           "WARMUP_STEPS"]

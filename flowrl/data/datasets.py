@@ -5,6 +5,10 @@ user's (a flow says which field is the prompt and which hold answers); every row
 checked to have them, and a missing file, a malformed line or a missing field raises
 ``DatasetError`` naming the file, the line (1-based; the row number for Parquet) and
 the field, with a hint.
+
+:func:`check_head` checks a file the same way without reading it whole (the first row of a
+JSON-lines file, the footer of a Parquet file): ``flowrl check`` runs it on every dataset a
+flow names, so a run never starts on a file the runtime would refuse.
 """
 
 from __future__ import annotations
@@ -13,26 +17,41 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from flowrl.data.chat import message_problem, prompt_words
+
 
 class DatasetError(ValueError):
     """A dataset that cannot be loaded; the message names file, line and field."""
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    """``(line number, parsed object)`` for every non-blank line."""
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    """``(line number, parsed object)`` for every non-blank line; a line that is not UTF-8 or not JSON
+    comes as a :class:`DatasetError` in place of its object (:func:`load_rows` applies the policy)."""
+    out: list[tuple[int, Any]] = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             try:
-                out.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DatasetError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); "
-                    "hint: a .jsonl file holds one JSON object per line"
-                ) from None
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                out.append((lineno, DatasetError(f"{path}:{lineno}: not UTF-8 text ({e.reason}); "
+                                                 "hint: a .jsonl file holds one JSON object per line, in UTF-8")))
+                continue
+            if line.strip():
+                try:
+                    out.append((lineno, _parse_line(path, lineno, line)))
+                except DatasetError as e:
+                    out.append((lineno, e))
     return out
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DatasetError(
+            f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); "
+            "hint: a .jsonl file holds one JSON object per line"
+        ) from None
 
 
 def _read_parquet(path: Path) -> list[tuple[int, Any]]:
@@ -58,37 +77,167 @@ _READERS: dict[str, Callable[[Path], list[tuple[int, Any]]]] = {
 }
 
 
+BAD_ROWS_HINT = 'or give the dataset `bad_rows = "skip"` to skip and count such rows'
+
+
 def load_rows(
-    path: str | Path, *, prompt_field: str = "prompt", answer_fields: tuple[str, ...] | list[str] = ("answer",)
+    path: str | Path, *, prompt_field: str = "prompt", answer_fields: tuple[str, ...] | list[str] = ("answer",),
+    format: str | None = None, relative_to: str | Path | None = None, chat: bool = False,
+    bad_rows: str = "error", check: Callable[[dict], str | None] | None = None, skipped: list | None = None,
 ) -> list[dict[str, Any]]:
     """All rows of a ``.jsonl`` / ``.parquet`` file, each checked to hold the named fields.
 
     Returns the rows as dicts with every original field kept. Raises ``DatasetError`` for
     a missing file, an unknown extension, a non-object line, a missing field or a
-    non-string prompt; the message names the file, the line and the field.
+    non-string prompt; the message names the file, the line and the field. ``format`` (a key of
+    the readers, e.g. ``".parquet"``) reads the file as that format whatever its name.
+    ``relative_to``: the folder a flow's relative path was resolved against (the folder of the
+    flow file that declares the dataset), named by the message if the file is missing. ``chat``:
+    the prompt may also be a list of chat messages (:mod:`flowrl.data.chat`).
+
+    Bad rows (not UTF-8, not JSON, not an object, a missing field, an empty or non-string prompt,
+    or one ``check(row)`` describes, e.g. too long for the rollout engine): ``bad_rows="error"``
+    raises naming the file and row; ``"skip"`` leaves them out and appends their messages to
+    ``skipped``. A file without one good row is refused either way.
     """
     p = Path(path)
-    reader = _READERS.get(p.suffix.lower())
-    if reader is None:
-        raise DatasetError(f"{p}: unsupported dataset format {p.suffix!r}; use one of {sorted(_READERS)}")
-    if not p.is_file():
-        raise DatasetError(f"{p}: dataset file not found; hint: paths are relative to {Path.cwd()}")
+    reader = _reader(p, format)
+    _check_exists(p, relative_to)
     rows = []
     fields = (prompt_field, *answer_fields)
     for lineno, row in reader(p):
-        if not isinstance(row, dict):
-            raise DatasetError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        for name in fields:
-            if name not in row:
-                raise DatasetError(
-                    f"{p}:{lineno}: missing field {name!r}; the row has {sorted(row)}; "
-                    "hint: name the right field in the flow's dataset (prompt=..., answer=...)"
-                )
-        if not isinstance(row[prompt_field], str):
-            raise DatasetError(
-                f"{p}:{lineno}: field {prompt_field!r} must be a string, got {type(row[prompt_field]).__name__}"
-            )
+        try:
+            if isinstance(row, DatasetError):
+                raise row
+            row = _check_row(p, lineno, row, prompt_field, fields, chat)
+            problem = check(row) if check is not None else None
+            if problem:
+                raise DatasetError(f"{p}:{lineno}: {problem}")
+        except DatasetError as bad:
+            if bad_rows != "skip":
+                raise DatasetError(f"{bad}; {BAD_ROWS_HINT}") from None
+            if skipped is not None:
+                skipped.append(str(bad))
+            continue
         rows.append(row)
     if not rows:
-        raise DatasetError(f"{p}: dataset is empty; hint: a training run needs at least one row")
+        what = "every row is bad (skipped)" if bad_rows == "skip" and skipped else "dataset is empty"
+        raise DatasetError(f"{p}: {what}; hint: a training run needs at least one row")
     return rows
+
+
+def check_head(
+    path: str | Path, *, prompt_field: str = "prompt", answer_fields: tuple[str, ...] | list[str] = ("answer",),
+    format: str | None = None, relative_to: str | Path | None = None, chat: bool = False, bad_rows: str = "error",
+) -> str | None:
+    """Check a dataset file as :func:`load_rows` would, reading only its head; return the first prompt.
+    ``bad_rows="skip"``: bad leading lines are passed over to the first good one.
+
+    JSON lines: the first non-blank line is parsed and checked (an object with the named
+    fields and a string prompt). Parquet: the footer (:mod:`flowrl.data.parquet_footer`,
+    no pyarrow) must list the named columns, the prompt's as strings, and at least one row;
+    the values themselves are not decoded, so None is returned. Raises ``DatasetError``
+    with :func:`load_rows`' messages. A chat prompt is returned as its messages' text
+    (:func:`~flowrl.data.chat.prompt_words`: fewer tokens than the rendered prompt).
+    """
+    p = Path(path)
+    reader = _reader(p, format)
+    _check_exists(p, relative_to)
+    fields = (prompt_field, *answer_fields)
+    if reader is _read_parquet:
+        _check_footer(p, prompt_field, fields, chat)
+        return None
+    try:
+        with p.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                    if not line.strip():
+                        continue
+                    row = _check_row(p, lineno, _parse_line(p, lineno, line), prompt_field, fields, chat)
+                    return prompt_words(row[prompt_field])
+                except UnicodeDecodeError as e:
+                    if bad_rows != "skip":
+                        raise DatasetError(f"{p}:{lineno}: not UTF-8 text ({e.reason}); hint: a .jsonl file holds "
+                                           f"one JSON object per line, in UTF-8; {BAD_ROWS_HINT}") from None
+                except DatasetError as bad:
+                    if bad_rows != "skip":
+                        raise DatasetError(f"{bad}; {BAD_ROWS_HINT}") from None
+    except OSError as e:
+        raise DatasetError(f"{p}: cannot read the dataset ({e.strerror})") from None
+    raise DatasetError(f"{p}: dataset is empty; hint: a training run needs at least one row")
+
+
+def not_found_hint(path: Path, relative_to: str | Path | None = None) -> str:
+    """Where a missing dataset was looked for, in words: the folder a flow's relative paths are resolved against."""
+    if relative_to is not None:
+        return f"relative paths are resolved against the folder of the flow file that declares the dataset, {relative_to}"
+    if not path.is_absolute():
+        return f"the path is relative to the current directory, {Path.cwd()}"
+    return ("relative paths in a flow are resolved against the folder of the flow file that declares "
+            "the dataset; check the path")
+
+
+def _reader(p: Path, format: str | None) -> Callable[[Path], list[tuple[int, Any]]]:
+    reader = _READERS.get(format or p.suffix.lower())
+    if reader is None:
+        raise DatasetError(f"{p}: unsupported dataset format {format or p.suffix!r}; use one of {sorted(_READERS)}")
+    return reader
+
+
+def _check_exists(p: Path, relative_to: str | Path | None) -> None:
+    if p.is_dir():
+        raise DatasetError(f"{p}: is a directory, not a dataset file; hint: name the file itself")
+    if not p.is_file():
+        raise DatasetError(f"{p}: dataset file not found; hint: {not_found_hint(p, relative_to)}")
+
+
+def _check_row(p: Path, lineno: int, row: Any, prompt_field: str, fields: tuple[str, ...], chat: bool = False) -> dict:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    for name in fields:
+        if name not in row:
+            raise DatasetError(
+                f"{p}:{lineno}: missing field {name!r}; the row has {sorted(row)}; "
+                "hint: name the right field in the flow's dataset (prompt=..., answer=...)"
+            )
+    prompt = row[prompt_field]
+    if isinstance(prompt, list) and chat:
+        problem = message_problem(prompt)
+        if problem is not None:
+            raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} is not a list of chat messages: {problem}; "
+                               'hint: write [{"role": "user", "content": "..."}]')
+    elif isinstance(prompt, list) and message_problem(prompt) is None:
+        raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} holds chat messages; hint: give the dataset "
+                           "`chat = true` to render them with the model's chat template")
+    elif not isinstance(prompt, str):
+        raise DatasetError(
+            f"{p}:{lineno}: field {prompt_field!r} must be a string"
+            + (" or a list of chat messages" if chat else "") + f", got {type(prompt).__name__}"
+        )
+    if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+        raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} is empty; hint: every row needs a prompt")
+    return row
+
+
+def _check_footer(p: Path, prompt_field: str, fields: tuple[str, ...], chat: bool = False) -> None:
+    from flowrl.data.parquet_footer import ParquetFooterError, read_footer
+
+    try:
+        footer = read_footer(p)
+    except ParquetFooterError as e:
+        raise DatasetError(f"{p}: not a readable Parquet file ({e}); hint: check the file is complete") from None
+    except OSError as e:
+        raise DatasetError(f"{p}: cannot read the dataset ({e.strerror})") from None
+    for name in fields:
+        if name not in footer.columns:
+            raise DatasetError(
+                f"{p}: missing field {name!r}; the file has columns {sorted(footer.columns)}; "
+                "hint: name the right field in the flow's dataset (prompt=..., answer=...)"
+            )
+    column = footer.columns[prompt_field]
+    if not column.string and not (chat and column.kind == "group"):  # chat: a list of {role, content} structs
+        raise DatasetError(f"{p}: field {prompt_field!r} must be a string"
+                           + (" or a list of chat messages" if chat else "") + f", got a {column.kind} column")
+    if footer.num_rows == 0:
+        raise DatasetError(f"{p}: dataset is empty; hint: a training run needs at least one row")

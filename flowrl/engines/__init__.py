@@ -1,7 +1,7 @@
 """Engines behind small Protocols: rollout (vLLM, transformers) and training (transformers).
 
 Importing this package loads torch but no backend: transformers models and vLLM load
-only when an engine is built, through :mod:`flowrl.engines.registry`.
+only when an engine is built from its catalogue record, through :mod:`flowrl.engines.registry`.
 """
 
 from flowrl.engines.base import (
@@ -19,7 +19,6 @@ from flowrl.engines.registry import (
     make_rollout_engine,
     make_train_engine,
     missing_engine_error,
-    register_engine,
 )
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import Completion, SamplingSpec, TokenBatch
@@ -43,5 +42,4 @@ __all__ = [
     "make_rollout_engine",
     "make_train_engine",
     "missing_engine_error",
-    "register_engine",
 ]

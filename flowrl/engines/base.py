@@ -8,8 +8,10 @@ Tensors follow the conventions of :mod:`flowrl.engines.types`: right-padded
 ``[B, T]`` rows, ``logprobs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``
 (0 at position 0 and on padding), ``response_mask`` 1 exactly on response tokens.
 
-The runtime talks to engines only through these Protocols; which adapter backs
-an engine name is decided by the table in :mod:`flowrl.engines.registry`.
+Engines that take turns on shared GPUs also implement :class:`SleepingEngine` (rollout)
+or :class:`OffloadingEngine` (train). The runtime talks to engines only through these
+Protocols; which adapter backs an engine name is the engine's catalogue record
+(:mod:`flowrl.engines.registry` builds it).
 """
 
 from __future__ import annotations
@@ -115,6 +117,36 @@ class TrainEngine(Protocol):
 
     def load(self, path: str) -> None:
         """Restore what :meth:`save` wrote; the next step is bit-identical to an uninterrupted run."""
+        ...
+
+
+@runtime_checkable
+class SleepingEngine(Protocol):
+    """A rollout engine that gives its GPU memory to a colocated train engine between generations
+    (its record's ``frees_memory = "sleep"``; the plan's ``EnginePlan.releases``)."""
+
+    def sleep(self) -> None:
+        """Offload the weights to host memory and free the KV cache (vLLM ``sleep(level=1)``,
+        SGLang ``release_memory_occupation``); nothing may run until :meth:`wake_up`."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back what :meth:`sleep` freed: ``["weights"]`` first (to load new weights while the
+        trainer still holds its memory), then ``["kv_cache"]``; None: everything."""
+        ...
+
+
+@runtime_checkable
+class OffloadingEngine(Protocol):
+    """A train engine that moves its state to host memory while a colocated rollout engine generates
+    (its record's ``frees_memory = "offload"``)."""
+
+    def offload(self) -> int:
+        """Parameters, gradients and optimizer states to host memory; returns the bytes moved."""
+        ...
+
+    def reload(self) -> int:
+        """Bring back what :meth:`offload` moved, in place and bit-identical; returns the bytes moved."""
         ...
 
 

@@ -145,10 +145,7 @@ class FsdpRank:
         cfg = eng.optim_config
         eng.optimizer = torch.optim.AdamW([p for p in eng.model.parameters() if p.requires_grad], lr=cfg.lr,
                                           betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-        warmup = max(int(cfg.warmup_steps), 0)
-        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            eng.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: cfg.lr_factor(step))
 
     # ---------------------------------------------------------------- batches
 
@@ -278,6 +275,20 @@ class FsdpRank:
         eng.scheduler.load_state_dict(extra["scheduler"])
         eng.step = int(extra["step"])
         torch.set_rng_state(extra["rng_cpu"])
+
+    # ---------------------------------------------------------- memory phases
+
+    def offload(self) -> int:
+        """This rank's parameter, gradient and AdamW shards to host memory; the bytes moved."""
+        return self.engine.offload()
+
+    def reload(self) -> int:
+        """Bring back what :meth:`offload` moved, in place; the bytes moved."""
+        return self.engine.reload()
+
+    def state_checksums(self) -> dict[str, int]:
+        """CRC-32 of this rank's parameter, gradient and optimizer-state shards."""
+        return self.engine.state_checksums()
 
     def shutdown(self) -> None:
         """Leave the process group."""

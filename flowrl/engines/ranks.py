@@ -296,6 +296,19 @@ class RankedTrainEngine:
         write_hf_checkpoint(self.options.model_path, path, self.named_weights(),
                             tied=bool(config.get("tie_word_embeddings", False)))
 
+    def offload(self) -> int:
+        """Every rank's parameters, gradients and optimizer states to host memory (a colocated rollout
+        engine generates meanwhile); the bytes moved over all ranks. :meth:`reload` before the next call."""
+        return sum(self._group.call("offload", self.timeout_s))
+
+    def reload(self) -> int:
+        """Bring back what :meth:`offload` moved, in place (bit-identical); the bytes moved."""
+        return sum(self._group.call("reload", self.timeout_s))
+
+    def state_checksums(self) -> list[dict[str, int]]:
+        """Per rank: CRC-32 of every parameter, gradient and optimizer-state tensor it holds."""
+        return self._group.call("state_checksums", self.timeout_s)
+
     def shutdown(self) -> None:
         """Stop the rank processes (the engine is unusable afterwards)."""
         self._group.shutdown()

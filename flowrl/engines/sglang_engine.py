@@ -93,6 +93,8 @@ class SGLangOptions:
     """SGLang's deterministic inference: honours per-request seeds (needs a GPU attention backend)."""
     threads: int | None = None
     """CPU only: torch threads of SGLang's scheduler process; default this process's count."""
+    enable_memory_saver: bool | None = None
+    """SGLang's memory saver (:meth:`SGLangRolloutEngine.sleep`); default on GPUs."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to ``sglang.Engine`` as they are (e.g. chunked_prefill_size)."""
 
@@ -148,6 +150,9 @@ class SGLangRolloutEngine:
         options: :class:`SGLangOptions`; keyword ``overrides`` replace its fields.
     """
 
+    Options = SGLangOptions
+    """The keyword ``overrides`` it takes (the runtime's registry reads their names)."""
+
     def __init__(self, model_path: str, options: SGLangOptions | None = None, **overrides: Any):
         if not os.path.isdir(model_path):
             raise EngineConfigError(f"model_path={model_path!r} is not a directory; pass a save_pretrained dir")
@@ -181,6 +186,10 @@ class SGLangRolloutEngine:
                 kwargs[key] = value
         if cpu:
             kwargs["disable_overlap_schedule"] = True  # the set-up measured on CPU (see module docstring)
+        saver = options.enable_memory_saver if options.enable_memory_saver is not None else not cpu
+        if saver:
+            kwargs["enable_memory_saver"] = True
+        self._memory_saver = saver
         kwargs.update(options.engine_kwargs)
         # SGLang's own serialiser (CustomLogitProcessor.to_str) applied to our class: dill pickles
         # it by reference, so SGLang's scheduler imports this module to run it.
@@ -269,6 +278,23 @@ class SGLangRolloutEngine:
         finally:
             _check_result("end_weight_update", self.engine.end_weight_update())
         _check_result("update_weights_from_tensor", result)
+
+    # ------------------------------------------------------------- memory phases
+
+    def sleep(self) -> None:
+        """SGLang ``release_memory_occupation()``: weights and KV cache out of GPU memory (memory saver on)."""
+        self._check_memory_saver()
+        self.engine.release_memory_occupation()  # returns None; a failure raises
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """SGLang ``resume_memory_occupation(tags)``: ``["weights"]``, then ``["kv_cache"]``; None: both."""
+        self._check_memory_saver()
+        self.engine.resume_memory_occupation(tags=tags)
+
+    def _check_memory_saver(self) -> None:
+        if not self._memory_saver:
+            raise EngineConfigError("this SGLang engine was built without enable_memory_saver (off on CPU); "
+                                    "build it with enable_memory_saver=True on a GPU")
 
     def shutdown(self) -> None:
         """Stop SGLang's scheduler and detokenizer processes (and theirs); leaves other children alone."""

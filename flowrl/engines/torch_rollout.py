@@ -14,8 +14,10 @@ from collections.abc import Iterable
 
 import torch
 
+from flowrl.data.chat import stop_ids
 from flowrl.engines.base import (
     EngineConfigError,
+    check_lengths,
     check_prompts,
     check_sampling_spec,
 )
@@ -34,6 +36,7 @@ class TorchRolloutEngine:
         device: torch device string.
         seed: seeds calls whose ``SamplingSpec.seed`` is None, so a run is reproducible.
         max_batch_rows: most sequences (prompts x n) generated at once.
+        max_model_len: longest prompt + completion in tokens; None: the checkpoint's positions only.
         attn_implementation: transformers attention backend; None keeps its default.
     """
 
@@ -45,6 +48,7 @@ class TorchRolloutEngine:
         device: str = "cpu",
         seed: int = 0,
         max_batch_rows: int = 256,
+        max_model_len: int | None = None,
         attn_implementation: str | None = None,
     ):
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -59,7 +63,7 @@ class TorchRolloutEngine:
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(self.device).eval()
         self.tokenizer = _load_tokenizer(model_path)
-        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_ids = set(stop_ids(self.tokenizer, self.model.generation_config))
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
         # A checkpoint's generation_config.json may carry sampling defaults (top_k=50,
@@ -69,6 +73,7 @@ class TorchRolloutEngine:
         )
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.max_batch_rows = max_batch_rows
+        self.max_model_len = max_model_len
         self._seeds = torch.Generator().manual_seed(seed)
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
@@ -79,6 +84,8 @@ class TorchRolloutEngine:
         """
         check_sampling_spec(spec)
         check_prompts(prompts, self.vocab_size)
+        if self.max_model_len is not None:
+            check_lengths(prompts, spec.max_tokens, self.max_model_len)
         if spec.stop and self.tokenizer is None:
             raise EngineConfigError("stop strings need a tokenizer; save one into the model dir")
         seed = spec.seed
@@ -195,15 +202,3 @@ def _load_tokenizer(model_path: str):
     if not any(os.path.exists(os.path.join(model_path, f)) for f in files):
         return None
     return AutoTokenizer.from_pretrained(model_path)
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    """End-of-sequence ids from the tokenizer and the model's generation config."""
-    ids: set[int] = set()
-    candidates = [getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)]
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return ids

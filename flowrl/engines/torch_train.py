@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from flowrl.algos.losses import combine_metrics
+from flowrl.algos.schedules import lr_factor
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
 from flowrl.engines.types import TokenBatch
 
@@ -43,7 +44,19 @@ class OptimConfig:
     eps: float = 1e-8
     """AdamW denominator epsilon."""
     warmup_steps: int = 0
-    """Steps of linear warm-up from lr/warmup_steps to lr; constant afterwards."""
+    """Optimizer steps of linear warm-up, from lr/warmup_steps to lr."""
+    schedule: str = "constant"
+    """Decay after the warm-up: a name of :data:`flowrl.algos.schedules.LR_SCHEDULES`."""
+    total_steps: int = 0
+    """Optimizer steps the schedule spans, warm-up included (the decay ends there)."""
+    min_lr_ratio: float = 0.0
+    """The decayed rate's floor, as a fraction of ``lr``."""
+
+    def lr_factor(self, step: int) -> float:
+        """The multiplier of ``lr`` at optimizer step ``step`` (0-based), the same in every train
+        engine (:func:`flowrl.algos.schedules.lr_factor`)."""
+        return lr_factor(step, schedule=self.schedule, warmup=max(int(self.warmup_steps), 0),
+                         total=int(self.total_steps), min_ratio=float(self.min_lr_ratio))
     max_grad_norm: float | None = 1.0
     """Clip the global L2 grad norm to this; None disables clipping (the norm is still reported)."""
 
@@ -113,17 +126,51 @@ class CriticModel(nn.Module):
         return self.value_head(hidden).squeeze(-1).float()
 
 
+class RewardModel(nn.Module):
+    """A transformers sequence classifier with one label (a reward model's scalar head), scored at
+    every position: hidden [B, T, H] -> scores [B, T], the score of the prefix ending at t. Its
+    value at a row's last token is what ``AutoModelForSequenceClassification`` returns for the row."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.classifier.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.classifier.score(hidden).squeeze(-1).float()
+
+
 def _load_model(path: str, role: str, dtype: torch.dtype, attn: str | None, seed: int) -> nn.Module:
-    """Build the actor (causal LM) or critic (base model + head) from a transformers checkpoint dir."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    """Build the actor (causal LM), critic (base model + head) or reward model (a one-label sequence
+    classifier) from a transformers checkpoint dir."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn is not None:
         kwargs["attn_implementation"] = attn
     if role == "actor":
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    base = AutoModel.from_pretrained(path, **kwargs)
+        return _without_dropout(AutoModelForCausalLM.from_pretrained(path, **kwargs))
+    if role == "reward":
+        # A checkpoint without a score head (a causal LM) gets one initialised from `seed`, not the global RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return RewardModel(_without_dropout(AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, **kwargs)))
+    base = _without_dropout(AutoModel.from_pretrained(path, **kwargs))
     return CriticModel(base, base.config.hidden_size, seed)
+
+
+def _without_dropout(model: nn.Module) -> nn.Module:
+    """Turn dropout off, as RL trainers do (veRL, OpenRLHF, TRL's ``disable_dropout``; our Megatron
+    engine builds with zero dropouts): the engine runs in train mode, and its log-probs must be the
+    rollout engine's for the same weights. GPT-2 configs ship 0.1 dropouts: left on, train-mode
+    log-probs of a tiny GPT-2 were 0.07 nats off vLLM's (Llama's default dropout is 0: 2e-5)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # Llama-family attention reads a float
+            module.attention_dropout = 0.0
+    return model
 
 
 class TorchTrainEngine:
@@ -131,7 +178,8 @@ class TorchTrainEngine:
 
     Args:
         model_path: directory of a transformers checkpoint (``save_pretrained`` output).
-        role: ``"actor"`` (causal LM, logprobs/entropy) or ``"critic"`` (values).
+        role: ``"actor"`` (causal LM, logprobs/entropy), ``"critic"`` (values) or ``"reward"``
+            (a reward model: ``forward`` returns ``"scores"``, the score of each prefix).
         optim: AdamW / schedule / clipping settings.
         temperature: logits are divided by this before log_softmax, so logprobs match
             a rollout engine sampling at the same temperature.
@@ -156,8 +204,8 @@ class TorchTrainEngine:
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
     ):
-        if role not in ("actor", "critic"):
-            raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor' or 'critic'")
+        if role not in ("actor", "critic", "reward"):
+            raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor', 'critic' or 'reward'")
         if dtype not in _DTYPES:
             raise EngineConfigError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
         if not temperature > 0:
@@ -170,6 +218,7 @@ class TorchTrainEngine:
         self.device = torch.device(device)
         self.compute_entropy = compute_entropy
         self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
+        _own_storage(self.model)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -178,10 +227,7 @@ class TorchTrainEngine:
             eps=optim.eps,
             weight_decay=optim.weight_decay,
         )
-        warmup = max(int(optim.warmup_steps), 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: optim.lr_factor(step))
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -190,6 +236,8 @@ class TorchTrainEngine:
         """Per-token outputs of ``batch`` ([B, T] float32 each), with grad if grad mode is on."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
+        if self.role == "reward":  # [B, T]: the reward model's score of the prefix ending at t
+            return {"scores": self.model(ids, attn) * attn.float()}
         if self.role == "critic":
             raw = self.model(ids, attn)  # [B, T]: value of the prefix ending at t
             # values[t] must estimate the state *before* token t, i.e. the hidden state at t-1.
@@ -250,7 +298,7 @@ class TorchTrainEngine:
         whole-batch ``denominator`` (``{"tokens": response tokens, "sequences": B}``;
         a data-parallel caller passes the global one). Returns ``loss`` (sum of micro
         losses), ``grad_norm`` (L2, before clipping), ``lr`` (used by this step),
-        ``step`` (steps taken so far), ``skipped`` (1.0 if a non-finite grad norm
+        ``step`` (steps taken so far), ``skipped`` (1.0 if a non-finite loss or grad norm
         skipped the update) and the loss function's metrics combined over micro-batches
         (:func:`~flowrl.algos.losses.combine_metrics`: summed, ``*_max``/``*_min`` by max/min).
         """
@@ -272,17 +320,18 @@ class TorchTrainEngine:
             loss.backward()
             totals["loss"] += float(loss.detach())
             combine_metrics(totals, metrics)
-        return {**totals, **self._apply_gradients()}
+        return {**totals, **self._apply_gradients(totals["loss"])}
 
-    def _apply_gradients(self) -> dict[str, float]:
-        """Clip, step optimizer and schedule; skip the update if the grad norm is not finite."""
+    def _apply_gradients(self, loss: float = 0.0) -> dict[str, float]:
+        """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optim_config.max_grad_norm
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf))
         lr = float(self.scheduler.get_last_lr()[0])
-        skipped = not math.isfinite(norm)
+        skipped = not (math.isfinite(norm) and math.isfinite(loss))
         if skipped:
-            # A NaN/inf gradient would poison AdamW's moments for good; drop it instead.
+            # A NaN/inf gradient would poison AdamW's moments for good; drop it instead (an inf loss
+            # whose gradient happens to be finite is no sounder a direction).
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
@@ -335,11 +384,41 @@ class TorchTrainEngine:
         if state["rng_cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
 
+    # ------------------------------------------------------- memory phases
+
+    def offload(self) -> int:
+        """Parameters, gradients and optimizer states to host memory (a colocated rollout engine
+        generates meanwhile); returns the bytes moved. Call :meth:`reload` before the next call."""
+        from flowrl.engines.offload import HostStash, module_tensors, optimizer_tensors
+
+        self._stash = getattr(self, "_stash", None) or HostStash()
+        return self._stash.offload([*module_tensors(self.model), *optimizer_tensors(self.optimizer)])
+
+    def reload(self) -> int:
+        """Bring back what :meth:`offload` moved, in place (bit-identical); returns the bytes moved."""
+        stash = getattr(self, "_stash", None)
+        return stash.reload() if stash is not None else 0
+
+    def state_checksums(self) -> dict[str, int]:
+        """CRC-32 of every parameter, gradient and optimizer-state tensor (``offload`` round trips keep them)."""
+        from flowrl.engines.offload import state_checksums
+
+        return state_checksums(self.model, self.optimizer)
+
     def save_pretrained(self, path: str) -> None:
         """Write the actor as a transformers checkpoint dir (a rollout engine can start from it)."""
         if self.role != "actor":
             raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
         self.model.save_pretrained(path)
+
+
+def _own_storage(model: nn.Module) -> None:
+    """Give parameters still backed by the checkpoint file (safetensors maps them on CPU) memory of
+    their own: it can then be offloaded and restored in place (:meth:`TorchTrainEngine.offload`)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.untyped_storage().resizable():
+                p.data = p.data.clone()
 
 
 def _split_loss(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -68,6 +68,8 @@ class VLLMOptions:
     """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (the n samples of a GRPO group)."""
+    enable_sleep_mode: bool | None = None
+    """vLLM's sleep mode (:meth:`VLLMRolloutEngine.sleep`); default on GPUs (vLLM on CPU refuses it)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to ``vllm.LLM`` as they are (e.g. block_size)."""
 
@@ -115,6 +117,9 @@ class VLLMRolloutEngine:
         options: :class:`VLLMOptions`; keyword ``overrides`` replace its fields.
     """
 
+    Options = VLLMOptions
+    """The keyword ``overrides`` it takes (the runtime's registry reads their names)."""
+
     def __init__(self, model_path: str, options: VLLMOptions | None = None, **overrides: Any):
         if not os.path.isdir(model_path):
             raise EngineConfigError(f"model_path={model_path!r} is not a directory; pass a save_pretrained dir")
@@ -135,6 +140,14 @@ class VLLMRolloutEngine:
         backend = options.distributed_executor_backend
         if backend is None and options.tensor_parallel_size == 1:
             backend = "uni"
+        elif backend is None and cpu:
+            # vLLM's Ray executor refuses the CPU platform; its multiprocessing executor runs
+            # the tp workers as local processes (gloo between them).
+            backend = "mp"
+        if cpu and options.tensor_parallel_size > 1:
+            # The default binding pins each worker's OpenMP threads to its own NUMA node and
+            # fails ("Not enough allowed NUMA nodes") on a machine with fewer nodes than ranks.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         # Tensors can be handed over as they are only when the worker lives in this process.
         self._direct_weights = self.in_process and backend == "uni"
         self.llm = LLM(
@@ -147,6 +160,7 @@ class VLLMRolloutEngine:
             enforce_eager=options.enforce_eager if options.enforce_eager is not None else cpu,
             distributed_executor_backend=backend,
             enable_prefix_caching=options.enable_prefix_caching,
+            enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
             logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
             worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
             **options.engine_kwargs,
@@ -233,6 +247,23 @@ class VLLMRolloutEngine:
             self.llm.collective_rpc("flowrl_load_safetensors", args=(blob,))
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM refused to reset its prefix cache after a weight update (requests still running?)")
+
+    # ------------------------------------------------------------- memory phases
+
+    def sleep(self) -> None:
+        """vLLM ``sleep(level=1)``: weights to host memory, KV cache freed (GPUs, with ``enable_sleep_mode``)."""
+        self._check_sleep_mode()
+        self.llm.sleep(level=1)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM ``wake_up(tags)``: ``["weights"]``, then ``["kv_cache"]``; None: both."""
+        self._check_sleep_mode()
+        self.llm.wake_up(tags=tags)
+
+    def _check_sleep_mode(self) -> None:
+        if not self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
+            raise EngineConfigError("this vLLM engine was built without sleep mode (vLLM on CPU has none); "
+                                    "build it with enable_sleep_mode=True on a GPU")
 
     def shutdown(self) -> None:
         """Stop the engine core (and its worker processes, if any)."""

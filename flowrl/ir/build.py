@@ -3,7 +3,8 @@
 A raw graph has no edges: every argument is a ``Ref`` holding the *source* name, and a
 call of anything that is not a built-in op is an ``OpKind.CALL`` node. The first pass,
 ``resolve_names``, binds names, inlines flow calls and draws the edges. The Python
-builder (:mod:`flowrl.builder`) produces the same raw graphs, so both share every pass.
+builder (:mod:`flowrl.builder`) writes the same AST and calls this function, so both front ends
+share the graph building and every pass.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class _Builder:
     def stmts(self, body, region: str | None) -> None:
         for stmt in body:
             if isinstance(stmt, ast.Binding):
-                self.bind(stmt.name, stmt.value, stmt.span, region)
+                self.bind(stmt.name, stmt.value, stmt.span, region, stmt.name_span)
             elif isinstance(stmt, ast.CallStmt):
                 self.call(stmt.call, region, binding=None)
             elif isinstance(stmt, ast.Return):
@@ -51,15 +52,17 @@ class _Builder:
                                                  parent=region)
                 self.stmts(stmt.body, rid)
 
-    def bind(self, name: str, value: ast.Expr, span, region) -> None:
+    def bind(self, name: str, value: ast.Expr, span, region, name_span=None) -> None:
         if isinstance(value, ast.Call) and value.func not in LOSSES:
-            self.call(value, region, binding=name)
+            nid = self.call(value, region, binding=name)
+            self.graph.binding_spans[nid] = name_span or span
             return
         # `x = y` or `x = 3`: an alias; recorded as a binding of a value, not a node.
         node = Node(self.graph.fresh_id(name), OpKind.CALL, "=", (self.expr(value, region),), (), span,
                     region=region)
         self.graph.add(node)
         self.graph.bindings[node.id] = name
+        self.graph.binding_spans[node.id] = name_span or span
 
     def call(self, call: ast.Call, region, binding: str | None) -> str:
         spec = OPS.get(call.func)

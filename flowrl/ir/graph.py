@@ -183,10 +183,20 @@ class FlowGraph:
     regions: dict = field(default_factory=dict)
     """``repeat`` loops: region id -> Region."""
     bindings: dict = field(default_factory=dict, compare=False)
-    """Raw graphs only: node id -> the source name it binds (absent for call statements)."""
+    """node id -> the source name its value is bound to (absent for call statements). In a
+    resolved graph: the name in the outermost flow that binds it (a flow call's result is
+    named by its caller), or None where a call statement drops the value a flow returns."""
     sched: object | None = field(default=None, compare=False, repr=False)
     """What the schedule passes decided (``flowrl.compiler.sched.SchedState``): pools,
     placements, layouts, staleness, sync protocols, estimates. None before assign_placement."""
+    binding_spans: dict = field(default_factory=dict, compare=False, repr=False)
+    """node id -> where the name of ``bindings`` is written (the call statement for a dropped value)."""
+    warnings: tuple = field(default=(), compare=False, repr=False)
+    """Warning diagnostics found while compiling this graph (passes append theirs)."""
+    elided: dict = field(default_factory=dict, compare=False, repr=False)
+    """Log-prob passes an update makes redundant (written by the ``elide_logprobs`` pass):
+    logprobs op id -> (update op id, the update's argument it fed). Lowering drops them and
+    the cost model does not count them."""
 
     # -- nodes
     def add(self, node: Node) -> Node:
@@ -284,7 +294,8 @@ class FlowGraph:
         """A shallow copy: records are frozen, so sharing them is safe."""
         return FlowGraph(self.name, self.span, self.g.copy(), self.params, self.returns,
                          self.schedule, self.sources, self.unit, dict(self.regions), dict(self.bindings),
-                         self.sched)
+                         self.sched, binding_spans=dict(self.binding_spans), warnings=self.warnings,
+                         elided=dict(self.elided))
 
     def users(self, node_id: str, kind: EdgeKind | None = None) -> list[str]:
         return [v for v, e in self.out_edges(node_id) if kind is None or e.kind == kind]

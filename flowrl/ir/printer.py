@@ -18,6 +18,7 @@ order); spans are not printed, so the builder and the parser print the same text
 from __future__ import annotations
 
 from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol
+from flowrl.syntax import ast
 from flowrl.syntax.parser import format_size
 
 
@@ -52,8 +53,21 @@ def _order(graph: FlowGraph) -> list[Node]:
 def _params(graph: FlowGraph) -> str:
     out = []
     for p in graph.params:
-        out.append(f"{p.name}: {p.type}" + (" = ..." if p.default is not None else ""))
+        out.append(f"{p.name}: {p.type}" + (f" = {_default(p.default)}" if p.default is not None else ""))
     return ", ".join(out)
+
+
+def _default(e) -> str:
+    """A parameter's default by its value, as the IR prints values (``1e-4`` and ``0.0001``
+    print alike, so the builder's graphs and the parser's print the same)."""
+    if isinstance(e, ast.Literal):
+        return _value(Const(e.value, e.kind, e.span, e.text if e.kind == "size" else None))
+    if isinstance(e, ast.Name):
+        return e.id
+    if isinstance(e, ast.ListExpr):
+        return "[" + ", ".join(_default(x) for x in e.items) + "]"
+    parts = [_default(a) for a in e.args] + [f"{k.name}={_default(k.value)}" for k in e.kwargs]
+    return f"{e.func}({', '.join(parts)})"
 
 
 def _node(n: Node) -> str:

@@ -1,14 +1,15 @@
 """Tiny local causal LMs with a character-level tokenizer.
 
 No model hub is reachable, so every model flowrl tests or benchmarks on is built here:
-a transformers ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` with random (seeded) fp32
+a transformers causal LM of one of the tiny families (``LlamaForCausalLM`` by default, or
+``arch``: :data:`~flowrl.catalog.architectures.TINY_ARCHS`) with random (seeded) fp32
 weights, saved with ``save_pretrained`` next to a ``tokenizers``-backed tokenizer. The
 directory loads in transformers and in vLLM (CPU build).
 
 Constraints that come from vLLM's CPU backend:
 
 * ``head_dim = hidden / heads`` must be >= 32 ("Unsupported CPU attention configuration").
-* Untied embeddings (``tie_word_embeddings=False``): every parameter then has its own
+* Untied embeddings (``tie_word_embeddings=False``, except GPT-2, tied by design): every parameter then has its own
   tensor in the checkpoint, so streaming weights into a running engine needs no special
   case for the shared ``lm_head``.
 """
@@ -20,7 +21,10 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
+
+from flowrl.catalog.architectures import TINY_ARCHS
+from flowrl.models.families import family_config, model_class
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -34,10 +38,8 @@ class TinyModelError(ValueError):
     """A tiny-model request that cannot be built (bad shape, unknown arch, bad charset)."""
 
 
-_ARCHS = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-}
+_ARCHS = TINY_ARCHS
+"""Families a tiny model can be (``tiny(arch = ...)``): :mod:`flowrl.models.families` builds their configs."""
 
 
 def build_tokenizer(chars: str) -> PreTrainedTokenizerFast:
@@ -80,7 +82,8 @@ def tiny_config(
     intermediate: int = 256,
     max_position: int = 128,
 ):
-    """The transformers config of a tiny model (fp32, untied embeddings, specials 0..3)."""
+    """The transformers config of a tiny model (fp32, specials 0..3; embeddings untied unless the
+    family ties them: GPT-2)."""
     if arch not in _ARCHS:
         raise TinyModelError(f"unknown tiny model arch {arch!r}; choose one of {sorted(_ARCHS)}")
     if hidden % heads or heads % kv_heads:
@@ -92,20 +95,10 @@ def tiny_config(
             f"head_dim = hidden/heads = {hidden}/{heads} = {hidden // heads} < {MIN_HEAD_DIM}; "
             f"vLLM's CPU attention needs >= {MIN_HEAD_DIM}: use fewer heads or a larger hidden size"
         )
-    config_cls, _ = _ARCHS[arch]
-    return config_cls(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_position,
-        tie_word_embeddings=False,
-        pad_token_id=SPECIALS.index(PAD),
-        bos_token_id=SPECIALS.index(BOS),
-        eos_token_id=SPECIALS.index(EOS),
-        torch_dtype="float32",
+    return family_config(
+        arch, vocab_size=vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+        intermediate=intermediate, max_position=max_position,
+        pad_id=SPECIALS.index(PAD), bos_id=SPECIALS.index(BOS), eos_id=SPECIALS.index(EOS),
     )
 
 
@@ -134,7 +127,7 @@ def build_tiny_model(
         len(tokenizer), arch=arch, hidden=hidden, layers=layers, heads=heads,
         kv_heads=kv_heads, intermediate=intermediate, max_position=max_position,
     )
-    _, model_cls = _ARCHS[arch]
+    model_cls = model_class(arch)
     # A private generator state: building a model must not disturb the caller's RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,43 +1,51 @@
 """Run a reward function over batches of completions in a worker pool, surviving its failures.
 
-A reward is named by a spec string: a built-in verifier (``"exact"``, ``"math"``) or a
-user function ``"package.module:function"`` with the verifier signature
-``fn(completions: list[str], answers: list[str]) -> list[float]`` (it may also take a
-``prompts`` keyword argument, which is then passed).
+A reward is named by a spec string: a built-in verifier (``"exact"``, ``"math"``,
+``"code"``) or a user function ``"package.module:function"`` with the signature
 
-Failure handling: each chunk of samples is first scored with one call. If that call
-raises (or returns the wrong number of values, or a non-number), the chunk is scored
-again one sample at a time, so a failure is pinned to its sample: that sample gets
-``error_reward`` and a ``RewardError`` record (index, truncated prompt and completion,
-exception message); the other samples keep their real rewards and the run goes on. A
-chunk that runs past ``timeout_s`` scores ``error_reward`` for all its samples and the
-pool's processes are replaced.
+    fn(completions: list[str], answers: list[str], *, prompts=..., rows=...) -> list[float]
 
-Why processes (``multiprocessing`` "spawn" pool) rather than threads:
+``prompts`` (the prompt texts) and ``rows`` (each sample's whole dataset row, a dict with
+every field of the row) are passed only to a function that names them (or takes
+``**kwargs``). The module is looked for in the flow file's ``folder`` first, then on
+``PYTHONPATH``, then in installed packages, as ``flowrl check`` looks (:mod:`flowrl.pyrefs`).
+
+Failure handling, per sample: with process workers (``workers >= 1``) every sample is
+scored by its own call, under its own deadline (``timeout_s``). A sample whose call
+raises, returns something other than one finite number, runs past its deadline, or kills
+its worker (a segfault, ``os._exit``) gets ``error_reward`` and a :class:`RewardError`
+record (index, truncated prompt and completion, message); its worker is replaced if it
+hung or died, and every other sample keeps its real reward. With ``workers=0`` (in the
+calling process: cheapest for the built-in verifiers) a chunk is scored with one call,
+then one sample at a time if that call fails; there is no deadline there.
+
+Model-written code must never be ``exec``'d by a reward function itself (that runs it in
+the trainer's process, as its user, unlimited): call :func:`flowrl.sandbox.run_code`.
+
+Why processes (``multiprocessing`` "spawn") rather than threads:
 
 * user reward code is usually pure Python or sympy (``math_verify``), which holds the
   GIL: threads would not run in parallel;
 * ``math_verify`` guards parsing with ``signal.alarm``, which only works on a process's
-  main thread (each pool worker's tasks run there);
-* a hung or crashing user function can be stopped: ``Pool.terminate()`` is public,
-  whereas ``concurrent.futures`` has no way to kill a running task;
+  main thread (each worker's calls run there);
+* a hung or crashing call can be stopped by killing its process; a thread cannot be killed;
 * "spawn" rather than "fork": the parent has torch's thread pools (and maybe Ray and
   vLLM) running, and forking a multi-threaded process can deadlock.
-
-``workers=0`` scores in the calling process (no pool, no timeout): cheapest for the
-built-in verifiers on small batches, and for tests.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import multiprocessing
-import traceback
+import time
+from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Callable
 
+from flowrl.pyrefs import import_module_from, looked_in
 from flowrl.rewards.verifiers import VERIFIERS
 
 RewardFn = Callable[..., list[float]]
@@ -81,8 +89,25 @@ def _truncate(text: str, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """The function a spec names: a built-in verifier name, or ``"module:function"``."""
+def _shadowed(module, module_name: str, folder: str | None) -> str | None:
+    """The file next to the flow that should have been imported, when an earlier import came from elsewhere."""
+    if not folder:
+        return None
+    top = module_name.split(".")[0]
+    origin = Path(getattr(module, "__file__", "") or "").resolve()
+    folder_path = Path(folder).resolve()
+    for candidate in (folder_path / f"{top}.py", folder_path / top / "__init__.py"):
+        if candidate.exists():
+            return None if folder_path in origin.parents else str(candidate)
+    return None
+
+
+def resolve_reward(spec: str, folder: str | None = None) -> RewardFn:
+    """The function a spec names: a built-in verifier name, or ``"module:function"``.
+
+    ``folder``: the flow file's folder, searched before ``PYTHONPATH`` and installed packages
+    (as ``flowrl check`` looks, :mod:`flowrl.pyrefs`); it stays first on this process's ``sys.path``.
+    """
     if spec in VERIFIERS:
         return VERIFIERS[spec]
     module_name, sep, func_name = spec.partition(":")
@@ -90,12 +115,20 @@ def resolve_reward(spec: str) -> RewardFn:
         raise RewardSpecError(
             f"reward {spec!r} is neither a built-in verifier {sorted(VERIFIERS)} nor of the form 'module:function'"
         )
+    folder = str(Path(folder).resolve()) if folder else None
     try:
-        module = importlib.import_module(module_name)
+        module = import_module_from(module_name, folder)
     except ImportError as e:
         raise RewardSpecError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({e}); hint: is it on PYTHONPATH / installed?"
+            f"reward {spec!r}: cannot import module {module_name!r} ({e}); looked in {looked_in(folder)}; "
+            "hint: put the module next to the flow file, or on PYTHONPATH"
         ) from None
+    shadow = _shadowed(module, module_name, folder)
+    if shadow is not None:
+        raise RewardSpecError(
+            f"reward {spec!r}: module {module_name!r} was already imported from {module.__file__}, "
+            f"so {shadow} next to the flow cannot be; hint: give the flow's module a unique name"
+        )
     fn = getattr(module, func_name, None)
     if fn is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -105,18 +138,23 @@ def resolve_reward(spec: str) -> RewardFn:
     return fn
 
 
-def _takes_prompts(fn: RewardFn) -> bool:
-    """Whether ``fn`` accepts a ``prompts`` keyword (named, or through ``**kwargs``)."""
+def _accepts(fn: RewardFn, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (named, or through ``**kwargs``)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature
         return False
-    return any(p.name == "prompts" or p.kind is p.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _call(fn: RewardFn, prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
+def _call(fn: RewardFn, prompts: list[str], completions: list[str], answers: list[str],
+          rows: list[dict] | None) -> list[float]:
     """Call ``fn`` and check it returned one finite number per completion."""
-    kwargs = {"prompts": prompts} if _takes_prompts(fn) else {}
+    kwargs = {}
+    if _accepts(fn, "prompts"):
+        kwargs["prompts"] = prompts
+    if rows is not None and _accepts(fn, "rows"):
+        kwargs["rows"] = rows
     values = fn(completions, answers, **kwargs)
     try:
         values = list(values)
@@ -132,43 +170,116 @@ def _call(fn: RewardFn, prompts: list[str], completions: list[str], answers: lis
     return out
 
 
-def score_chunk(
-    fn: RewardFn, start: int, prompts: list[str], completions: list[str], answers: list[str], error_reward: float
-) -> tuple[list[float], list[RewardError]]:
-    """Rewards for one chunk whose first sample has batch index ``start``; failures pinned per sample."""
+@dataclass(frozen=True)
+class _Chunk:
+    """Consecutive samples of one batch; ``start`` is the batch index of the first."""
+
+    start: int
+    prompts: list[str]
+    completions: list[str]
+    answers: list[str]
+    rows: list[dict] | None
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def sample(self, i: int) -> tuple[list[str], list[str], list[str], list[dict] | None]:
+        """The one-sample argument lists of sample ``i`` of the chunk."""
+        return ([self.prompts[i]], [self.completions[i]], [self.answers[i]],
+                None if self.rows is None else [self.rows[i]])
+
+    def after(self, i: int) -> "_Chunk":
+        """The samples after sample ``i``."""
+        return _Chunk(self.start + i + 1, self.prompts[i + 1 :], self.completions[i + 1 :], self.answers[i + 1 :],
+                      None if self.rows is None else self.rows[i + 1 :])
+
+    def error(self, i: int, message: str) -> RewardError:
+        return RewardError(self.start + i, _truncate(self.prompts[i]), _truncate(self.completions[i]), message)
+
+
+def _message(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def score_chunk(fn: RewardFn, chunk: _Chunk, error_reward: float) -> tuple[list[float], list[RewardError]]:
+    """Rewards for one chunk in this process: one call, then one call per sample if it fails."""
     try:
-        return _call(fn, prompts, completions, answers), []
+        return _call(fn, chunk.prompts, chunk.completions, chunk.answers, chunk.rows), []
     except Exception:  # noqa: BLE001 - any user error: retry per sample to find the culprit
         pass
     rewards, errors = [], []
-    for i, (p, c, a) in enumerate(zip(prompts, completions, answers)):
+    for i in range(len(chunk)):
         try:
-            rewards += _call(fn, [p], [c], [a])
+            rewards += _call(fn, *chunk.sample(i))
         except Exception as e:  # noqa: BLE001 - user code may raise anything
             rewards.append(error_reward)
-            message = f"{type(e).__name__}: {e}"
-            errors.append(RewardError(start + i, _truncate(p), _truncate(c), message))
+            errors.append(chunk.error(i, _message(e)))
     return rewards, errors
 
 
 # --- worker-process side ------------------------------------------------------------
 
-_WORKER_FN: RewardFn | None = None
 
-
-def _init_worker(spec: str) -> None:
-    global _WORKER_FN
-    _WORKER_FN = resolve_reward(spec)
-
-
-def _worker_score(args: tuple) -> tuple[list[float], list[RewardError]]:
-    start, prompts, completions, answers, error_reward = args
+def _worker_main(conn, spec: str, folder: str | None) -> None:
+    """Score the chunks sent on ``conn`` one sample at a time; one message per sample, in order."""
     try:
-        return score_chunk(_WORKER_FN, start, prompts, completions, answers, error_reward)
-    except BaseException as e:  # noqa: BLE001 - e.g. SystemExit from user code: never kill the worker silently
-        msg = f"{type(e).__name__}: {e} ({traceback.format_exc(limit=1).strip().splitlines()[-1]})"
-        errs = [RewardError(start + i, _truncate(p), _truncate(c), msg) for i, (p, c) in enumerate(zip(prompts, completions))]
-        return [error_reward] * len(completions), errs
+        fn = resolve_reward(spec, folder)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("init_error", _message(e)))
+        return
+    conn.send(("ready",))
+    while True:
+        try:
+            chunk = conn.recv()
+        except EOFError:
+            return
+        for i in range(len(chunk)):
+            try:
+                conn.send(("ok", _call(fn, *chunk.sample(i))[0]))
+            except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: never die silently
+                conn.send(("error", _message(e)))
+
+
+STARTUP_TIMEOUT_S = 300.0
+"""How long a spawned worker may take to import Python and the reward's module before it counts
+as hung: generous, since a loaded machine (or a cold file cache) makes imports take a minute."""
+
+
+class _Worker:
+    """A spawned scoring process and the chunk it is working on."""
+
+    def __init__(self, ctx, spec: str, folder: str | None) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec, folder), daemon=True,
+                                name="flowrl-reward")
+        self.proc.start()
+        child.close()
+        self.chunk: _Chunk | None = None
+        self.index = 0
+        """Sample of ``chunk`` being scored now."""
+        self.since = 0.0
+        """When it started (``time.monotonic()``)."""
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self.conn.poll(timeout):
+            self.kill()
+            raise RewardSpecError(f"reward worker did not start within {timeout:.0f} s")
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            raise RewardSpecError(f"reward worker died while starting (exit code {self.proc.exitcode})") from None
+        if msg[0] == "init_error":
+            self.kill()
+            raise RewardSpecError(msg[1])
+
+    def give(self, chunk: _Chunk) -> None:
+        self.conn.send(chunk)
+        self.chunk, self.index, self.since = chunk, 0, time.monotonic()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
 
 
 # --- the pool -------------------------------------------------------------------------
@@ -178,8 +289,9 @@ class RewardPool:
     """Scores batches with the reward named by ``spec`` on ``workers`` processes (0: in process).
 
     ``error_reward`` is what a failed sample scores; ``chunk_size`` samples go to a worker
-    per task; ``timeout_s`` bounds one chunk (process workers only).
-    Use as a context manager, or call ``close()``.
+    at a time; ``timeout_s`` bounds each sample's call (process workers only);
+    ``folder`` (the flow file's) is searched first for ``spec``'s module. Use as a context
+    manager, or call ``close()``.
     """
 
     def __init__(
@@ -190,68 +302,118 @@ class RewardPool:
         chunk_size: int = 64,
         error_reward: float = 0.0,
         timeout_s: float = 60.0,
+        folder: str | None = None,
     ) -> None:
-        if workers < 0 or chunk_size < 1:
-            raise ValueError(f"RewardPool: workers={workers}, chunk_size={chunk_size}; need workers >= 0, chunk_size >= 1")
+        if workers < 0 or chunk_size < 1 or not timeout_s > 0:
+            raise ValueError(f"RewardPool: workers={workers}, chunk_size={chunk_size}, timeout_s={timeout_s}; "
+                             "need workers >= 0, chunk_size >= 1, timeout_s > 0")
         self.spec, self.workers, self.chunk_size = spec, workers, chunk_size
         self.error_reward, self.timeout_s = float(error_reward), timeout_s
+        self.folder = str(folder) if folder else None
         # Resolve here too: a bad spec fails now, in the caller, with the spec in the message.
-        self._fn = resolve_reward(spec)
-        self._pool = self._start() if workers else None
-
-    def _start(self):
-        ctx = multiprocessing.get_context("spawn")
-        return ctx.Pool(self.workers, initializer=_init_worker, initargs=(self.spec,))
+        self._fn = resolve_reward(spec, self.folder)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._pool: list[_Worker] = []
+        for _ in range(workers):
+            self._pool.append(_Worker(self._ctx, spec, self.folder))
+        for w in self._pool:
+            w.wait_ready(max(STARTUP_TIMEOUT_S, timeout_s))
+        self.restarts = 0
+        """Workers replaced so far (after a hang or a crash)."""
 
     def score(
-        self, completions: list[str], answers: list[str], prompts: list[str] | None = None
+        self, completions: list[str], answers: list[str], prompts: list[str] | None = None,
+        rows: list[dict] | None = None,
     ) -> RewardResult:
-        """Rewards for ``completions[i]`` against ``answers[i]`` (``[N]`` each); never raises for user errors."""
-        if len(completions) != len(answers) or (prompts is not None and len(prompts) != len(completions)):
+        """Rewards for ``completions[i]`` against ``answers[i]`` (``[N]`` each); never raises for user errors.
+
+        ``rows[i]``: the dataset row sample ``i`` came from (every field), for rewards that
+        take ``rows`` (e.g. the ``code`` verifier's ``tests``).
+        """
+        n = len(completions)
+        if len(answers) != n or (prompts is not None and len(prompts) != n) or (rows is not None and len(rows) != n):
             raise ValueError(
-                f"RewardPool.score: {len(completions)} completions, {len(answers)} answers, "
-                f"{'no' if prompts is None else len(prompts)} prompts; pass one of each per sample"
+                f"RewardPool.score: {n} completions, {len(answers)} answers, "
+                f"{'no' if prompts is None else len(prompts)} prompts, {'no' if rows is None else len(rows)} rows; "
+                "pass one of each per sample"
             )
-        prompts = prompts if prompts is not None else [""] * len(completions)
-        starts = range(0, len(completions), self.chunk_size)
-        chunks = [
-            (s, prompts[s : s + self.chunk_size], completions[s : s + self.chunk_size],
-             answers[s : s + self.chunk_size], self.error_reward)
-            for s in starts
-        ]
-        results = self._score_inline(chunks) if self._pool is None else self._score_pool(chunks)
-        rewards = [r for chunk_rewards, _ in results for r in chunk_rewards]
-        errors = [e for _, chunk_errors in results for e in chunk_errors]
-        return RewardResult(rewards, errors)
+        prompts = prompts if prompts is not None else [""] * n
+        chunks = [_Chunk(s, prompts[s : s + self.chunk_size], completions[s : s + self.chunk_size],
+                         answers[s : s + self.chunk_size], None if rows is None else rows[s : s + self.chunk_size])
+                  for s in range(0, n, self.chunk_size)]
+        if not self._pool:
+            results = [score_chunk(self._fn, c, self.error_reward) for c in chunks]
+            rewards = [r for chunk_rewards, _ in results for r in chunk_rewards]
+            return RewardResult(rewards, [e for _, errs in results for e in errs])
+        return self._score_pool(n, chunks)
 
-    def _score_inline(self, chunks: list[tuple]) -> list[tuple[list[float], list[RewardError]]]:
-        return [score_chunk(self._fn, *chunk) for chunk in chunks]
+    def _score_pool(self, n: int, chunks: list[_Chunk]) -> RewardResult:
+        rewards: list[float | None] = [None] * n
+        errors: dict[int, RewardError] = {}
+        todo = deque(chunks)
+        idle, busy = list(self._pool), []
 
-    def _score_pool(self, chunks: list[tuple]) -> list[tuple[list[float], list[RewardError]]]:
-        pending = [self._pool.apply_async(_worker_score, (chunk,)) for chunk in chunks]
-        results, restart = [], False
-        for chunk, fut in zip(chunks, pending):
-            try:
-                # After one timeout the pool is doomed; later chunks get a short grace only.
-                results.append(fut.get(timeout=1.0 if restart else self.timeout_s))
-            except multiprocessing.TimeoutError:
-                restart = True
-                start, prompts, completions, _, error_reward = chunk
-                msg = f"TimeoutError: reward did not finish within {self.timeout_s} s (chunk of {len(completions)})"
-                errs = [RewardError(start + i, _truncate(p), _truncate(c), msg) for i, (p, c) in enumerate(zip(prompts, completions))]
-                results.append(([error_reward] * len(completions), errs))
-        if restart:  # a worker is stuck in user code: replace them all
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = self._start()
-        return results
+        def fail(w: _Worker, message: str, replace: bool) -> None:
+            chunk, i = w.chunk, w.index
+            rewards[chunk.start + i] = self.error_reward
+            errors[chunk.start + i] = chunk.error(i, message)
+            busy.remove(w)
+            if i + 1 < len(chunk):
+                todo.appendleft(chunk.after(i))  # the rest of the chunk goes on elsewhere
+            if replace:
+                w.kill()
+                fresh = _Worker(self._ctx, self.spec, self.folder)
+                self._pool[self._pool.index(w)] = fresh
+                fresh.wait_ready(max(STARTUP_TIMEOUT_S, self.timeout_s))
+                self.restarts += 1
+                idle.append(fresh)
+            else:
+                idle.append(w)
+
+        while todo or busy:
+            while todo and idle:
+                w = idle.pop()
+                w.give(todo.popleft())
+                busy.append(w)
+            now = time.monotonic()
+            timeout = max(0.0, min(w.since + self.timeout_s for w in busy) - now)
+            ready = set(wait([w.conn for w in busy], timeout))
+            for w in list(busy):
+                if w.conn in ready:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        w.proc.join(timeout=5)  # EOF can come before the exit status
+                        fail(w, f"WorkerDied: the reward process exited with code {w.proc.exitcode} "
+                                "while scoring this sample", replace=True)
+                        continue
+                    i = w.chunk.start + w.index
+                    if msg[0] == "ok":
+                        rewards[i] = msg[1]
+                    else:
+                        rewards[i] = self.error_reward
+                        errors[i] = w.chunk.error(w.index, msg[1])
+                    w.index += 1
+                    w.since = time.monotonic()
+                    if w.index == len(w.chunk):
+                        busy.remove(w)
+                        idle.append(w)
+                elif time.monotonic() - w.since >= self.timeout_s:
+                    fail(w, f"TimeoutError: reward did not finish within {self.timeout_s} s", replace=True)
+        return RewardResult([float(r) for r in rewards], [errors[i] for i in sorted(errors)])
 
     def close(self) -> None:
         """Stop the worker processes."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        for w in self._pool:
+            try:
+                w.conn.close()  # EOF: the worker returns
+            except OSError:
+                pass
+            w.proc.join(timeout=5)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+        self._pool = []
 
     def __enter__(self) -> "RewardPool":
         return self

@@ -5,7 +5,9 @@ Every verifier has the reward-function signature used throughout flowrl::
     fn(completions: list[str], answers: list[str]) -> list[float]
 
 one reward per completion, 1.0 for correct and 0.0 for wrong. They are looked up by
-name (``get_verifier("math")``); a flow names them the same way.
+name (``get_verifier("math")``); a flow names them the same way. A verifier that needs
+more of a sample than its answer takes the keyword ``rows`` (each sample's dataset row,
+every field): ``code`` (:mod:`flowrl.rewards.code`) reads the row's ``tests``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 import re
 import threading
 from typing import Callable
+
+from flowrl.rewards.code import code_tests
 
 Verifier = Callable[[list[str], list[str]], list[float]]
 
@@ -79,6 +83,7 @@ _INT = re.compile(r"[-+]?\d+")
 VERIFIERS: dict[str, Verifier] = {
     "exact": exact_match,
     "math": math_equivalence,
+    "code": code_tests,
 }
 
 

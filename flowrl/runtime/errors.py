@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 
+class RuntimeFlowError(RuntimeError):
+    """A failure the user can act on, raised with the op's (or resource's) source position."""
+
+
 def _user_error_types() -> tuple[type, ...]:
-    types: list[type] = []
-    for mod, names in (("flowrl.runtime.api", ("RunError",)),
-                       ("flowrl.runtime.handlers", ("RuntimeFlowError",)),
-                       ("flowrl.engines.base", ("EngineError",)),
+    types: list[type] = [RuntimeFlowError]
+    for mod, names in (("flowrl.engines.base", ("EngineError",)),
                        ("flowrl.data.datasets", ("DatasetError",)),
                        ("flowrl.data.sampler", ("SamplerStateError",)),
                        ("flowrl.models.warmstart", ("WarmStartError",)),

@@ -1,19 +1,25 @@
 """Turn the plan's model records into local checkpoint directories.
 
-* ``hf("dir")``: a local transformers checkpoint; flowrl never downloads, so a path that
-  is not a directory is an error with the fix.
+* ``hf("dir")``: a local transformers checkpoint; ``hf("org/name")`` that is not a local
+  directory: its snapshot in the local Hugging Face cache (:mod:`flowrl.hub`). flowrl never
+  downloads, so a path that is neither is an error with the fix (the download command).
 * ``tiny(task = ...)``: built locally and warm-started by a short supervised phase,
   cached by content (:func:`flowrl.models.warmstart.warm_start`).
 * ``frozen(m)`` / ``critic(m)``: start from ``m``'s initial weights.
+
+Each is the function of :data:`MODEL_SOURCES` its op's catalogue record names
+(``OpSpec.handler``: ``hf``, ``tiny``, ``derived``).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
+from flowrl.catalog.ops import OPS, OpKind
 from flowrl.plan import ExecutionPlan, ModelPlan
-from flowrl.runtime.handlers import RuntimeFlowError
+from flowrl.runtime.errors import RuntimeFlowError
 
 
 def materialize_models(plan: ExecutionPlan, log) -> dict[str, Path]:
@@ -24,7 +30,7 @@ def materialize_models(plan: ExecutionPlan, log) -> dict[str, Path]:
         for m in list(pending):
             if m.base is not None and m.base not in paths:
                 continue
-            paths[m.id] = _one(m, paths, log)
+            paths[m.id] = _one(m, paths, log, plan.run.seed)
             pending.remove(m)
             progressed = True
         if not progressed:
@@ -32,40 +38,77 @@ def materialize_models(plan: ExecutionPlan, log) -> dict[str, Path]:
     return paths
 
 
-def _one(m: ModelPlan, paths: dict[str, Path], log) -> Path:
-    if m.base is not None:
-        return paths[m.base]
-    if m.source == "hf":
-        p = Path(m.args["path"])
-        if not (p / "config.json").is_file():
-            raise RuntimeFlowError(f"{m.origin}: hf(\"{m.args['path']}\") is not a local transformers checkpoint "
-                                   "(no config.json); flowrl never downloads models: save one with "
-                                   "`save_pretrained(dir)` and point hf(...) at that directory")
-        return p
-    if m.source == "tiny":
-        from flowrl.models.warmstart import SFTConfig, TinyModelConfig, warm_start
+def hf(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
+    """A local transformers checkpoint directory, else the hub id's snapshot in the local Hugging
+    Face cache (:func:`flowrl.hub.snapshot_path`: offline, weights checked); flowrl never downloads."""
+    p = Path(m.args["path"])
+    if not (p / "config.json").is_file() and m.args.get("hub_id"):
+        from flowrl.hub import HubError, snapshot_path
 
-        a = m.args
-        cfg = TinyModelConfig(hidden=int(a.get("hidden", 128)), layers=int(a.get("layers", 2)),
-                              heads=int(a.get("heads", 4)), kv_heads=int(a.get("kv_heads", 2)))
-        sft = SFTConfig(steps=int(a.get("warm_start", SFTConfig().steps)))
-        t0 = time.time()
-        log(f"model `{m.id}`: preparing the tiny {a.get('task', 'arith')} model "
-            "(built and warm-started by SFT on first use, then cached)...")
-        result = warm_start(str(a.get("task", "arith")), model_cfg=cfg, sft=sft, seed=int(a.get("seed", 0)))
-        acc = result.info.get("test_accuracy")
-        how = "cached" if result.cached else f"built and warm-started in {time.time() - t0:.0f}s"
-        log(f"model `{m.id}`: tiny {a.get('task', 'arith')} model {how}"
-            + (f" (SFT held-out accuracy {100 * acc:.1f}%)" if acc is not None else "") + f": {result.path}")
-        return Path(result.path)
-    raise RuntimeFlowError(f"{m.origin}: model source `{m.source}` cannot be materialized")
+        try:
+            found = snapshot_path(m.args["hub_id"])
+        except HubError as e:
+            raise RuntimeFlowError(f"{m.origin}: hf(\"{m.args['hub_id']}\"): {e}") from None
+        log(f"model `{m.id}`: `{m.args['hub_id']}` from the local Hugging Face cache: {found}")
+        return found
+    if not (p / "config.json").is_file():
+        raise RuntimeFlowError(f"{m.origin}: hf(\"{m.args['path']}\") is not a local transformers checkpoint "
+                               "(no config.json); flowrl never downloads models: save one with "
+                               "`save_pretrained(dir)` and point hf(...) at that directory")
+    return p
+
+
+def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
+    """A tiny model built for its task and warm-started by SFT (cached by content).
+
+    Its init and SFT data order are seeded by the run's ``seed`` plus ``tiny(seed = ...)``
+    (an offset, as ``generate``'s seed is), so ``--set seed=1`` reaches the warm start."""
+    from flowrl.models.warmstart import SFTConfig, TinyModelConfig, warm_start
+
+    a = m.args
+    cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
+                          layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
+                          kv_heads=int(a.get("kv_heads", 2)))
+    sft = SFTConfig(steps=int(a.get("warm_start", SFTConfig().steps)))
+    t0 = time.time()
+    log(f"model `{m.id}`: preparing the tiny {a.get('task', 'arith')} model "
+        "(built and warm-started by SFT on first use, then cached)...")
+    result = warm_start(str(a.get("task", "arith")), model_cfg=cfg, sft=sft, seed=seed + int(a.get("seed", 0)))
+    acc = result.info.get("test_accuracy")
+    how = "cached" if result.cached else f"built and warm-started in {time.time() - t0:.0f}s"
+    log(f"model `{m.id}`: tiny {a.get('task', 'arith')} model {how}"
+        + (f" (SFT held-out accuracy {100 * acc:.1f}%)" if acc is not None else "") + f": {result.path}")
+    return Path(result.path)
+
+
+def derived(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
+    """``frozen(m)`` / ``critic(m)``: the base model's initial weights."""
+    return paths[m.base]
+
+
+MODEL_SOURCES: dict[str, Callable[[ModelPlan, dict, Callable, int], Path]] = {f.__name__: f for f in (hf, tiny, derived)}
+"""``OpSpec.handler`` of a model op -> ``source(model plan, paths so far, log, run seed) -> checkpoint directory``."""
+
+
+def source_of(m: ModelPlan) -> Callable[[ModelPlan, dict, Callable, int], Path]:
+    """The source of ``m`` (its op's ``OpSpec.handler``); an unknown source is an error."""
+    spec = OPS.get(m.source)
+    source = MODEL_SOURCES.get(spec.handler) if spec is not None and spec.kind == OpKind.MODEL else None
+    if source is None:
+        raise RuntimeFlowError(f"{m.origin}: model source `{m.source}` cannot be materialized; sources: "
+                               f"{', '.join(sorted(k for k, s in OPS.items() if s.kind == OpKind.MODEL))}")
+    return source
+
+
+def _one(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
+    return source_of(m)(m, paths, log, seed)
 
 
 def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
     """The tokenizer shared by the flow's models (the one that generates, else the first)."""
     from transformers import AutoTokenizer
 
-    gen = next((op.model for op in plan.ops if op.kind == "generate"), None)
+    gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
     mid = gen or (plan.models[0].id if plan.models else None)
     if mid is None:
         raise RuntimeFlowError(f"{plan.source}: the flow declares no model")

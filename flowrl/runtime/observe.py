@@ -7,8 +7,8 @@ Four artefacts, one class or function each:
   of every step, one lane (a trace "thread") per worker or role.
 * :class:`MetricsLog` -> ``metrics.jsonl``: one JSON object per step, keys sorted,
   floats rounded to 6 significant digits; resumable after a crash.
-* :class:`Progress` -> one human-readable line per step on stderr (no carriage
-  returns or cursor tricks, so CI logs read the same as a terminal).
+* :class:`Progress` -> the progress line on stderr: redrawn in place on a terminal,
+  one plain line per step when piped (CI logs, files); at most 120 columns.
 * :func:`plot_run` -> a 2x2 PNG (reward, held-out accuracy, KL, train/rollout
   logprob mismatch); :func:`summarize` -> first/last/best of the key series.
 
@@ -18,8 +18,11 @@ Metric keys follow one convention (the driver emits them): ``reward/mean``,
 ``perf/step_s``, ``time/<op id>`` (seconds), ``sync/bytes``, ``sync/seconds``,
 ``staleness/hist/<k>``, ``loss/...``, ``policy/version``.
 
-Steps are numbered from 0 everywhere (``step`` = index of the step the record
-belongs to); :class:`Progress` shows ``step + 1`` as the count of finished steps.
+Steps are numbered from 1 in everything a run writes and shows: step k is the k-th RL
+step (``metrics.jsonl``, ``trace.json``, the progress line, ``summary.json``, the plots and
+the checkpoints' names all agree), and step 0 is before RL (the held-out evaluation of the
+initial model, set-up spans in the trace). The driver's loop index (0-based) is used only
+inside the runtime: :class:`Timeline` takes it and writes ``index + 1``.
 
 This module imports only the standard library at import time; matplotlib is
 imported inside :func:`plot_run`, so the driver pays for it only when plotting.
@@ -27,6 +30,7 @@ imported inside :func:`plot_run`, so the driver pays for it only when plotting.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
@@ -54,14 +58,21 @@ def _check_step(step: Any, what: str, lowest: int = 0) -> int:
 
 
 SETUP_STEP = -1
-"""The step a :class:`Timeline` event gets when it happens before step 0 (set-up, the
-baseline evaluation before RL)."""
+"""The loop index a :class:`Timeline` event gets when it happens before the first step (set-up,
+the baseline evaluation before RL); the trace shows it as step 0."""
 
 
 def _check_name(value: Any, field: str, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ObserveError(f"{what}: {field}={value!r}; hint: give a non-empty string")
     return value
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte of ``data`` is written (a short write is not an error)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -125,8 +136,8 @@ class Timeline:
         """Record the enclosed block as one complete (``"ph": "X"``) event.
 
         ``name`` is the phase (usually the op id, e.g. ``"generate"``), ``lane`` the
-        worker or role that ran it, ``step`` the 0-based step (:data:`SETUP_STEP` = -1
-        before step 0); ``args`` are shown in
+        worker or role that ran it, ``step`` the driver's 0-based loop index (:data:`SETUP_STEP`
+        = -1 before the first step; the trace writes ``step + 1``); ``args`` are shown in
         the trace viewer's detail pane. If the block raises, the event is still
         recorded (with ``error=<exception type>``) and the exception propagates.
         """
@@ -199,14 +210,17 @@ class Timeline:
                 # 0.1 us: the resolution an epoch-seconds double (~2e-7 s) can honestly carry.
                 "ts": round((start - origin) * 1e6, 1),
                 "dur": round((end - start) * 1e6, 1),
-                "args": {**{k: _json_safe(v) for k, v in args.items()}, "step": step},
+                # The step as users number it (1 = the first RL step, 0 = set-up / before RL).
+                "args": {**{k: _json_safe(v) for k, v in args.items()}, "step": step + 1},
             })
         return out
 
     def write(self, path: str | os.PathLike) -> None:
         """Write ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` to ``path`` atomically."""
+        from flowrl.runtime.secrets import redact
+
         doc = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
-        _atomic_write_text(Path(path), json.dumps(doc, separators=(",", ":")) + "\n")
+        _atomic_write_text(Path(path), redact(json.dumps(doc, separators=(",", ":"))) + "\n")  # no tokens in traces
 
 
 # --------------------------------------------------------------------------- MetricsLog
@@ -263,19 +277,19 @@ class MetricsLog:
     ``jq``) and read back as floats by :meth:`rows`. Each :meth:`log` appends one line
     and flushes it, so a crash loses at most the line being written.
 
-    ``resume_from_step=None`` starts a fresh log (an existing file is replaced).
-    ``resume_from_step=k`` (resuming from a checkpoint taken after steps 0..k-1) keeps
-    the existing lines with ``step < k``, drops the rest (they belong to steps that
-    will be run again), rewrites the file atomically, then appends. A torn last line
+    ``resume_after_step=None`` starts a fresh log (an existing file is replaced).
+    ``resume_after_step=k`` (resuming from a checkpoint taken after step k) keeps the
+    existing lines with ``step <= k`` (step 0, before RL, included), drops the rest (they
+    belong to steps that will be run again), rewrites the file atomically, then appends. A torn last line
     (a crash mid-write) is dropped; a malformed line elsewhere raises.
     """
 
-    def __init__(self, path: str | os.PathLike, resume_from_step: int | None = None):
+    def __init__(self, path: str | os.PathLike, resume_after_step: int | None = None):
         self.path = Path(path)
         self._rows: list[dict[str, Any]] = []
-        if resume_from_step is not None:
-            resume_from_step = _check_step(resume_from_step, f"MetricsLog({str(self.path)!r}) resume_from_step")
-            self._rows = [r for r in self._read_existing() if r["step"] < resume_from_step]
+        if resume_after_step is not None:
+            resume_after_step = _check_step(resume_after_step, f"MetricsLog({str(self.path)!r}) resume_after_step")
+            self._rows = [r for r in self._read_existing() if r["step"] <= resume_after_step]
         text = "".join(self._line(r) for r in self._rows)
         _atomic_write_text(self.path, text)
 
@@ -307,7 +321,8 @@ class MetricsLog:
         return json.dumps(encoded, sort_keys=True, allow_nan=False) + "\n"
 
     def log(self, step: int, metrics: dict[str, float | int]) -> None:
-        """Append the metrics of one step (0-based). ``None`` values are skipped (not measured)."""
+        """Append the metrics of step ``step`` (1 = the first RL step, 0 = before RL).
+        ``None`` values are skipped (not measured)."""
         step = _check_step(step, f"MetricsLog.log to {str(self.path)!r}")
         if self._rows and step <= self._rows[-1]["step"]:
             raise ObserveError(
@@ -321,9 +336,25 @@ class MetricsLog:
             if value is not None:
                 row[key] = _scalar(key, value, step)
         line = self._line(row)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            kept = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, line.encode("utf-8"))  # unbuffered: nothing is left to flush after a failure
+            except OSError as error:
+                # A full disk mid-line: cut the torn line off so the earlier steps' rows stay readable.
+                try:
+                    os.ftruncate(fd, kept)
+                except OSError:
+                    pass
+                if error.errno == errno.ENOSPC:
+                    raise ObserveError(f"disk full writing step {step}'s metrics to {self.path} (ENOSPC); the rows of "
+                                       "the earlier steps are kept; hint: free space on that disk, then "
+                                       f"`flowrl run --resume {self.path.parent}` continues from the last "
+                                       "checkpoint") from error
+                raise
+        finally:
+            os.close(fd)
         # Keep what was written (rounded), so rows() equals a fresh read of the file.
         self._rows.append(_decode(json.loads(line)))
 
@@ -392,17 +423,27 @@ MAX_PHASES = 6
 """At most this many ``time/<op>`` entries per line (the slowest ones, in given order)."""
 
 
+MAX_WIDTH = 120
+"""The progress line never gets wider than this (nor wider than the terminal)."""
+
+
 class Progress:
-    """One line per finished step, e.g.::
+    """The run's progress line on ``stream`` (stderr), e.g.::
 
-        step 12/60 [##........]  reward 0.41  acc 35.0%  gen_tok/s 1.2k  | generate 0.80s update 0.52s  eta 1m05s
+        step  12/60 [##........] reward 0.410 acc 35.0% kl 0.0123 gen_tok/s 1.2k | generate 0.80s update 0.52s eta 1m05s
 
-    ``update(step, metrics)`` takes the 0-based step just finished and shows ``step+1``
-    of ``total_steps``. Headline values come from :data:`HEADLINE` keys, phase times
-    from ``time/<op>`` keys (insertion order), each only if present. The ETA is the
-    mean wall time per step in this process times the steps left; the first step in
-    this process is left out of the mean once later ones exist (it carries start-up
-    and compilation). ``start_step`` is the first step this process runs (resume).
+    ``update(step, metrics)`` takes the step just finished, numbered from 1 (step 1 is the
+    first), of ``total_steps``. Headline values come from :data:`HEADLINE` keys, phase times
+    from ``time/<op>`` keys (the slowest first dropped last, as many as fit), each only if
+    present; the line is at most :data:`MAX_WIDTH` columns (and the terminal's width).
+
+    On a terminal (``live``, default ``stream.isatty()``) the line is redrawn in place
+    (carriage return, erase to the end of the line) and :meth:`message` lines scroll above it;
+    elsewhere (a pipe, a file, CI) every update is one plain line.
+
+    The ETA is the mean wall time per step in this process times the steps left; the first
+    step in this process is left out of the mean once later ones exist (it carries start-up
+    and compilation). ``start_step`` is the number of steps already done (resume).
     ``clock`` (seconds, monotonic) is injectable for tests.
     """
 
@@ -415,6 +456,8 @@ class Progress:
         start_step: int = 0,
         *,
         clock: Callable[[], float] = time.monotonic,
+        live: bool | None = None,
+        width: int | None = None,
     ):
         if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
             raise ObserveError(f"Progress: total_steps={total_steps!r}; hint: give the number of steps, >= 1")
@@ -424,16 +467,31 @@ class Progress:
         self.total = int(total_steps)
         self.stream = stream
         self.start_step = start_step
+        self.live = _isatty(stream) if live is None else bool(live)
+        self.width = min(MAX_WIDTH, width or (_terminal_columns(stream) if self.live else MAX_WIDTH))
         self._clock = clock
         self._t0 = clock()
         # (clock seconds, finished-step count) at each update.
         self._marks: list[tuple[float, int]] = []
         self._done = start_step
+        self._shown = ""  # the line drawn in place (live mode), to redraw under messages
         self._closed = False
 
     def _print(self, text: str) -> None:
+        if self.live and self._shown:
+            self.stream.write("\r\x1b[K")  # the message takes the progress line's place ...
         self.stream.write(text + "\n")
+        if self.live and self._shown:
+            self.stream.write(self._shown)  # ... which is drawn again below it
         self.stream.flush()
+
+    def _draw(self, line: str) -> None:
+        if self.live:
+            self._shown = line
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+        else:
+            self._print(line)
 
     def _seconds_per_step(self) -> float | None:
         """Mean wall seconds per step, from the first update on (else from construction)."""
@@ -445,51 +503,84 @@ class Progress:
         return None
 
     def format_line(self, step: int, metrics: dict) -> str:
-        """The line :meth:`update` prints (without recording the step's time)."""
-        step = _check_step(step, "Progress.update")
-        done = step + 1
+        """The line :meth:`update` shows for finished step ``step`` (1-based), at most ``self.width`` wide."""
+        done = _check_step(step, "Progress.update")
         width = len(str(self.total))
         filled = min(self.BAR_WIDTH, int(self.BAR_WIDTH * done / self.total))
-        parts = [f"step {done:>{width}}/{self.total} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}]"]
+        head = f"step {done:>{width}}/{self.total} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}]"
         for key, label, fmt in HEADLINE:
             if isinstance(metrics.get(key), numbers.Real):
-                parts.append(f"{label} {fmt(float(metrics[key]))}")
-        phases = [(k[len("time/"):], float(v)) for k, v in metrics.items()
-                  if k.startswith("time/") and isinstance(v, numbers.Real)]
-        if len(phases) > MAX_PHASES:
-            slowest = set(sorted(phases, key=lambda p: -p[1])[:MAX_PHASES])
-            phases = [p for p in phases if p in slowest]
-        line = "  ".join(parts)
-        if phases:
-            line += "  | " + " ".join(f"{name} {_fmt_phase(s)}" for name, s in phases)
+                head += f" {label} {fmt(float(metrics[key]))}"
         per_step = self._seconds_per_step()
         if done >= self.total:
-            line += f"  done in {_fmt_duration(self._clock() - self._t0)}"
+            tail = f" done in {_fmt_duration(self._clock() - self._t0)}"
         elif per_step is not None:
-            line += f"  eta {_fmt_duration(per_step * (self.total - done))}"
-        return line
+            tail = f" eta {_fmt_duration(per_step * (self.total - done))}"
+        else:
+            tail = ""
+        phases = [(k[len("time/"):], float(v)) for k, v in metrics.items()
+                  if k.startswith("time/") and isinstance(v, numbers.Real)]
+        # As many phases as fit, the slowest first; shown in the order the step ran them.
+        kept: list[tuple[str, float]] = []
+        for phase in sorted(phases, key=lambda p: -p[1])[:MAX_PHASES]:
+            trial = [p for p in phases if p in kept or p == phase]
+            text = " | " + " ".join(f"{name} {_fmt_phase(s)}" for name, s in trial)
+            if len(head) + len(text) + len(tail) <= self.width:
+                kept = trial
+        middle = " | " + " ".join(f"{name} {_fmt_phase(s)}" for name, s in kept) if kept else ""
+        line = head + middle + tail
+        return line if len(line) <= self.width else line[: self.width - 1] + "…"
 
     def update(self, step: int, metrics: dict) -> None:
-        """Print the line for the 0-based ``step`` that just finished."""
-        done = _check_step(step, "Progress.update") + 1
+        """Show the line for step ``step`` (1-based), which just finished."""
+        done = _check_step(step, "Progress.update")
         self._marks.append((self._clock(), done))
         self._done = max(self._done, done)
-        self._print(self.format_line(step, metrics))
+        self._draw(self.format_line(step, metrics))
 
     def message(self, text: str) -> None:
-        """Print a free-form line (checkpoint saved, eval started, ...) between step lines."""
-        self._print(str(text))
+        """Print a free-form line (checkpoint saved, eval started, ...) above the progress line
+        (secrets from the environment redacted: :mod:`flowrl.runtime.secrets`)."""
+        from flowrl.runtime.secrets import redact
+
+        self._print(redact(str(text)))
+
+    def _end(self, text: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.live and self._shown:
+            self.stream.write("\n")  # keep the last progress line on screen
+            self._shown = ""
+        self._print(text)
 
     def close(self) -> None:
         """Print a final line with the steps finished and the elapsed time; idempotent.
 
         The stream itself is left open (it is usually stderr).
         """
-        if self._closed:
-            return
-        self._closed = True
         ran = self._done - self.start_step
-        self._print(f"finished {self._done}/{self.total} steps ({ran} in this process) in {_fmt_duration(self._clock() - self._t0)}")
+        self._end(f"finished {self._done}/{self.total} steps ({ran} in this process) "
+                  f"in {_fmt_duration(self._clock() - self._t0)}")
+
+    def stopped(self) -> None:
+        """Like :meth:`close`, for a run that ended early (an error, Ctrl-C)."""
+        self._end(f"stopped after step {self._done} of {self.total} "
+                  f"({self._done - self.start_step} in this process, {_fmt_duration(self._clock() - self._t0)})")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _terminal_columns(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or MAX_WIDTH
+    except (AttributeError, ValueError, OSError):
+        return MAX_WIDTH
 
 
 # --------------------------------------------------------------------------- plot_run and summarize
@@ -506,18 +597,41 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return steps, values
 
 
+def reward_band(rows: list[dict]) -> tuple[list[int], list[float], list[float]] | None:
+    """The band drawn around the mean reward: mean +/- std per step, clipped to [min, max].
+
+    None when there is nothing to show: no ``reward/std``, or rewards that take only two
+    values (0/1 verifiers) at every step — their spread is fixed by the mean (variance
+    ``(mean - min) * (max - mean)`` with the population std), so a band would only restate the curve (and a
+    ``min..max`` band would cover 0..1 on every step, hiding it).
+    """
+    stats = {}
+    for key in ("reward/mean", "reward/std", "reward/min", "reward/max"):
+        for step, value in zip(*_series(rows, key)):
+            stats.setdefault(step, {})[key] = value
+    steps = sorted(s for s, v in stats.items() if len(v) == 4)
+    if not steps:
+        return None
+    # metrics.jsonl keeps 6 significant digits: the identity holds to ~1e-6 of (max - min)^2.
+    two_valued = all(abs(v["reward/std"] ** 2 - (v["reward/mean"] - v["reward/min"]) * (v["reward/max"] - v["reward/mean"]))
+                     <= 1e-5 * max(1.0, (v["reward/max"] - v["reward/min"]) ** 2)
+                     for v in (stats[s] for s in steps))
+    if two_valued:
+        return None
+    low = [max(stats[s]["reward/min"], stats[s]["reward/mean"] - stats[s]["reward/std"]) for s in steps]
+    high = [min(stats[s]["reward/max"], stats[s]["reward/mean"] + stats[s]["reward/std"]) for s in steps]
+    return steps, low, high
+
+
 def _draw_reward(ax, rows) -> bool:
     drawn = False
     steps, mean = _series(rows, "reward/mean")
     if steps:
         ax.plot(steps, mean, marker="o" if len(steps) < 30 else None, lw=2, label="mean (train batch)")
         drawn = True
-    lows = dict(zip(*_series(rows, "reward/min")))
-    highs = dict(zip(*_series(rows, "reward/max")))
-    band_steps = [s for s in lows if s in highs]  # the band needs both ends on a step
-    if band_steps:
-        ax.fill_between(band_steps, [lows[s] for s in band_steps], [highs[s] for s in band_steps],
-                        alpha=0.2, label="min..max")
+    band = reward_band(rows)
+    if band is not None:
+        ax.fill_between(band[0], band[1], band[2], alpha=0.2, label="mean ± std")
         drawn = True
     es, ev = _series(rows, "eval/reward")
     if es:
@@ -534,7 +648,7 @@ def _draw_accuracy(ax, rows) -> bool:
     if not steps:
         return False
     ax.plot(steps, [100 * a for a in acc], "o-", lw=2, color="tab:green", label="held-out accuracy")
-    if steps[0] == BEFORE_RL_STEP:
+    if steps[0] == 0:
         ax.annotate(f"before RL: {100 * acc[0]:.1f}%", (steps[0], 100 * acc[0]), textcoords="offset points",
                     xytext=(8, -14))
     ax.set_ylim(0, 100)
@@ -594,28 +708,16 @@ PANELS: tuple[tuple[str, Callable[[Any, list[dict]], bool]], ...] = (
 """(panel title, draw function) in reading order; a draw function returns whether it plotted anything."""
 
 
-BEFORE_RL_STEP = -1
-"""The step at which :func:`plot_run` draws the held-out accuracy measured before any update."""
-
-
-def with_accuracy_before(rows: list[dict], accuracy_before: float | None) -> list[dict]:
-    """``rows`` with the pre-RL held-out accuracy as a row at ``BEFORE_RL_STEP`` (if measured)."""
-    if accuracy_before is None:
-        return list(rows)
-    return [{"step": BEFORE_RL_STEP, "eval/accuracy": float(accuracy_before)}] + list(rows)
-
-
-def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None,
-             accuracy_before: float | None = None) -> None:
+def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
     """Write a 2x2 PNG of a run's metrics (rows as from :meth:`MetricsLog.rows`).
 
-    Panels (:data:`PANELS`): reward (``reward/mean``, a ``reward/min``..``reward/max``
-    band, ``eval/reward``), held-out accuracy (``eval/accuracy`` in %, only the steps
+    Panels (:data:`PANELS`): reward (``reward/mean``, a mean +/- std band where it says
+    something (:func:`reward_band`), ``eval/reward``), held-out accuracy (``eval/accuracy`` in %, only the steps
     that have it), KL (``kl/ref``, ``mismatch/kl``) and the train-vs-rollout logprob
     mismatch (``mismatch/abs_mean``, ``mismatch/abs_max``). A panel with no data says
     "not measured". ``title`` defaults to the name of the folder holding ``path`` (the
-    run directory). ``accuracy_before`` (0..1, measured before step 0) starts the
-    accuracy curve at step ``BEFORE_RL_STEP``. 1500x1000 pixels. Uses matplotlib's Agg
+    run directory). The held-out accuracy before RL is the row of step 0 (labelled
+    "before RL"). 1500x1000 pixels. Uses matplotlib's Agg
     canvas directly, so the global backend of a host program (e.g. a notebook) is left alone.
     """
     from matplotlib import rc_context
@@ -626,8 +728,8 @@ def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None
     path = Path(path)
     rows = sorted(rows, key=lambda r: r["step"])
     name = title or path.resolve().parent.name
-    span = f"steps {rows[0]['step']}-{rows[-1]['step']}" if rows else "no steps logged"
-    rows = with_accuracy_before(rows, accuracy_before)
+    trained = [r["step"] for r in rows if r["step"] >= 1]
+    span = f"steps {trained[0]}-{trained[-1]}" if trained else "no steps logged"
     with rc_context({"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 10, "figure.titlesize": 16}):
         fig = Figure(figsize=(15, 10), dpi=100, layout="constrained")
         FigureCanvasAgg(fig)
@@ -651,6 +753,7 @@ def plot_run(rows: list[dict], path: str | os.PathLike, title: str | None = None
 
 SUMMARY_KEYS: dict[str, str] = {
     "reward/mean": "max",
+    "reward/std": "max",
     "eval/accuracy": "max",
     "eval/reward": "max",
     "kl/ref": "min",
@@ -685,16 +788,18 @@ def _series_stats(rows: list[dict], key: str, better: str) -> dict[str, Any] | N
 def summarize(rows: list[dict]) -> dict:
     """First/last/best of the key series, for the final report.
 
-    Returns ``{"steps": {"count", "first", "last"}, "time_total_s": {op: seconds},
+    Returns ``{"steps": {"count", "first", "last"}`` (RL steps: 1, 2, ...; the row of step 0,
+    before RL, counts only in the series), ``"time_total_s": {op: seconds},
     <key>: {"first", "first_step", "last", "last_step", "count", "best", "best_step",
     "mean"}}`` for every key of :data:`SUMMARY_KEYS` and every ``loss/*`` key present.
     ``first``/``last`` are the raw values (a NaN loss at the end shows as NaN);
     ``best``/``mean`` use finite values only and are absent if there are none.
     """
     rows = sorted(rows, key=lambda r: r["step"])
+    trained = [r["step"] for r in rows if r["step"] >= 1]
     out: dict[str, Any] = {
-        "steps": {"count": len(rows), "first": rows[0]["step"] if rows else None,
-                  "last": rows[-1]["step"] if rows else None},
+        "steps": {"count": len(trained), "first": trained[0] if trained else None,
+                  "last": trained[-1] if trained else None},
     }
     losses = sorted({k for r in rows for k in r if k.startswith("loss/")})
     for key, better in [*SUMMARY_KEYS.items(), *((k, "min") for k in losses)]:

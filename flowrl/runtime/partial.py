@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from flowrl.catalog.ops import OpKind
 from flowrl.engines.types import Completion
 
 ROUNDS = 4
@@ -250,7 +251,7 @@ def partial_buffers(plan) -> dict[str, PartialRollout]:
     if p is None or p.over_provision <= 1.0:
         return {}
     carry = max(1, plan.staleness) - producer_depth(plan) if p.recycle else 0
-    return {op.id: PartialRollout(p.over_provision, carry) for op in plan.ops if op.kind == "generate"}
+    return {op.id: PartialRollout(p.over_provision, carry) for op in plan.ops if op.kind == OpKind.GENERATE}
 
 
 __all__ = ["ROUNDS", "Group", "PartialRollout", "PartialRolloutError", "PartialStep", "partial_buffers",

@@ -32,11 +32,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
+from flowrl.catalog.ops import PRODUCER_KINDS, OpKind
 from flowrl.plan import ExecutionPlan, OpPlan
-from flowrl.catalog.ops import PRODUCER_KINDS
-from flowrl.runtime.handlers import HANDLERS
-
+from flowrl.runtime.episodes import run_region, units
+from flowrl.runtime.handlers import handler_of
+from flowrl.runtime.step import StepContext, check_fields
 
 
 def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:
@@ -45,6 +47,9 @@ def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:
     for op in plan.ops:
         if op.kind in PRODUCER_KINDS and all(src in producer or _is_resource(plan, src) for src in op.inputs.values()):
             producer.add(op.id)
+    for op in plan.ops:  # a `repeat` loop runs as one unit: wholly in the consumer stage unless wholly a producer
+        if op.region is not None and any(o.region == op.region and o.id not in producer for o in plan.ops):
+            producer.discard(op.id)
     return [op for op in plan.ops if op.id in producer], [op for op in plan.ops if op.id not in producer]
 
 
@@ -52,22 +57,36 @@ def _is_resource(plan: ExecutionPlan, node_id: str) -> bool:
     return not any(op.id == node_id for op in plan.ops)
 
 
-def run_ops(ops: list[OpPlan], ctx) -> None:
-    for op in ops:
-        t = time.time()
-        with ctx.rt.timeline.span(op.id, op.engine or "driver", ctx.step):
-            ctx.values[op.id] = HANDLERS[op.kind](op, ctx)
-        ctx.metrics[f"time/{op.id}"] = time.time() - t
+def run_ops(ops: list[OpPlan], ctx: StepContext) -> None:
+    """Run each op's handler (its catalogue record's) in order, the ops of a ``repeat`` region as its
+    loop (:func:`~flowrl.runtime.episodes.run_region`); every value a handler returns is checked
+    against the declared fields (:func:`~flowrl.runtime.step.check_fields`)."""
+    for unit in units(ops):
+        if unit[0].region is None:
+            _run_op(unit[0], ctx)
+        else:
+            run_region(unit, ctx, lambda op: _run_op(op, ctx))
+
+
+def _run_op(op: OpPlan, ctx: StepContext) -> None:
+    handler = handler_of(op)
+    t = time.time()
+    with ctx.services.timeline.span(op.id, op.engine or "driver", ctx.step):
+        value = handler(op, ctx)
+    check_fields(op, value)
+    ctx.values[op.id] = value
+    key = f"time/{op.id}"
+    ctx.metrics[key] = ctx.metrics.get(key, 0.0) + time.time() - t  # summed over a loop's turns
 
 
 class StepPipeline:
     """Runs steps with ``depth`` producer stages in flight (``depth`` = the plan's staleness)."""
 
-    def __init__(self, rt, make_ctx, depth: int):
-        self.rt = rt
+    def __init__(self, plan: ExecutionPlan, make_ctx: Callable[[int], StepContext], depth: int):
+        self.plan = plan
         self.make_ctx = make_ctx
         self.depth = max(1, depth)
-        self.producer, self.consumer = split_stages(rt.plan)
+        self.producer, self.consumer = split_stages(plan)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-producer")
         self.inflight: deque[tuple[int, Future]] = deque()
         self.next_step = 0
@@ -108,10 +127,10 @@ class StepPipeline:
         ctx = fut.result()
         ctx.metrics["pipeline/wait_rollout_s"] = time.time() - t0
         t1 = time.time()
-        for op in self.consumer:
-            if op.kind == "resync":
+        for unit in units(self.consumer):
+            if unit[0].kind == OpKind.RESYNC:
                 self._drain(ctx)
-            run_ops([op], ctx)
+            run_ops(unit, ctx)
         ctx.metrics["pipeline/consumer_s"] = time.time() - t1
         return ctx
 

@@ -1,7 +1,8 @@
 """Where a plan's engines run on Ray: checks of the cluster, per-node placement groups, CPU shares.
 
 The driver (:mod:`flowrl.runtime.driver`) makes one STRICT_PACK placement group per node
-of the plan's cluster, one ``{"GPU": 1}`` bundle per GPU, and puts the engine rank the
+of the plan's cluster, one bundle per GPU (``{"GPU": 1}``; on a CPU-only Ray cluster running a
+plan for the ``cpu`` platform, ``{"CPU": 1}``: :func:`slot_resource`), and puts the engine rank the
 plan gave global GPU ``g`` into bundle ``g % gpus_per_node`` of node ``g //
 gpus_per_node``'s group. This module holds what that needs besides the Ray calls
 themselves: refusing a cluster that cannot hold the plan (with the nodes, pools and
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import os
 
+from flowrl.catalog.hardware import PROFILES
+from flowrl.engines.registry import runs_on
 from flowrl.plan import ExecutionPlan
-from flowrl.runtime.handlers import RuntimeFlowError
-from flowrl.runtime.workers import MULTI_RANK_TRAIN, train_engine_kind
+from flowrl.runtime.errors import RuntimeFlowError
 
 
 class PlacementError(RuntimeFlowError):
@@ -38,10 +40,22 @@ def node_needs(plan: ExecutionPlan, node: int) -> str:
     return "; ".join(parts) or f"GPUs {node * per}-{node * per + per - 1}"
 
 
+def slot_resource(plan: ExecutionPlan, nodes: list[dict]) -> str:
+    """The Ray resource one of the plan's GPUs takes: ``"GPU"``; or ``"CPU"`` (one core per logical
+    GPU) for a plan on the ``cpu`` platform over a Ray cluster none of whose nodes has GPUs, so a
+    CPU-only cluster started with plain ``ray start`` runs it without pretending to have GPUs."""
+    gpu = str(plan.cluster.get("gpu", "cpu"))  # a GPU kind of PROFILES, or "cpu" (logical GPUs)
+    if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
+        return "GPU"
+    alive = [n for n in nodes if n.get("Alive", True)]
+    return "GPU" if any(n.get("Resources", {}).get("GPU", 0) for n in alive) else "CPU"
+
+
 def check_cluster_fits(plan: ExecutionPlan, nodes: list[dict], address: str | None) -> None:
-    """Refuse at once a Ray cluster whose nodes cannot hold the plan's nodes (one GPU group per node)."""
+    """Refuse at once a Ray cluster whose nodes cannot hold the plan's nodes (one group of GPU slots per node)."""
     need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
-    gpus = sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in nodes if n.get("Alive", True)), reverse=True)
+    slot = slot_resource(plan, nodes)
+    gpus = sorted((int(n.get("Resources", {}).get(slot, 0)) for n in nodes if n.get("Alive", True)), reverse=True)
     fits = sum(g // per for g in gpus)  # a Ray node with k * per GPUs can hold k of the plan's nodes
     if fits >= need:
         return
@@ -49,8 +63,9 @@ def check_cluster_fits(plan: ExecutionPlan, nodes: list[dict], address: str | No
     missing = "; ".join(f"node {k}: {node_needs(plan, k)}" for k in range(fits, need))
     raise PlacementError(
         f"placement: the plan needs {need} node(s) with {per} GPU(s) each (cluster(nodes = {need}, gpus_per_node = "
-        f"{per})), but {where} has {len(gpus)} node(s) with GPUs {gpus}, room for {fits}; nothing can hold {missing}; "
-        f"hint: add Ray nodes with num_gpus >= {per}, or declare the cluster Ray really has in the schedule")
+        f"{per})), but {where} has {len(gpus)} node(s) with {slot}s {gpus}, room for {fits}; nothing can hold "
+        f"{missing}; hint: add Ray nodes with num_{slot.lower()}s >= {per}, or declare the cluster Ray really has "
+        "in the schedule")
 
 
 def node_targets(plan: ExecutionPlan, nodes: list[dict]) -> list[str | None]:
@@ -60,14 +75,15 @@ def node_targets(plan: ExecutionPlan, nodes: list[dict]) -> list[str | None]:
     by node id (deterministic): plan node k goes to the k-th.
     """
     need, per = int(plan.cluster["nodes"]), int(plan.cluster["gpus_per_node"])
-    fit = sorted((n for n in nodes if n.get("Alive", True) and n.get("Resources", {}).get("GPU", 0) >= per),
+    slot = slot_resource(plan, nodes)
+    fit = sorted((n for n in nodes if n.get("Alive", True) and n.get("Resources", {}).get(slot, 0) >= per),
                  key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
     if need < 2 or len(fit) < need:
         return [None] * need
     return [n["NodeID"] for n in fit[:need]]
 
 
-def wait_placed(plan: ExecutionPlan, pgs: list, address: str | None) -> None:
+def wait_placed(plan: ExecutionPlan, pgs: list, address: str | None, slot: str = "GPU") -> None:
     """Wait for every node's placement group; a timeout names the node, its pools and engines."""
     import ray
     from ray.util.placement_group import remove_placement_group
@@ -76,14 +92,14 @@ def wait_placed(plan: ExecutionPlan, pgs: list, address: str | None) -> None:
     if len(ready) == len(pgs):
         return
     stuck = [k for k, pg in enumerate(pgs) if not _is_ready(pg)]
-    free = ray.available_resources().get("GPU", 0.0)
+    free = ray.available_resources().get(slot, 0.0)
     for pg in pgs:  # an external cluster would keep the half-made reservation otherwise
         remove_placement_group(pg)
     per = int(plan.cluster["gpus_per_node"])
     raise PlacementError(
-        f"placement: Ray could not reserve {per} GPU(s) on one node within {PLACEMENT_TIMEOUT_S:g} s for "
+        f"placement: Ray could not reserve {per} {slot}(s) on one node within {PLACEMENT_TIMEOUT_S:g} s for "
         + "; ".join(f"node {k}: {node_needs(plan, k)}" for k in stuck)
-        + f" ({free:g} GPU(s) free in {'the Ray cluster at ' + address if address else 'the local Ray instance'}); "
+        + f" ({free:g} {slot}(s) free in {'the Ray cluster at ' + address if address else 'the local Ray instance'}); "
         "hint: other jobs may hold the GPUs, or no single Ray node has that many free "
         "(FLOWRL_PLACEMENT_TIMEOUT sets the wait)")
 
@@ -109,19 +125,21 @@ def node_of(plan: ExecutionPlan, engine, rank: int) -> int:
 
 
 def processes_per_node(plan: ExecutionPlan) -> dict[int, int]:
-    """How many engine processes run on each node: the share of its CPU cores each gets.
+    """How many computing engine processes run on each node: the share of its CPU cores each gets.
 
-    A rollout replica is one process per ``tp`` ranks (the engine runs its own TP
-    workers); a train engine is one process per rank.
+    A train engine whose ranks are processes (the record running its layout says ``forked``: megatron,
+    fsdp, and ``torch(dp = 2)`` on fsdp's ranks) counts one per rank, else one;
+    a rollout replica counts one per tensor-parallel rank (the engine runs a worker per rank).
     """
     count: dict[int, int] = {n: 0 for n in range(int(plan.cluster["nodes"]))}
     for m in plan.models:
         if m.train_engine is not None:
             e = m.train_engine
-            for r in range(e.world_size if train_engine_kind(e.kind, e.dp) in MULTI_RANK_TRAIN else 1):
+            ranked = runs_on(e.kind, e.world_size).ranks == "forked"
+            for r in range(e.world_size if ranked else 1):
                 count[node_of(plan, e, r)] += 1
         if m.rollout_engine is not None:
             e = m.rollout_engine
             for r in range(e.dp):
-                count[node_of(plan, e, r * e.tp)] += 1
+                count[node_of(plan, e, r * e.tp)] += e.tp
     return {n: max(1, c) for n, c in count.items()}

@@ -1,9 +1,12 @@
 """Ray actors that host engines, and worker groups that split calls by data-parallel rank.
 
-A worker is a thin shell: it builds its engine from the plan's engine record through
-the registry table and forwards calls. Tensors cross Ray as numpy arrays (5-8x faster
-than pickled torch tensors); weights cross by the resync's protocol
-(:mod:`flowrl.runtime.sync`: one end per worker, opened by the driver).
+A worker is a thin shell: it builds its engine from the plan's :class:`~flowrl.plan.EnginePlan`
+through the engine's catalogue record (:func:`flowrl.engines.registry.build_engine`: the
+adapter the record names, the layout's options under the adapter's names) and forwards
+calls. Tensors cross Ray as numpy arrays (5-8x faster than pickled torch tensors); weights
+cross by the resync's protocol (:mod:`flowrl.runtime.sync`: one end per worker, opened by
+the driver). Engines sharing GPUs take turns through :meth:`TrainWorker.offload` /
+:meth:`TrainWorker.reload` and :meth:`RolloutWorker.sleep` / :meth:`RolloutWorker.wake_up`.
 """
 
 from __future__ import annotations
@@ -50,64 +53,47 @@ def _threads(n: int | None, share: int = 1) -> int:
 
 
 def _max_positions(model_path: str) -> int:
-    """The checkpoint's context length (vLLM refuses a longer max_model_len)."""
-    import json
+    """The context a rollout engine gets when the schedule sets none: the checkpoint's maximum
+    positions under whichever key its config names them (GPT-2: ``n_positions``), capped
+    (:func:`flowrl.catalog.models.default_context`; vLLM refuses a ``max_model_len`` above
+    them). ``flowrl check`` checks flows against the same number."""
+    from flowrl.catalog.models import DEFAULT_MAX_LEN, default_context, max_positions, read_config
 
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    return int(min(cfg.get("max_position_embeddings", 2048), 4096))
-
-
-def rollout_engine_args(kind: str, options: dict, seed: int) -> tuple[str, dict]:
-    """The schedule's engine record -> (registry name, adapter keyword arguments)."""
-    if kind == "vllm":
-        kw = {"seed": seed, "dtype": options.get("dtype", "float32"),
-              "tensor_parallel_size": int(options.get("tp", 1)),
-              "max_model_len": int(options.get("max_model_len", 512)),
-              "gpu_memory_utilization": float(options.get("gpu_memory_utilization", 0.5))}
-        return "vllm", kw
-    if kind == "sglang":  # dp is the worker group's replica count, as for vLLM
-        kw = {"seed": seed, "dtype": options.get("dtype", "float32"),
-              "tensor_parallel_size": int(options.get("tp", 1)),
-              "max_model_len": int(options.get("max_model_len", 512)),
-              "mem_fraction_static": float(options.get("mem_fraction", 0.5))}
-        return "sglang", kw
-    if kind in ("hf_generate", "torch"):
-        return "torch", {"seed": seed, "dtype": options.get("dtype", "float32")}
-    return kind, {"seed": seed, **options}
+    return default_context(max_positions(read_config(Path(model_path) / "config.json")) or DEFAULT_MAX_LEN)
 
 
-MULTI_RANK_TRAIN = frozenset({"megatron", "fsdp"})
-"""Train engines that run tp*pp*dp ranks themselves (a process group started by the engine)."""
+def layout_of(engine) -> dict:
+    """An :class:`~flowrl.plan.EnginePlan`'s layout as the registry reads it: its axes, then its options."""
+    return {"tp": engine.tp, "pp": engine.pp, "dp": engine.dp, "cp": engine.cp, **engine.options}
 
 
-def train_engine_kind(kind: str, dp: int) -> str:
-    """The registered train engine that runs a schedule's ``kind`` at data-parallel size ``dp``.
+def optim_config(optim: dict):
+    """The train engines' :class:`~flowrl.engines.torch_train.OptimConfig` of a plan's ``ModelPlan.optim``
+    (the update's options named by :data:`flowrl.catalog.ops.OPTIMIZER_OPTIONS`)."""
+    from flowrl.engines.torch_train import OptimConfig
 
-    ``torch(dp = N > 1)`` runs on the ``fsdp`` engine's N rank processes: data parallel
-    with the global loss normalisation and summed gradients of one big batch, so the
-    same numbers as DDP; the parameters are sharded as well, which only lowers memory.
-    """
-    return "fsdp" if kind == "torch" and dp > 1 else kind
+    return OptimConfig(lr=optim.get("lr", 1e-5), weight_decay=optim.get("weight_decay", 0.0),
+                       betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.999))),
+                       max_grad_norm=optim.get("grad_clip", 1.0) or None,
+                       warmup_steps=int(optim.get("warmup", 0)), schedule=optim.get("lr_schedule", "constant"),
+                       total_steps=int(optim.get("schedule_steps", 0)),
+                       min_lr_ratio=float(optim.get("min_lr_ratio", 0.0)))
 
 
 class TrainWorker:
-    """Hosts a TrainEngine (one rank). Methods return plain data."""
+    """Hosts a TrainEngine (one process, or the driver of the engine's forked rank processes)."""
 
-    def __init__(self, kind: str, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
-                 layout: dict | None = None, threads: int | None = None, share: int = 1):
+    def __init__(self, engine, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
+                 dtype: str = "float32", threads: int | None = None, share: int = 1):
         _threads(threads, share)
         import torch
 
-        from flowrl.engines.registry import make_train_engine
-        from flowrl.engines.torch_train import OptimConfig
+        from flowrl.engines.registry import build_engine, runs_on
 
         torch.manual_seed(seed)
-        cfg = OptimConfig(lr=optim.get("lr", 1e-5), weight_decay=optim.get("weight_decay", 0.0),
-                          betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.999))),
-                          max_grad_norm=optim.get("grad_clip", 1.0) or None)
-        extra = dict(layout or {}) if kind in MULTI_RANK_TRAIN else {}  # the engine spawns its own ranks
-        self.engine = make_train_engine(kind, model_path=model_path, role=role, optim=cfg,
-                                        temperature=temperature, seed=seed, **extra)
+        cfg = optim_config(optim)
+        self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), model_path=model_path,
+                                   role=role, optim=cfg, temperature=temperature, seed=seed, dtype=dtype)
 
     def ready(self) -> bool:
         return True
@@ -134,6 +120,16 @@ class TrainWorker:
                 if len(chunk):
                     stats.append(self.engine.train_step(full.select(chunk), loss_fn, micro_batch_size=micro_batch))
         return stats, t0, time.time()
+
+    def offload(self) -> tuple[int, float, float]:
+        """Parameters, gradients and optimizer states to host memory; (bytes moved, t0, t1)."""
+        t0 = time.time()
+        return self.engine.offload(), t0, time.time()
+
+    def reload(self) -> tuple[int, float, float]:
+        """Back from host memory, bit-identical; (bytes moved, t0, t1)."""
+        t0 = time.time()
+        return self.engine.reload(), t0, time.time()
 
     def open_sync(self, protocol: str, role: str, options: dict):
         """Open this trainer's end (``role="sender"``) of weight-sync ``protocol``.
@@ -173,17 +169,19 @@ class TrainWorker:
 
 
 class RolloutWorker:
-    """Hosts a RolloutEngine (one data-parallel replica)."""
+    """Hosts a RolloutEngine (one data-parallel replica; its tp ranks are the engine's own processes)."""
 
-    def __init__(self, kind: str, model_path: str, *, options: dict, seed: int, threads: int | None = None,
+    def __init__(self, engine, model_path: str, *, seed: int, dtype: str = "float32", threads: int | None = None,
                  share: int = 1):
-        _threads(threads, share)
-        from flowrl.engines.registry import make_rollout_engine
+        n = _threads(threads, share)
+        from flowrl.engines.registry import build_engine, engine_record
 
-        options = dict(options)
-        options.setdefault("max_model_len", _max_positions(model_path))
-        name, kwargs = rollout_engine_args(kind, options, seed)
-        self.engine = make_rollout_engine(name, model_path=model_path, **kwargs)
+        if engine.tp > 1:
+            # The engine's tp worker processes (vLLM's multiprocessing executor) start with this
+            # environment: together they get this replica's share of the cores.
+            os.environ["OMP_NUM_THREADS"] = str(max(1, n // engine.tp))
+        self.engine = build_engine(engine_record(engine.kind, "rollout"), layout_of(engine), model_path=model_path,
+                                   seed=seed, dtype=dtype, max_model_len=_max_positions(model_path))
 
     def ready(self) -> bool:
         return True
@@ -191,6 +189,18 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], spec) -> tuple[list, float, float]:
         t0 = time.time()
         return self.engine.generate(prompts, spec), t0, time.time()
+
+    def sleep(self) -> tuple[float, float]:
+        """Free the engine's GPU memory for a colocated trainer; (t0, t1)."""
+        t0 = time.time()
+        self.engine.sleep()
+        return t0, time.time()
+
+    def wake_up(self, tags: list[str] | None = None) -> tuple[float, float]:
+        """Bring back what :meth:`sleep` freed (``tags``: ``weights``, ``kv_cache``; None: all); (t0, t1)."""
+        t0 = time.time()
+        self.engine.wake_up(tags)
+        return t0, time.time()
 
     def open_sync(self, protocol: str, role: str, options: dict) -> None:
         """Open this replica's end (``role="receiver"``) of weight-sync ``protocol``.
@@ -225,19 +235,12 @@ class RolloutWorker:
         self.engine.shutdown()
 
 
-class WorkerGroup:
-    """The Ray actors of one engine; calls are split across data-parallel ranks and gathered."""
+def split(items: list, parts: int) -> list[list]:
+    """Contiguous, balanced chunks, one per data-parallel rank (rank order kept, so gathering is concatenation).
 
-    def __init__(self, name: str, actors: list[Any]):
-        self.name = name
-        self.actors = actors
-
-    @property
-    def dp(self) -> int:
-        return len(self.actors)
-
-    def split(self, items: list) -> list[list]:
-        """Contiguous, balanced chunks, one per rank (rank order kept, so gathering is concatenation)."""
-        n, k = len(items), self.dp
-        bounds = [round(i * n / k) for i in range(k + 1)]
-        return [items[bounds[i]: bounds[i + 1]] for i in range(k)]
+    >>> split([1, 2, 3, 4, 5], 2)
+    [[1, 2], [3, 4, 5]]
+    """
+    n = len(items)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [items[bounds[i]: bounds[i + 1]] for i in range(parts)]

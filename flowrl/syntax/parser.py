@@ -6,14 +6,17 @@ malformed, binary, huge or deeply nested input never escapes as another exceptio
 
 from __future__ import annotations
 
+import ast as pyast
 import functools
+import math
+import re
 import threading
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span
+from flowrl.diagnostics import PYTHON_VALUES, Collector, Diagnostic, FlowError, SourceMap, Span
 from flowrl.syntax import ast
 
 MAX_BYTES = 4 * 1024 * 1024
@@ -225,6 +228,11 @@ _EXAMPLES: dict[tuple[str, str, str], list[str]] = {
         "schedule g on cluster() { x y }", "schedule g on cluster() { \"s\" }",
         "schedule g on cluster() { x.y }", "schedule g on cluster() { x.y z }",
     ],
+    ("E025", "`staleness` takes its number without `=`",
+     "write `staleness 2` (a manual schedule) or `staleness <= 2` (a limit for `schedule ... auto`)"): [
+        "schedule g on cluster() { staleness = 2 }", "schedule g on cluster() { staleness == 2 }",
+        "schedule g on cluster() { staleness := 2 }",
+    ],
     ("E018", "a schedule needs `on cluster(...)` or `auto`",
      "write `schedule NAME on cluster(nodes = 1, gpus_per_node = 8) { ... }` or `schedule NAME auto`"): [
         "schedule g { }", "schedule g cluster() { }", "schedule g", "schedule g on x { }",
@@ -241,11 +249,18 @@ def _syntax_diagnostic(e: UnexpectedInput, text: str, path: str) -> Diagnostic:
                               "close the string with `\"` on the same line")
         if ch == "'":
             return Diagnostic("E006", "strings use double quotes", span, "write \"...\" instead of '...'")
+        foreign = _foreign_syntax(text, e.pos_in_stream, path)
+        if foreign is not None:
+            return foreign
         shown = ch if ch.isprintable() else repr(ch)
         return Diagnostic("E001", f"unexpected character `{shown}`", span,
-                          "names are letters, digits and `_`; strings are in double quotes")
+                          _CHAR_HINTS.get(ch, "names are letters, digits and `_`; strings are in double quotes"))
     label = _match_example(e)
     tok = getattr(e, "token", None)
+    if label is None or label[0] != "E025":
+        foreign = _foreign_token(e, text, path)
+        if foreign is not None:
+            return foreign
     if isinstance(e, UnexpectedEOF) or (tok is not None and tok.type == "$END"):
         unclosed = _unclosed_bracket(text, path)
         if unclosed is not None:
@@ -266,11 +281,202 @@ def _syntax_diagnostic(e: UnexpectedInput, text: str, path: str) -> Diagnostic:
         if name in ("flow", "schedule", "import") and unclosed is not None and unclosed[0] == "{":
             return Diagnostic("E007", f"`{name}` inside a block: the `{{` before it is never closed", name_span,
                               "add `}` before this line", notes=(("`{` opened", unclosed[1]),))
-        return Diagnostic(label[0], _DANGLING[label[0]].format(name=name, msg=label[1]), name_span, label[2])
+        if label[0] == "E012" and tok is not None and tok.type == "COLON":
+            return Diagnostic("E012", f"a binding has no type annotation: `{name}:`", name_span,
+                              f"write `{name} = ...`; types are written on flow parameters only")
+        python = _PYTHON_KEYWORDS.get(name)
+        return Diagnostic(label[0], _DANGLING[label[0]].format(name=name, msg=label[1]), name_span,
+                          python or label[2])
+    if label and label[0] == "E013":
+        python = _top_level_python(text, e, path)
+        if python is not None:
+            return python
     if label:
         return Diagnostic(label[0], f"{label[1]} (found `{tok}`)" if tok is not None else label[1],
                           span, label[2], notes=notes)
     return Diagnostic("E009", f"unexpected `{tok}`", span, _expected_hint(e), notes=notes)
+
+
+# ---- other languages' syntax -> messages that say what flowrl writes instead ------------
+
+_CHAR_HINTS = {
+    ";": "statements need no `;`: remove it (newlines and spaces separate statements)",
+    "\\": "a statement may span lines as it is: remove the `\\`",
+    "`": "strings are in double quotes: \"...\"",
+    "$": "names are letters, digits and `_`; a flow parameter is used by its name, without `$`",
+}
+
+_PYTHON_KEYWORDS = {
+    "for": "flowrl has no `for`: a flow is one step; loop turns of a conversation with `repeat N { ... }`",
+    "while": "flowrl has no `while`: loop turns with `repeat N until FIELD { ... }`",
+    "if": "flowrl has no `if`: a flow runs the same ops every step",
+    "elif": "flowrl has no `if`: a flow runs the same ops every step",
+    "else": "flowrl has no `if`: a flow runs the same ops every step",
+    "def": "define a flow with `flow NAME(PARAMS) { ... }`",
+    "lambda": "flowrl has no functions as values: write a flow, or a Python function for `call(...)`",
+    "and": "flowrl has no boolean operators: a flow runs the same ops every step",
+    "or": "flowrl has no boolean operators: a flow runs the same ops every step",
+    "let": "bind with `name = expr` (no `let`)",
+    "var": "bind with `name = expr` (no `var`)",
+    "const": "bind with `name = expr` (no `const`)",
+}
+
+_SIZE_OPERAND = r"\d+(?:\.\d+)?(?:B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)(?![A-Za-z0-9_])"
+_OPERAND = (rf"(?:{_SIZE_OPERAND}|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?"
+            r"|[A-Za-z_][A-Za-z0-9_.]*)")
+_ARITHMETIC = re.compile(rf"-?{_OPERAND}(?:\s*(?:\*\*|//|[-+*/%])\s*-?{_OPERAND})+")
+_KEY_BEFORE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*$")
+
+
+def _line_at(text: str, pos: int) -> tuple[str, int, int]:
+    """(the line holding ``pos``, its number, the 0-based column of ``pos`` in it)."""
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start: end if end >= 0 else len(text)], text.count("\n", 0, pos) + 1, pos - start
+
+
+def _foreign_syntax(text: str, pos: int, path: str) -> Diagnostic | None:
+    """A character that starts another language's syntax: a comment, arithmetic, a comparison."""
+    line, lineno, col = _line_at(text, pos)
+    rest = line[col:]
+    if rest.startswith(("//", "/*")):
+        return Diagnostic("E024", f"comments start with `#`, not `{rest[:2]}`",
+                          Span(path, lineno, col + 1, lineno, col + 3),
+                          f"write `# {rest[2:].split('*/')[0].strip() or '...'}`")
+    if rest[:2] in ("+=", "-=", "*=", "/=", "%="):
+        return Diagnostic("E023", f"flowrl has no `{rest[:2]}`: a name is bound to one value",
+                          Span(path, lineno, col + 1, lineno, col + 3),
+                          "bind the new value to a name of its own: `y = ...`")
+    if rest.startswith(("!=", "<", ">")):
+        op = "!=" if rest.startswith("!=") else rest[0]
+        return _no_comparison(op, Span(path, lineno, col + 1, lineno, col + 1 + len(op)))
+    if rest[:1] and rest[:1] in "*/+%^":
+        return _arithmetic(line, lineno, col, path)
+    return None
+
+
+def _foreign_token(e: UnexpectedInput, text: str, path: str) -> Diagnostic | None:
+    """A token the grammar rejects because it continues another language's expression."""
+    tok = getattr(e, "token", None)
+    if not isinstance(e, UnexpectedToken) or tok is None or tok.type == "$END" or tok.start_pos is None:
+        return None
+    line, lineno, col = _line_at(text, tok.start_pos)
+    if tok.type == "EQUAL" and line[col:col + 2] == "==":
+        return _no_comparison("==", Span(path, lineno, col + 1, lineno, col + 3))
+    if tok.type == "COLON" and line[col:col + 2] == ":=":
+        return Diagnostic("E012", "flowrl binds with `=`, not `:=`", Span(path, lineno, col + 1, lineno, col + 3),
+                          "write `name = ...`")
+    if tok.type == "MINUS" and line[col:col + 2] == "->":
+        return Diagnostic("E009", "a flow has no return type (`->`)", Span(path, lineno, col + 1, lineno, col + 3),
+                          "remove it: a flow's value is what its `return` statement gives")
+    if tok.type == "LBRACE" and re.search(r"[=(,]\s*$", line[:col]):
+        return Diagnostic("E011", "flowrl has no dictionaries", _tok_span(path, tok),
+                          "options are keyword arguments: `f(key = value, ...)`")
+    if tok.type == "MINUS" and col > 0 and re.search(rf"{_OPERAND}\s*$", line[:col]):
+        return _arithmetic(line, lineno, col, path)
+    if tok.type == "NAME" and str(tok).startswith("_") and col > 0 and line[col - 1].isdigit():
+        digits = re.search(r"[\d.]+$", line[:col]).group(0) + str(tok)
+        return Diagnostic("E009", f"unexpected `{tok}`: numbers have no `_` separators",
+                          _tok_span(path, tok), f"write `{digits.replace('_', '')}`")
+    return None
+
+
+def _no_comparison(op: str, span: Span) -> Diagnostic:
+    return Diagnostic("E023", f"flowrl has no comparisons (`{op}`)", span,
+                      "a flow runs the same ops every step; to end a loop on a field write "
+                      "`repeat N until FIELD { ... }`; to set a value write `=`")
+
+
+def _arithmetic(line: str, lineno: int, col: int, path: str) -> Diagnostic:
+    """E023 for ``lr = 1e-4 * 2``: the expression's span, and its value when it is all numbers."""
+    found = next((m for m in _ARITHMETIC.finditer(line) if m.start() <= col < m.end()), None)
+    if found is None:
+        shown, span, value = line[col], Span(path, lineno, col + 1, lineno, col + 2), None
+    else:
+        shown = found.group(0)
+        span = Span(path, lineno, found.start() + 1, lineno, found.end() + 1)
+        value = _evaluate(shown)
+    key = _KEY_BEFORE.search(line[: found.start()] if found else "")
+    lhs = f"{key.group(1)} = " if key else ""
+    if value is not None:
+        hint = f"write the value itself: `{lhs}{value}`"
+    else:
+        hint = ("compute the value and write it as one literal, or make it a flow parameter "
+                "(`--set NAME=VALUE` changes it per run)")
+    return Diagnostic("E023", f"expressions are not supported here: `{shown}`", span, hint)
+
+
+_OPS = {pyast.Add: lambda a, b: a + b, pyast.Sub: lambda a, b: a - b, pyast.Mult: lambda a, b: a * b,
+        pyast.Div: lambda a, b: a / b, pyast.FloorDiv: lambda a, b: a // b, pyast.Mod: lambda a, b: a % b,
+        pyast.Pow: lambda a, b: a ** b}
+
+
+def _evaluate(expr: str) -> str | None:
+    """The value of a numbers-only arithmetic expression as a flowrl literal, else None.
+
+    Parsed with Python's ``ast`` and evaluated node by node (never ``eval``): only numbers,
+    ``+ - * / // % **`` and a unary minus; powers are bounded so the hint is cheap.
+    """
+    sizes = re.findall(_SIZE_OPERAND, expr)
+    expr = re.sub(_SIZE_OPERAND, lambda m: str(_parse_size(m.group(0))), expr)
+    try:
+        tree = pyast.parse(expr, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+    def ev(n):
+        if isinstance(n, pyast.Constant) and type(n.value) in (int, float):
+            return n.value
+        if isinstance(n, pyast.UnaryOp) and isinstance(n.op, pyast.USub):
+            return -ev(n.operand)
+        if isinstance(n, pyast.BinOp) and type(n.op) in _OPS:
+            a, b = ev(n.left), ev(n.right)
+            if isinstance(n.op, pyast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
+                raise OverflowError
+            return _OPS[type(n.op)](a, b)
+        raise ValueError
+
+    try:
+        v = ev(tree)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
+        return None
+    if isinstance(v, complex) or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    if sizes:  # bytes: written as a size when whole, in the units the expression used
+        if v != int(v) or v < 0 or v >= 10**18:
+            return None
+        binary = any("i" in x for x in sizes)
+        for unit in (("TiB", "GiB", "MiB", "KiB") if binary else ("TB", "GB", "MB", "KB")):
+            if int(v) and int(v) % _UNITS[unit] == 0:
+                return f"{int(v) // _UNITS[unit]}{unit}"
+        return format_size(int(v))
+    if isinstance(v, int):
+        return str(v) if abs(v) < 10**18 else None
+    text = f"{v:.12g}"
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def _top_level_python(text: str, e: UnexpectedInput, path: str) -> Diagnostic | None:
+    """``from x import y`` / ``def f():`` / ``class C:`` where a top-level item belongs."""
+    tok = getattr(e, "token", None)
+    if tok is None or tok.start_pos is None:
+        return None
+    line, lineno, _ = _line_at(text, tok.start_pos)
+    m = re.match(r"\s*from\s+([\w.]+)\s+import\s+(\w+)?", line)
+    if m:
+        col = line.index("from") + 1
+        module = f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1)
+        return Diagnostic("E013", "flowrl imports whole files: there is no `from ... import`",
+                          Span(path, lineno, col, lineno, col + 4),
+                          f"write `import {module}` (its flows are then visible by name) or "
+                          f"`import {module} as NAME`")
+    m = re.match(r"\s*(def|class)\b", line)
+    if m:
+        col = line.index(m.group(1)) + 1
+        word = m.group(1)
+        return Diagnostic("E013", f"flowrl has no `{word}`", Span(path, lineno, col, lineno, col + len(word)),
+                          "define a flow with `flow NAME(PARAMS) { ... }`")
+    return None
 
 
 # Labels whose error is a bare name the parser only rejects at the *next* token.
@@ -496,11 +702,15 @@ class _ToAst(Transformer):
 
     def staleness(self, meta, children):
         le, value = children
-        return ast.Staleness(int(value), le is not None, self._span(meta))
+        return ast.Staleness(value.value, le is not None, self._span(meta))
 
     def resync(self, meta, children):
         model, protocol, every = children
-        return ast.Resync(str(model), protocol, int(every) if every is not None else None, self._span(meta))
+        return ast.Resync(str(model), protocol, every.value if every is not None else None, self._span(meta))
+
+    def integer(self, meta, children):
+        minus, tok = children
+        return self._number(int, tok, "int", -1 if minus is not None else 1, self._span(meta))
 
     def sched_call(self, meta, children):
         return ast.SchedCall(children[0], self._span(meta))
@@ -529,7 +739,11 @@ class _ToAst(Transformer):
         return ast.KwArg(str(name), value, self._span(meta))
 
     def ref(self, meta, children):
-        return children[0]
+        name = children[0]
+        if name.id in PYTHON_VALUES:
+            self.errors.error("E022", f"`{name.id}` is Python; flowrl has no value of that name", name.span,
+                              PYTHON_VALUES[name.id][1])
+        return name
 
     def size(self, meta, children):
         tok = children[0]

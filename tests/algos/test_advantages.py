@@ -16,6 +16,7 @@ from flowrl.algos import (
     masked_var,
     masked_whiten,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
     sequence_reward_to_tokens,
 )
@@ -182,6 +183,41 @@ def test_reinforce_pp_token_rewards_ignore_prompt_positions():
     rewards = t([7.0, 0.0, 0.1, -0.2, 1.0], [0.0, 0.3, -0.1, 9.0, 0.0])
     out = reinforce_pp_advantages(rewards, MASK, gamma=1.0, whiten=False)
     close(out, [[0, 0, 0.9, 0.8, 1.0], [0, 0.2, -0.1, 0, 0]])
+
+
+# -- REINFORCE++-baseline ----------------------------------------------------------
+
+BASE_MASK = t([0, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1])  # 1, 2, 1, 2 response tokens
+
+
+def test_reinforce_pp_baseline_hand_example():
+    # groups of 2: rewards 1, 0 | 1, 1 -> minus the group mean: .5, -.5 | 0, 0
+    # on tokens: .5 | -.5 -.5 | 0 | 0 0: mean -1/12, squares of deviations
+    # (7/12)^2 + 2 (5/12)^2 + 3 (1/12)^2 = 102/144, unbiased var 102/720, std .3763863
+    out = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2, BASE_MASK)
+    std = (102 / 720) ** 0.5
+    hi, lo, zero = (7 / 12) / std, (-5 / 12) / std, (1 / 12) / std
+    close(out, [[0, hi, 0, 0], [0, lo, lo, 0], [zero, 0, 0, 0], [0, 0, zero, zero]])
+
+
+def test_reinforce_pp_baseline_sums_token_rewards_and_keeps_singletons():
+    # token rewards sum per row to 1, 0 (group "a") and 2 (alone in group "b": baseline 0, kept)
+    tok = t([0.5, 0.5, 0, 0], [0, -0.25, 0.25, 0], [2.0, 0, 0, 0])
+    mask = BASE_MASK[:3]
+    ids = torch.tensor([3, 3, 9])
+    out = reinforce_pp_baseline_advantages(tok, ids, mask)
+    ref = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 2.0]), ids, mask)
+    close(out, ref.tolist())
+    # centred .5, -.5, 2 on 1 + 2 + 1 tokens: whitened with their token-weighted mean and std
+    centred = broadcast_to_tokens(torch.tensor([0.5, -0.5, 2.0]), mask)
+    close(out, masked_whiten(centred, mask).tolist())
+
+
+def test_reinforce_pp_baseline_bad_shapes_are_clear():
+    with pytest.raises(AlgoError, match="one reward"):
+        reinforce_pp_baseline_advantages(torch.zeros(3), 1, BASE_MASK)
+    with pytest.raises(AlgoError, match="group size 3 does not divide 4"):
+        reinforce_pp_baseline_advantages(torch.zeros(4), 3, BASE_MASK)
 
 
 # -- GAE ---------------------------------------------------------------------------

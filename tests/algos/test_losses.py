@@ -8,9 +8,12 @@ import torch
 from flowrl.algos import (
     AlgoError,
     aggregate,
+    cispo_loss,
     entropy_bonus,
     global_denominator,
+    gspo_loss,
     kl_loss,
+    pg_loss,
     ppo_clip_loss,
     tis_weights,
     value_loss,
@@ -170,6 +173,89 @@ def test_ppo_bad_options_are_clear_errors():
         ppo_clip_loss(NEW, OLD[:, :2], ADV, MASK)
 
 
+# -- GSPO ---------------------------------------------------------------------------
+
+# row 0: 2 tokens, log-ratios .1, -.3 -> mean -.1: s = e^-.1 = .9048374, inside [.8, 1.2]
+# row 1: 3 tokens, log-ratios .5, .5, .2 -> mean .4: s = e^.4 = 1.4918247, clipped to 1.2 (A > 0)
+G_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+G_OLD = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -1.0]])
+G_NEW = G_OLD + torch.tensor([[0.1, -0.3, 4.0], [0.5, 0.5, 0.2]])  # the 4.0 sits on padding
+
+
+def test_gspo_hand_values_and_gradient():
+    new = G_NEW.clone().requires_grad_(True)
+    loss, m = gspo_loss(new, G_OLD, torch.tensor([1.0, 1.0]), G_MASK, clip_low=0.2, clip_high=0.2)
+    s0 = math.exp(-0.1)
+    assert loss.item() == pytest.approx((-s0 - 1.2) / 2, abs=1e-6)  # mean over the two sequences (Eq. 5)
+    assert m["clipfrac"] == pytest.approx(3 / 5)  # row 1's three tokens
+    assert m["seq_ratio_max"] == pytest.approx(math.exp(0.4), abs=1e-6)
+    assert m["seq_ratio_min"] == pytest.approx(s0, abs=1e-6)
+    (grad,) = torch.autograd.grad(loss, new)
+    # d/d log pi_t of -s0 / 2, with d s0 / d log pi_t = s0 / |y_0| = s0 / 2; the clipped row: 0
+    close(grad, [[-s0 / 4, -s0 / 4, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_gspo_clips_whole_sequences_not_tokens():
+    # one token of row 0 moves far (log-ratio 1.0) but the sequence mean stays inside the range
+    old = torch.zeros(1, 4)
+    new = torch.tensor([[1.0, -0.3, -0.35, -0.33]])
+    loss, m = gspo_loss(new, old, torch.tensor([1.0]), torch.ones(1, 4), clip_low=0.2, clip_high=0.2)
+    assert m["clipfrac"] == 0.0
+    _, m_tok = ppo_clip_loss(new, old, torch.tensor([1.0]), torch.ones(1, 4), clip_low=0.2)
+    assert m_tok["clipfrac"] == 0.25  # the token-level clip would have cut that token
+
+
+def test_gspo_token_advantages_weight_each_token():
+    # GSPO-token (Eq. 13-14): value s_i on every token, per-token advantages in the gradient
+    new = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = gspo_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -3.0]]), torch.ones(1, 2), agg="token-mean")
+    assert loss.item() == pytest.approx((-1.0 + 3.0) / 2)
+    close(torch.autograd.grad(loss, new)[0], [[-0.5, 1.5]])
+
+
+# -- CISPO ------------------------------------------------------------------------
+
+# ratios 2, .5, 6 with clip_high 4: weights 2, .5, 5; A = 1, -1, 1; log pi = -1, -2, -.5
+C_NEW = torch.tensor([[-1.0, -2.0, -0.5]])
+C_OLD = C_NEW - torch.tensor([[math.log(2.0), math.log(0.5), math.log(6.0)]])
+C_ADV = torch.tensor([[1.0, -1.0, 1.0]])
+
+
+def test_cispo_hand_values_and_gradient():
+    new = C_NEW.clone().requires_grad_(True)
+    loss, m = cispo_loss(new, C_OLD, C_ADV, torch.ones(1, 3), clip_high=4.0)
+    # -w A log pi: -(2)(1)(-1) = 2, -(.5)(-1)(-2) = -1, -(5)(1)(-.5) = 2.5 -> mean 3.5 / 3
+    assert loss.item() == pytest.approx(3.5 / 3, abs=1e-6)
+    assert m["clipfrac"] == pytest.approx(1 / 3) and m["ratio_max"] == pytest.approx(6.0, abs=1e-5)
+    # every token keeps a gradient, the clipped one too (weighted by 5, not dropped)
+    close(torch.autograd.grad(loss, new)[0], [[-2 / 3, 0.5 / 3, -5 / 3]])
+
+
+def test_cispo_lower_bound_is_optional():
+    loss, m = cispo_loss(C_NEW, C_OLD, C_ADV, torch.ones(1, 3), clip_low=0.2, clip_high=4.0)
+    # ratio .5 is raised to .8: -(.8)(-1)(-2) = -1.6
+    assert loss.item() == pytest.approx((2.0 - 1.6 + 2.5) / 3, abs=1e-6)
+    assert m["clipfrac"] == pytest.approx(2 / 3)
+
+
+def test_pg_loss_is_reinforce():
+    new = C_NEW.clone().requires_grad_(True)
+    loss, _ = pg_loss(new, C_ADV, torch.ones(1, 3))
+    assert loss.item() == pytest.approx((1.0 - 2.0 + 0.5) / 3)
+    close(torch.autograd.grad(loss, new)[0], [[-1 / 3, 1 / 3, -1 / 3]])
+
+
+def test_new_losses_bad_options_are_clear_errors():
+    with pytest.raises(AlgoError, match="clip_high=-1"):
+        cispo_loss(C_NEW, C_OLD, C_ADV, torch.ones(1, 3), clip_high=-1)
+    with pytest.raises(AlgoError, match="clip_low=1.5"):
+        cispo_loss(C_NEW, C_OLD, C_ADV, torch.ones(1, 3), clip_low=1.5)
+    with pytest.raises(AlgoError, match="clip_low=2"):
+        gspo_loss(G_NEW, G_OLD, torch.ones(2), G_MASK, clip_low=2)
+    with pytest.raises(AlgoError, match=r"old_logprobs\[2, 2\]"):
+        gspo_loss(G_NEW, G_OLD[:, :2], torch.ones(2), G_MASK)
+
+
 # -- value, KL, entropy -------------------------------------------------------------
 
 
@@ -248,7 +334,11 @@ def _all_losses(x, mask, rows, agg, denominator):
     vf, _ = value_loss(sel["values"], sel["old_values"], sel["returns"], m, agg=agg, denominator=denominator)
     kl = kl_loss(sel["logprobs"], sel["ref"], m, agg=agg, denominator=denominator)
     ent = entropy_bonus(sel["entropy"], m, agg=agg, denominator=denominator)
-    return torch.stack([pg, vf, kl, ent])
+    gspo, _ = gspo_loss(sel["logprobs"], sel["old"], sel["adv"], m, clip_low=0.05, clip_high=0.1, agg=agg,
+                        denominator=denominator, is_weights=sel["w"])
+    cispo, _ = cispo_loss(sel["logprobs"], sel["old"], sel["adv"], m, clip_low=0.2, clip_high=0.5, agg=agg,
+                          denominator=denominator, is_weights=sel["w"])
+    return torch.stack([pg, vf, kl, ent, gspo, cispo])
 
 
 @pytest.mark.parametrize("agg", AGGS)

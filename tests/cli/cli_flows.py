@@ -46,19 +46,24 @@ flow main() {
 }
 """
 
-# Two calls of one flow: two clusters (`inner`, `inner#2`).
+# Two calls of one flow: two clusters (`inner`, `inner#2`). Each call trains its own model,
+# so neither is dead code (an unread value would be removed, with a warning).
 TWO_CALLS = """\
-flow inner(m: model, d: dataset) {
+flow inner(m: model, d: dataset, rw: reward) {
   b = sample(d, size = 4)
-  r = generate(m, b)
-  return r
+  r = generate(m, b, n = 2)
+  s = rw(r)
+  a = group_advantage(s, group = 2)
+  update(m, r, a, loss = pg())
 }
 
 flow main() {
   policy = tiny()
+  other = tiny()
   data = jsonl("x.jsonl")
-  x = inner(policy, data)
-  y = inner(policy, data)
+  exact = verifier("exact")
+  inner(policy, data, exact)
+  inner(other, data, exact)
 }
 """
 

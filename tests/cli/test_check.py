@@ -9,7 +9,7 @@ from flowrl import __version__
 from flowrl.cli import COMMANDS, main
 
 
-def test_check_ok_prints_one_line_per_file(write_flow, capsys):
+def test_check_ok_prints_one_line_per_file(write_flow, capsys, env_step_allowed):
     a, b = write_flow("a.flow", GRPO), write_flow("b.flow", PPO_TURNS)
     assert main(["check", str(a), str(b)]) == 0
     out, err = capsys.readouterr()

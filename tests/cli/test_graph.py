@@ -43,8 +43,13 @@ def test_dot_resync_frozen_and_model_colours(write_flow):
     assert "bold" in resync
     policy_fill = views.model_colours(compile_file(write_flow("g.flow", GRPO)).graph)["policy"]
     assert policy_fill in views.PALETTE
-    for nid in ("policy", "grpo.rollouts", "grpo.old_lp", "grpo.update"):
+    for nid in ("policy", "grpo.rollouts", "grpo.update"):
         assert f'fillcolor="{policy_fill}"' in _line(dot, f'"{nid}" [')
+    # one update on the batch: the old log-probs come from its own forward, so that pass never runs
+    old_lp = _line(dot, '"grpo.old_lp" [')
+    assert "dotted" in old_lp and f'color="{views.ELIDED_GREY}"' in old_lp and "(elided: the update" in old_lp
+    assert "never runs (elided by the compiler)" in dot
+    assert "protocol=inplace" in resync  # the protocol the schedule passes chose, not `auto`
     for nid in ("grpo.ref", "grpo.ref_lp"):  # the frozen reference and the op on it are grey
         assert f'fillcolor="{views.FROZEN_FILL}"' in _line(dot, f'"{nid}" [')
     assert 'shape="cylinder"' in _line(dot, '"policy" [')
@@ -78,20 +83,20 @@ def test_dot_two_calls_of_one_flow_get_two_clusters(write_flow):
     assert re.findall(r'label="(flow [^"]+)"; fontsize', dot) == ["flow inner", "flow inner#2"]
 
 
-def test_dot_critic_and_turn_edges(write_flow):
+def test_dot_critic_and_turn_edges(write_flow, env_step_allowed):
     dot = _dot(write_flow, PPO_TURNS)
     critic = _line(dot, '"critic" [')
     assert 'peripheries="2"' in critic and f'color="{views.CRITIC_BORDER}"' in critic
     turn = _line(dot, '"convo#2" -> "obs"')
-    assert 'label="turn"' in turn and 'style="dashed"' in turn
+    assert 'xlabel="turn"' in turn and 'style="dashed"' in turn  # placed clear of other labels
     assert 'label="repeat 3 until done"' in dot
     colours = views.model_colours(compile_file(write_flow("p.flow", PPO_TURNS)).graph)
     assert sorted(colours) == ["critic", "policy"] and colours["critic"] != colours["policy"]
     assert f'fillcolor="{colours["critic"]}"' in _line(dot, '"vals" [')
-    assert 'label="weights d=1"' in _line(dot, '"update#2" -> "vals"')
+    assert 'xlabel="weights d=1"' in _line(dot, '"update#2" -> "vals"')
 
 
-def test_views_are_deterministic(write_flow):
+def test_views_are_deterministic(write_flow, env_step_allowed):
     a = compile_file(write_flow("a.flow", PPO_TURNS)).graph
     b = compile_file(write_flow("a.flow", PPO_TURNS)).graph
     assert views.to_dot(a) == views.to_dot(b)
@@ -125,19 +130,23 @@ def test_mermaid_content(write_flow):
     assert 'n_grpo_update -->|"weights"| n_resync_policy' in text
     assert 'n_grpo_b -->|"prompt_ids"| n_grpo_rollouts' in text
     assert 'n_grpo_rollouts -->|"prompt_ids, response_ids, response_mask"| n_grpo_old_lp' in text
-    assert 'n_resync_policy{{"resync.policy<br/>resync protocol=auto"}}' in text
+    assert 'n_resync_policy{{"resync.policy<br/>resync protocol=inplace"}}' in text
+    assert re.search(r"class [a-z_,]*n_grpo_old_lp[a-z_,]* elided", text)
     assert 'n_policy[("policy<br/>tiny [trainable]")]' in text
     assert f"classDef m_policy_resync fill:" in text and f"stroke:{views.RESYNC_RED},stroke-width:3px" in text
     assert 'subgraph cluster_1["flow grpo"]' in text
     assert re.search(r"class [a-z_,]*n_grpo_ref_lp[a-z_,]* frozen", text)
-    # every resource edge is thin and grey, by its index among the edges
+    # every resource edge is thin and grey, by its index among the edges; edges of the elided
+    # old-logprob pass are grey and dashed
     edges = [l for l in text.splitlines() if re.match(r"  n_\w+ -", l)]
-    grey = {int(m) for m in re.findall(rf"linkStyle (\d+) stroke:{views.RESOURCE_GREY}", text)}
-    assert grey == {i for i, l in enumerate(edges) if l.startswith(("  n_policy ", "  n_arith ", "  n_exact ",
-                                                                     "  n_grpo_ref "))}
+    thin = {int(m) for m in re.findall(rf"linkStyle (\d+) stroke:{views.RESOURCE_GREY},stroke-width:1px", text)}
+    dashed = {int(m) for m in re.findall(rf"linkStyle (\d+) stroke:{views.ELIDED_GREY},stroke-dasharray", text)}
+    assert dashed == {i for i, l in enumerate(edges) if "n_grpo_old_lp" in l}
+    assert thin == {i for i, l in enumerate(edges) if l.startswith(("  n_policy ", "  n_arith ", "  n_exact ",
+                                                                     "  n_grpo_ref ")) and i not in dashed}
 
 
-def test_mermaid_turn_and_ids_are_safe(write_flow):
+def test_mermaid_turn_and_ids_are_safe(write_flow, env_step_allowed):
     text = views.to_mermaid(compile_file(write_flow("p.flow", PPO_TURNS)).graph)
     assert 'n_convo_2 -.->|"turn"| n_obs' in text
     assert 'n_convo_2["convo#35;2<br/>generate n=1"]' in text  # `#` is an entity in Mermaid
@@ -206,3 +215,21 @@ def test_graph_refuses_png_on_a_terminal(write_flow, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     assert main(["graph", str(path), "--format", "png"]) == 2
     assert "refusing to write PNG bytes to a terminal; use -o FILE.png" in capsys.readouterr().err
+
+
+def test_elided_ops_sit_outside_pools_and_a_repeat_loop_stays_whole(write_flow, env_step_allowed):
+    """The elided old-logprob pass never runs, so no pool holds it; the repeat loop (generate on
+    the rollout engine, env_step on the driver) is one box, inside the rollout engine's pool."""
+    text = PPO_TURNS.replace("flow main() {", "flow main() {") + """
+schedule main on cluster(nodes = 1, gpus_per_node = 2) {
+  pool gen = gpus(gpus = 1)
+  pool train = gpus(gpus = 1)
+  place policy.rollout on gen
+  colocate policy.train, critic on train
+}
+"""
+    graph = compile_file(write_flow("s.flow", text)).graph
+    pool_of, _ = views.pool_of_nodes(graph)
+    assert pool_of["convo#2"] == pool_of["obs"] == pool_of["convo"] == "gen"  # env_step joins its loop
+    dot = views.to_dot(graph)
+    assert dot.count('label="repeat 3 until done"') == 1

@@ -38,7 +38,7 @@ def test_ir_flow_option_and_lint(write_flow, capsys):
     path = write_flow("g.flow", GRPO)
     assert main(["ir", str(path), "--flow", "grpo", "--lint"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("flow grpo(policy: model, prompts: dataset, reward: reward, group: int = ...)\n")
+    assert out.startswith("flow grpo(policy: model, prompts: dataset, reward: reward, group: int = 8)\n")
     assert out == print_graph(compile_file(path, flow="grpo").graph)
 
 

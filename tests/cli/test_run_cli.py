@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_resume_needs_a_run_directory(capsys, tmp_path):
 def test_missing_engine_package_is_reported_before_anything_starts(monkeypatch, tmp_path):
     import importlib.util
 
-    from flowrl.runtime.api import build_plan
+    from flowrl.launch import build_plan
     from flowrl.runtime.driver import Runtime
     from flowrl.runtime.handlers import RuntimeFlowError
 
@@ -68,11 +69,20 @@ def test_missing_engine_package_is_reported_before_anything_starts(monkeypatch, 
         rt.check_executable()
 
 
-def test_unexecutable_op_is_rejected_with_its_position(tmp_path):
-    from flowrl.runtime.api import build_plan
-    from flowrl.runtime.driver import Runtime
-    from flowrl.runtime.handlers import RuntimeFlowError
+def test_what_check_refuses_run_refuses_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """An op the catalogue says does not run on the schedule's platform: `run` stops at compile
+    time with the op's position, and leaves no run directory."""
+    import dataclasses
 
-    rt = Runtime(build_plan(str(ROOT / "flows" / "agentic_calc.flow")), tmp_path)
-    with pytest.raises(RuntimeFlowError, match=r"agentic\.flow:\d+:\d+: `env_step` \(env_step\) cannot run"):
-        rt.check_executable()
+    from flowrl.catalog import ops
+    from flowrl.catalog.platforms import PLATFORMS
+    from flowrl.catalog.spec import unsupported
+
+    refused = dataclasses.replace(ops.OPS["group_advantage"],
+                                  platforms=dict.fromkeys(PLATFORMS, unsupported("not built on this platform")))
+    monkeypatch.setitem(ops.OPS, "group_advantage", refused)
+    out = tmp_path / "run"
+    assert main(["run", DEFAULT, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"grpo\.flow:\d+:\d+: error\[E\d+\]: op `grpo\.adv` = group_advantage\(\.\.\.\) does not run on cpu", err)
+    assert not out.exists()

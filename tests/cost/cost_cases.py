@@ -50,7 +50,7 @@ def write_synthetic_run(out: Path, flow_file: str, steps: int = 4, slow_step: in
     """A run directory of ``flow_file`` (:data:`TEST_FLOW`) as ``flowrl run`` writes it (plan.json,
     metrics.jsonl, trace.json) with the timings of :data:`STEP_OPS` every step; ``slow_step``
     takes 3x as long (a noisy step the medians must ignore)."""
-    from flowrl.runtime.api import build_plan
+    from flowrl.launch import build_plan
 
     out.mkdir(parents=True, exist_ok=True)
     plan = build_plan(flow_file, steps=steps)
@@ -58,17 +58,17 @@ def write_synthetic_run(out: Path, flow_file: str, steps: int = 4, slow_step: in
     events, rows, t = [], [], 10.0
     for k in range(steps):
         scale = 3.0 if k == slow_step else 1.0
-        row = {"step": k, "perf/step_s": STEP_S * scale, "perf/gen_tokens": 512 * 3.5}
+        row = {"step": k + 1, "perf/step_s": STEP_S * scale, "perf/gen_tokens": 512 * 3.5}
         for op, s0, s1, inner, i0, i1 in STEP_OPS:
             events.append({"name": op, "ph": "X", "pid": 1, "tid": 1, "ts": (t + s0 * scale) * 1e6,
-                           "dur": (s1 - s0) * scale * 1e6, "args": {"step": k}})
+                           "dur": (s1 - s0) * scale * 1e6, "args": {"step": k + 1}})
             row[f"time/{op}"] = (s1 - s0) * scale
             if inner:
                 events.append({"name": inner, "ph": "X", "pid": 1, "tid": 2, "ts": (t + i0 * scale) * 1e6,
-                               "dur": (i1 - i0) * scale * 1e6, "args": {"step": k}})
+                               "dur": (i1 - i0) * scale * 1e6, "args": {"step": k + 1}})
         rows.append(row)
         t += STEP_S * scale
-    events.append({"name": "eval", "ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 5e6, "args": {"step": -1}})
+    events.append({"name": "eval", "ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 5e6, "args": {"step": 0}})
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "trace.json").write_text(json.dumps({"traceEvents": events}))
     return out

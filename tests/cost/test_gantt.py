@@ -9,6 +9,7 @@ from cost_cases import STEP_OPS
 
 from flowrl import gantt
 from flowrl.cli import main
+from flowrl.compiler import calibrate
 from flowrl.cost import validate
 from flowrl.cost.sim import simulate
 
@@ -17,7 +18,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def compiled(test_flow):
-    _, spec, costs = validate.compile_spec(test_flow)
+    _, spec, costs = calibrate.compile_spec(test_flow)
     return spec, gantt.rows_for(spec, costs)
 
 
@@ -63,7 +64,7 @@ def test_trace_bars_use_op_spans_only_and_the_same_rows(compiled, synthetic_run)
 def test_empty_window_says_which_steps_exist(compiled, synthetic_run):
     _, rows = compiled
     _, _, events = validate.read_run(synthetic_run(steps=3))
-    with pytest.raises(gantt.GanttError, match=r"no bars for steps 5\.\.6; the source has steps 0\.\.2"):
+    with pytest.raises(gantt.GanttError, match=r"no bars for steps 5\.\.6; the source has steps 1\.\.3"):
         gantt.bars_from_trace(events, rows, first=5, count=2)
 
 

@@ -30,8 +30,9 @@ def test_dot_has_one_cluster_per_pool_with_its_ops_and_gpus():
     assert 'label="pool gen: GPUs 0-3 (node 0)"' in gen
     assert 'label="pool train: GPUs 4-7 (node 0)"' in train
     assert '"grpo.rollouts" [' in gen and '"grpo.update" [' not in gen
-    for op in ("grpo.old_lp", "grpo.ref_lp", "grpo.update", "resync.policy"):
+    for op in ("grpo.ref_lp", "grpo.update", "resync.policy"):
         assert f'"{op}" [' in train
+    assert '"grpo.old_lp" [' not in gen + train  # elided (one optimiser step): it runs on no engine
     for driver_op in ("grpo.prompt_batch", "grpo.scores", "grpo.adv"):  # driver-side: in no pool
         assert f'"{driver_op}" [' not in gen + train
     assert dot.count("flow grpo") == 3  # the call box, inside each pool and outside
@@ -49,7 +50,8 @@ def test_colocated_engines_share_one_pool_box():
     graph = compile_file(str(ROOT / "flows" / "arith_grpo.flow")).graph
     pool_of, boxes = views.pool_of_nodes(graph)
     assert [b.label for b in boxes] == ["pool all: GPU 0 (node 0)"]
-    assert {pool_of[n] for n in ("grpo.rollouts", "grpo.update", "grpo.ref_lp")} == {"all"}
+    assert {pool_of[n] for n in ("grpo.rollouts", "grpo.update")} == {"all"}
+    assert "grpo.ref_lp" not in pool_of  # kl = 0: the reference pass is elided and its engine not placed
     assert "grpo.scores" not in pool_of
 
 

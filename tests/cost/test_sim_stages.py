@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from cost_cases import ROOT, TEST_FLOW
 
-from flowrl.cost import validate
+from flowrl.compiler import calibrate
 from flowrl.cost.sim import producer_ids, simulate
 
 
@@ -20,11 +20,11 @@ def _flow(tmp_path, staleness: int, gpu: str | None = None) -> str:
 
 
 def test_stages_are_the_runtimes(tmp_path):
-    from flowrl.runtime.api import build_plan
+    from flowrl.launch import build_plan
     from flowrl.runtime.pipeline import split_stages
 
     flow = _flow(tmp_path, 2)
-    _, spec, _ = validate.compile_spec(flow)
+    _, spec, _ = calibrate.compile_spec(flow)
     producer, consumer = split_stages(build_plan(flow, steps=4))
     sim_ids = {p.id for p in spec.phases}
     assert producer_ids(spec) == {op.id for op in producer} & sim_ids == {"grpo.prompt_batch", "grpo.rollouts",
@@ -33,14 +33,14 @@ def test_stages_are_the_runtimes(tmp_path):
 
 
 def test_cpu_engines_have_lanes_of_their_own(tmp_path):
-    _, spec, _ = validate.compile_spec(_flow(tmp_path, 1))
+    _, spec, _ = calibrate.compile_spec(_flow(tmp_path, 1))
     lanes = {p.lane for p in spec.phases if spec.lanes.get(p.lane)}
     assert lanes == {"all:policy.rollout", "all:policy.train", "all:grpo.ref.train"}
 
 
 def test_on_cpu_one_step_off_overlaps_colocated_engines(tmp_path):
-    s1 = simulate(validate.compile_spec(_flow(tmp_path, 1))[1], steps=12)
-    s2 = simulate(validate.compile_spec(_flow(tmp_path, 2))[1], steps=12)
+    s1 = simulate(calibrate.compile_spec(_flow(tmp_path, 1))[1], steps=12)
+    s2 = simulate(calibrate.compile_spec(_flow(tmp_path, 2))[1], steps=12)
     assert s2.step_s < 0.95 * s1.step_s  # the generation (a fraction of the step here) is hidden
     span = {lab: {k: (a, b) for _l, lb, k, a, b in s2.timeline if lb == lab} for lab in ("generate", "resync")}
     gen, push = span["generate"], span["resync"]
@@ -50,8 +50,8 @@ def test_on_cpu_one_step_off_overlaps_colocated_engines(tmp_path):
 
 
 def test_on_gpus_colocated_engines_take_turns(tmp_path):
-    s1 = simulate(validate.compile_spec(_flow(tmp_path, 1, "H100"))[1], steps=24)
-    s2 = simulate(validate.compile_spec(_flow(tmp_path, 2, "H100"))[1], steps=24)
+    s1 = simulate(calibrate.compile_spec(_flow(tmp_path, 1, "H100"))[1], steps=24)
+    s2 = simulate(calibrate.compile_spec(_flow(tmp_path, 2, "H100"))[1], steps=24)
     assert s2.step_s == pytest.approx(s1.step_s, rel=0.05)
-    _, spec, _ = validate.compile_spec(_flow(tmp_path, 2, "H100"))
+    _, spec, _ = calibrate.compile_spec(_flow(tmp_path, 2, "H100"))
     assert {p.lane for p in spec.phases if spec.lanes.get(p.lane)} == {"all"}

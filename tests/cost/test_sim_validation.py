@@ -9,6 +9,7 @@ import pytest
 from cost_cases import FIXTURES, ROOT, STEP_S
 
 from flowrl.cost import model as cm
+from flowrl.compiler import calibrate
 from flowrl.cost import validate
 from flowrl.cost.profiles import CPU_FALLBACK, Profile, load_profile, save_profile
 from flowrl.cost.sim import GenPhase, LengthDist, Phase, SimSpec, simulate, with_workload
@@ -82,7 +83,7 @@ def test_calibrate_recovers_the_costs_it_was_given(_cost_cpu_profile, test_flow)
     prof = load_profile(_cost_cpu_profile)
     true = replace(prof, iter_overhead_s=0.0, seq_overhead_s=1.2e-4, mfu_train=0.55, mfu_forward=0.35)
     save_profile(true, _cost_cpu_profile)
-    _, spec, _ = validate.compile_spec(flow)
+    _, spec, _ = calibrate.compile_spec(flow)
     workload = {"prompt_tokens": 7.0, "mean_response": 3.5}
     iters = validate.generate_iterations(spec, workload)
     gens = {p.id: p.gen for p in spec.phases if p.kind == "generate"}
@@ -96,7 +97,7 @@ def test_calibrate_recovers_the_costs_it_was_given(_cost_cpu_profile, test_flow)
     assert {"logprobs", "update"} <= {p.label for p in spec.phases if p.id in engine}
     save_profile(prof, _cost_cpu_profile)  # start from the profile's own (wrong) figures
     measured = {"dispatch_s": 0.0123, "engine": engine, "workload": workload}
-    cal = validate.calibrate(prof, [(flow, measured)])
+    cal = calibrate.calibrate(prof, [(flow, measured)])
     # one run, one batch size: the decode overhead is all per sequence (as in the true profile)
     assert cal.seq_overhead_s == pytest.approx(1.2e-4, rel=1e-3) and cal.iter_overhead_s == 0.0
     assert cal.mfu_train == pytest.approx(0.55, abs=1e-4) and cal.mfu_forward == pytest.approx(0.35, abs=1e-4)
@@ -113,7 +114,7 @@ def _gen_seconds(parts, g) -> float:
 
 def test_generate_seconds_are_linear_in_the_decode_costs(_cost_cpu_profile, test_flow):
     """generate_iterations' coefficients reproduce the simulated generate time of any costs."""
-    _, spec, _ = validate.compile_spec(test_flow)
+    _, spec, _ = calibrate.compile_spec(test_flow)
     workload = {"prompt_tokens": 7.0, "mean_response": 3.5}
     parts = validate.generate_iterations(spec, workload)
     ph = next(p for p in spec.phases if p.kind == "generate")
@@ -141,18 +142,18 @@ def test_runs_with_other_response_lengths_separate_per_request_costs(_cost_cpu_p
         (tmp_path / f"{name}.flow").write_text(text)
         flow = str(tmp_path / f"{name}.flow")
         workload = {"prompt_tokens": 7.0, "mean_response": mean}
-        _, spec, _ = validate.compile_spec(flow, profile=true)
+        _, spec, _ = calibrate.compile_spec(flow, profile=true)
         iters = validate.generate_iterations(spec, workload)
         engine = {ph.id: _gen_seconds(iters[ph.id], ph.gen) for ph in spec.phases if ph.kind == "generate"}
         runs.append((flow, {"dispatch_s": 0.01, "engine": engine, "workload": workload}))
-    cal = validate.calibrate(prof, runs)
+    cal = calibrate.calibrate(prof, runs)
     assert cal.iter_overhead_s == pytest.approx(0.002, rel=1e-3)
     assert cal.seq_overhead_s == pytest.approx(1e-4, rel=1e-3)
     assert cal.request_overhead_s == pytest.approx(2e-4, rel=1e-3)
     assert "us/request" in cal.source
     # two runs of the same answer length cannot tell per-sequence from per-request costs apart:
     # the per-iteration and per-sequence model is kept
-    two = validate.calibrate(prof, runs[:2])
+    two = calibrate.calibrate(prof, runs[:2])
     assert two.request_overhead_s == 0.0 and two.seq_overhead_s > 1e-4
 
 
@@ -185,7 +186,7 @@ def test_simulator_predicts_a_stored_real_cpu_run_within_25_percent(_cost_cpu_pr
     flow = tmp_path / "measured.flow"
     flow.write_text(fx["flow_text"].replace("{ROOT}", str(ROOT)))
     m = fx["measured"]
-    res = validate.predict(str(flow), fx["sets"], m["workload"])
+    res = calibrate.predict(str(flow), fx["sets"], m["workload"])
     cmp = validate.compare(res, m)
     assert abs(cmp["error_pct"]) <= 25.0, cmp
     # every op the run timed is in the plan again (the fixture's flow text is the one that ran)
@@ -209,7 +210,7 @@ def test_two_batch_sizes_separate_fixed_from_per_item_costs(_cost_cpu_profile, t
     workload = {"prompt_tokens": 7.0, "mean_response": 3.5}
     runs = []
     for flow in flows:
-        _, spec, _ = validate.compile_spec(flow, profile=true)
+        _, spec, _ = calibrate.compile_spec(flow, profile=true)
         iters = validate.generate_iterations(spec, workload)
         engine = {}
         for ph in spec.phases:
@@ -219,7 +220,7 @@ def test_two_batch_sizes_separate_fixed_from_per_item_costs(_cost_cpu_profile, t
                 g = next(p.gen for p in spec.phases if p.id == ph.tokens_from)
                 engine[ph.id] = ph.per_token_s * g.samples * 10.5 + (ph.seconds - true.op_overhead_s)
         runs.append((flow, {"dispatch_s": 0.01, "engine": engine, "workload": workload}))
-    cal = validate.calibrate(prof, runs)
+    cal = calibrate.calibrate(prof, runs)
     assert cal.micro_overhead_s == pytest.approx(0.02, rel=1e-3)
     assert cal.mfu_train == pytest.approx(0.5, rel=1e-3)
     assert cal.iter_overhead_s == pytest.approx(0.004, rel=1e-2)

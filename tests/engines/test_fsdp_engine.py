@@ -131,7 +131,7 @@ GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr =
 def test_fsdp_dp2_grpo_runs_and_matches_vllm(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     pytest.importorskip("ray")
-    from flowrl.runtime.api import run_file
+    from flowrl.launch import run_file
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "runtime"))  # e2e_kit, e2e_rewards
     from e2e_kit import make_workdir, write_flow

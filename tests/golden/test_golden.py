@@ -6,6 +6,9 @@ Layout (all paths relative to the repository root, which is the working director
   ``check_file(path)``, byte for byte (helper files for imports live in ``invalid/lib/``);
 * ``tests/golden/valid/NAME.flow`` -> ``NAME.ir``: ``print_graph`` of the entry flow after
   every pass (linted after each pass);
+* ``tests/golden/warnings/NAME.flow`` -> ``NAME.expected`` and ``NAME.ir``: programs that
+  compile with warnings: the rendered warnings of ``check_file`` and the IR (what the
+  dead-code pass removed is gone from it);
 * ``tests/golden/generated/NAME.expected``: diagnostics of inputs built by the tests
   (a file too large to commit).
 
@@ -30,13 +33,14 @@ from pathlib import Path
 import pytest
 
 from flowrl.compiler.pipeline import check_file, compile_file
-from flowrl.diagnostics import FlowError
+from flowrl.diagnostics import FlowError, in_source_order, render_all
 from flowrl.ir.printer import print_graph
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 INVALID = sorted(p for p in (HERE / "invalid").glob("*.flow"))
 VALID = sorted(p for p in (HERE / "valid").glob("*.flow"))
+WARNING = sorted(p for p in (HERE / "warnings").glob("*.flow"))
 REGEN = os.environ.get("FLOWRL_REGEN") == "1"
 
 _DIRECTIVE = re.compile(rb"^# golden: (\w+)(?:=(.*))?$")
@@ -134,10 +138,11 @@ def test_every_diagnostic_code_has_a_golden():
     for part in FRONT_END:
         root = REPO / part
         for src in ([root] if root.is_file() else root.rglob("*.py")):
-            in_use |= set(re.findall(r'"(E\d{3})"', src.read_text()))
+            in_use |= set(re.findall(r'"([EW]\d{3})"', src.read_text()))
     expected = set()
-    for exp in list((HERE / "invalid").glob("*.expected")) + list((HERE / "generated").glob("*.expected")):
-        expected |= set(re.findall(r"error\[(E\d{3})\]", exp.read_text(encoding="utf-8")))
+    for exp in [*(HERE / "invalid").glob("*.expected"), *(HERE / "generated").glob("*.expected"),
+                *(HERE / "warnings").glob("*.expected")]:
+        expected |= set(re.findall(r"(?:error|warning)\[([EW]\d{3})\]", exp.read_text(encoding="utf-8")))
     missing = sorted(in_use - expected)
     assert not missing, f"no golden program produces {', '.join(missing)}: add one to tests/golden/invalid/"
     assert len(INVALID) >= 50
@@ -146,7 +151,38 @@ def test_every_diagnostic_code_has_a_golden():
 def test_no_stale_expected_files():
     flows = {p.stem for p in INVALID}
     stale = [p.name for p in (HERE / "invalid").glob("*.expected") if p.stem not in flows]
+    warned = {p.stem for p in WARNING}
+    stale += [p.name for p in (HERE / "warnings").glob("*.*") if p.suffix != ".flow" and p.stem not in warned]
     assert not stale, f"expected files without a program: {stale}"
+
+
+# ---- programs that compile with warnings -------------------------------------------------
+
+
+@pytest.mark.parametrize("path", WARNING, ids=lambda p: p.stem)
+def test_warning_diagnostics_and_ir(path: Path):
+    """``check_file`` accepts the program; its warnings (deduplicated over the file's flows)
+    and the IR without the dead ops are exact."""
+    graphs = check_file(_rel(path))
+    warnings = in_source_order(dict.fromkeys(w for g in graphs.values() for w in g.warnings))
+    assert warnings and all(w.severity == "warning" and w.code.startswith("W") for w in warnings)
+    sources = next(iter(graphs.values())).sources
+    _compare(render_all(warnings, sources), path.with_suffix(".expected"))
+    graph = compile_file(_rel(path), lint_each=True).graph
+    _compare(print_graph(graph), path.with_suffix(".ir"))
+
+
+def test_warnings_travel_with_later_errors(tmp_path, monkeypatch):
+    """A later pass's errors come with the warnings found before them, in source order."""
+    (tmp_path / "w.flow").write_text(
+        'model policy = tiny(task = "arith")\ndataset arith = jsonl("data/arith/train.jsonl")\n'
+        "flow main() {\n  r = generate(policy, sample(arith))\n}\n"
+        "schedule main on cluster(gpus_per_node = 2) {\n  staleness 0\n}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FlowError) as info:
+        check_file("w.flow")
+    assert [(d.code, d.severity) for d in info.value.diagnostics] == [("W001", "warning"), ("E408", "error")]
+    assert [d.code for d in info.value.errors] == ["E408"] and [d.code for d in info.value.warnings] == ["W001"]
 
 
 # ---- inputs generated here -----------------------------------------------------------------

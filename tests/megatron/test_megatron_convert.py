@@ -156,10 +156,10 @@ def test_unsupported_layouts_and_models_have_clear_errors():
     with pytest.raises(ConversionError, match="num_hidden_layers=2 is not divisible by pp=3"):
         check_layout(spec, 1, 3)
     cfg = tiny_config(17).to_dict()
-    with pytest.raises(ConversionError, match="model_type='gpt2'"):
-        ModelSpec.from_hf_config({**cfg, "model_type": "gpt2"})
-    with pytest.raises(ConversionError, match="rope_type='llama3'"):
-        ModelSpec.from_hf_config({**cfg, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}})
+    with pytest.raises(ConversionError, match="'GPT2LMHeadModel' checkpoints are not converted"):
+        ModelSpec.from_hf_config({**cfg, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ConversionError, match="rope_type 'yarn'"):  # llama3 converts: tests/families
+        ModelSpec.from_hf_config({**cfg, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}})
     hf = _hf_state(spec)
     del hf["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(ConversionError, match="model.layers.1.mlp.up_proj.weight"):

@@ -15,7 +15,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 
-from flowrl.runtime.api import build_plan, run_file  # noqa: E402
+from flowrl.launch import build_plan, run_file  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

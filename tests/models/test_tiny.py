@@ -63,7 +63,7 @@ def test_building_does_not_disturb_the_global_rng(tmp_path):
     [
         ({"hidden": 64, "heads": 4}, r"head_dim = hidden/heads = 64/4 = 16 < 32"),
         ({"hidden": 128, "heads": 3}, "hidden must divide by heads"),
-        ({"arch": "gpt2"}, r"unknown tiny model arch 'gpt2'; choose one of \['llama', 'qwen2'\]"),
+        ({"arch": "gpt3"}, r"unknown tiny model arch 'gpt3'; choose one of \['gpt2', 'llama', 'llama3', 'mistral', 'qwen2', 'qwen3'\]"),
         ({"arch": "qwen2", "chars": "0 1"}, r"arch='qwen2' cannot use characters \[' '\]"),
     ],
 )

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,11 +19,14 @@ from flowrl.models.warmstart import (
     evaluate_accuracy,
     greedy_completions,
     sft_train,
+    teacher_forced_accuracy,
     warm_start,
 )
 from flowrl.tasks import get_task
 
 SHORT = SFTConfig(steps=40, batch_size=32)
+SMALL = TinyModelConfig(hidden=64, heads=2, kv_heads=1, intermediate=128)
+"""Warm starts in tests: half-width model (its held-out evaluation, 400 greedy rows, is most of the time)."""
 
 
 def test_encode_sft_batch_masks_prompt_and_padding(tiny_llama_dir):
@@ -42,23 +46,48 @@ def test_sft_lowers_the_loss_deterministically(tiny_llama_dir):
     runs = []
     for _ in range(2):
         model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-        runs.append((sft_train(model, tok, rows, SFTConfig(steps=30, batch_size=32), seed=1), model))
+        runs.append((sft_train(model, tok, rows, SFTConfig(steps=30, batch_size=32, stop_at_accuracy=None), seed=1), model))
     (losses, m1), (losses2, m2) = runs
     assert losses == losses2
     assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
-def test_sft_stops_once_the_accuracy_target_is_reached(tiny_llama_dir):
-    rows = get_task("arith").rows("train")[:64]
+# Rows every model learns in a few steps: one answer for all of them.
+CONST = [{"prompt": f"{a}+{b}=", "answer": "7"} for a in range(4) for b in range(4)]
+
+
+def test_sft_stops_at_the_first_check_that_reaches_the_target(tiny_llama_dir):
+    tok = load_tokenizer(tiny_llama_dir)
+    cfg = SFTConfig(steps=200, batch_size=8, lr=3e-3, stop_at_accuracy=0.5, check_every=3, check_rows=16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    taken = len(sft_train(model, tok, CONST, cfg, seed=3))
+    assert taken % 3 == 0 and 3 <= taken < 200
+    assert teacher_forced_accuracy(model, tok, CONST) >= 0.5
+    # Replaying the same run (bit-reproducible) to each earlier check: all below the target.
+    for steps in range(3, taken, 3):
+        replay = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+        sft_train(replay, tok, CONST, replace(cfg, steps=steps, stop_at_accuracy=None), seed=3)
+        assert teacher_forced_accuracy(replay, tok, CONST) < 0.5, steps
+    # Any accuracy is >= 0: training stops at the first check. An unreachable target: every step runs.
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    assert len(sft_train(model, tok, CONST, replace(cfg, stop_at_accuracy=0.0, check_every=10))) == 10
+    assert len(sft_train(model, tok, CONST, replace(cfg, steps=12, stop_at_accuracy=1.01, check_every=5))) == 12
+
+
+def test_teacher_forced_accuracy_equals_greedy_accuracy(tiny_llama_dir):
     tok = load_tokenizer(tiny_llama_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    # Any accuracy is >= 0: training stops at the first check.
-    cfg = SFTConfig(steps=100, batch_size=8, stop_at_accuracy=0.0, check_every=10, check_rows=16)
-    assert len(sft_train(model, tok, rows, cfg, max_new_tokens=5)) == 10
-    # An unreachable target: every step runs.
-    cfg = SFTConfig(steps=12, batch_size=8, stop_at_accuracy=1.01, check_every=5, check_rows=16)
-    assert len(sft_train(model, tok, rows, cfg, max_new_tokens=5)) == 12
+    rows = get_task("arith").rows("train")[:64]
+    mixed = CONST[:8] + [{"prompt": r["prompt"], "answer": "7"} for r in rows[:24]] + rows[24:]
+    sft_train(model, tok, CONST, SFTConfig(steps=6, batch_size=8, stop_at_accuracy=None), seed=0)
+    # Partway through learning "7": some prompts give it, others not yet (both counts > 0).
+    greedy = [t.strip() == r["answer"] for t, r in zip(greedy_completions(model, tok, [r["prompt"] for r in mixed], max_new_tokens=5), mixed)]
+    assert 0 < sum(greedy) < len(mixed)
+    assert teacher_forced_accuracy(model, tok, mixed) == sum(greedy) / len(mixed)
+    assert teacher_forced_accuracy(model, tok, mixed, batch_size=7) == sum(greedy) / len(mixed)
+    with pytest.raises(WarmStartError, match="no rows"):
+        teacher_forced_accuracy(model, tok, [])
 
 
 def test_sft_batch_larger_than_data_is_refused(tiny_llama_dir):
@@ -83,11 +112,11 @@ def test_evaluate_accuracy_counts_greedy_matches(tiny_llama_dir):
 
 
 def test_warm_start_is_cached_by_key(tmp_path):
-    first = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path)
+    first = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=0, cache_dir=tmp_path)
     assert not first.cached
-    again = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path)
+    again = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=0, cache_dir=tmp_path)
     assert again.cached and again.path == first.path and again.info == first.info
-    other = warm_start("arith", sft=SHORT, seed=1, cache_dir=tmp_path)
+    other = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=1, cache_dir=tmp_path)
     assert other.path != first.path
     info = json.loads((first.path / "warmstart.json").read_text())
     assert info["sft"]["steps"] == info["steps_taken"] == 40 and info["task"] == "arith" and 0.0 <= info["test_accuracy"] <= 1.0
@@ -102,14 +131,27 @@ def test_cache_key_depends_on_every_input():
     assert base != cache_key("arith", TinyModelConfig(hidden=64, heads=2, kv_heads=1), SHORT, 0)[0]
     assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=41, batch_size=32), 0)[0]
     assert base != cache_key("arith", TinyModelConfig(), SHORT, 1)[0]
-    assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=40, batch_size=32, stop_at_accuracy=0.3), 0)[0]
+    assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=40, batch_size=32, stop_at_accuracy=0.4), 0)[0]
+    assert base != cache_key("arith", TinyModelConfig(), SFTConfig(steps=40, batch_size=32, check_every=5), 0)[0]
 
 
-def test_warm_start_output_is_reproducible(tmp_path):
-    a = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path / "a").path
-    b = warm_start("arith", sft=SHORT, seed=0, cache_dir=tmp_path / "b").path
+def test_warm_start_is_bit_reproducible_and_seeded(tmp_path):
     digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
-    assert digest(a) == digest(b)
+    before = torch.get_num_threads()
+    try:
+        # The caller's thread count does not reach the warm start (pinned to SFT_THREADS)...
+        torch.set_num_threads(2)
+        a = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=0, cache_dir=tmp_path / "a")
+        assert torch.get_num_threads() == 2  # ...and is given back.
+        torch.set_num_threads(1)
+        b = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=0, cache_dir=tmp_path / "b")
+    finally:
+        torch.set_num_threads(before)
+    assert not a.cached and not b.cached
+    assert digest(a.path) == digest(b.path) and a.info == b.info
+    # The seed sets the init and the data order: another seed, other weights.
+    c = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=1, cache_dir=tmp_path / "a")
+    assert digest(c.path) != digest(a.path) and c.info["seed"] == 1
 
 
 def test_tiny_model_source(tmp_path):
@@ -120,3 +162,32 @@ def test_tiny_model_source(tmp_path):
     assert tiny("arith", warm=False, seed=2, cache_dir=tmp_path, hidden=64, heads=2, kv_heads=1, intermediate=128) == path
     with pytest.raises(TinyModelError, match=r"unknown option\(s\) \['width'\]"):
         tiny("arith", width=3, cache_dir=tmp_path)
+
+
+def test_the_run_seed_reaches_the_warm_start(tmp_path, monkeypatch):
+    """`flowrl run --set seed=N` seeds the tiny model's init and SFT data order too (plus
+    `tiny(seed = ...)` as an offset), and the warm-start cache keeps one entry per seed."""
+    from flowrl.launch import build_plan
+    from flowrl.runtime.materialize import materialize_models
+
+    data = get_task("arith").data_dir
+    flow = tmp_path / "seeded.flow"
+    flow.write_text(f"""import stdlib.grpo
+model a = tiny(task = "arith", warm_start = 0, hidden = 64, heads = 2, kv_heads = 1)
+model b = tiny(task = "arith", warm_start = 0, hidden = 64, heads = 2, kv_heads = 1, seed = 10)
+dataset d = jsonl("{data / 'train.jsonl'}")
+reward r = verifier("math")
+flow main(seed: int = 0) {{
+  grpo(a, d, r, batch = 4, group = 2, max_tokens = 5)
+  grpo(b, d, r, batch = 4, group = 2, max_tokens = 5)
+}}
+""")
+    monkeypatch.setenv("FLOWRL_CACHE", str(tmp_path / "cache"))
+    seeds = {}
+    for run_seed in (0, 1):
+        plan = build_plan(str(flow), sets={"seed": str(run_seed)})
+        assert plan.run.seed == run_seed
+        paths = materialize_models(plan, log=lambda msg: None)
+        seeds[run_seed] = {m: json.loads((paths[m] / "warmstart.json").read_text())["seed"] for m in ("a", "b")}
+    assert seeds == {0: {"a": 0, "b": 10}, 1: {"a": 1, "b": 11}}
+    assert len(list((tmp_path / "cache" / "warmstart").iterdir())) == 4

@@ -6,9 +6,10 @@ inserted; the text truncated). Each is fed to ``parse`` and to ``check_file`` (e
 flow of the file through every pass). The properties:
 
 * nothing but :class:`FlowError` escapes (no lark, networkx, KeyError, recursion errors);
-* every diagnostic has a code ``E###``, a one-line message and a span with line >= 1 and
-  column >= 1 that lies inside the file it names, and the error renders;
-* a program the compiler accepts has a well-formed IR (``lint`` finds nothing) that prints.
+* every diagnostic has a code ``E###`` (error) or ``W###`` (warning), a one-line message and
+  a span with line >= 1 and column >= 1 that lies inside the file it names, and it renders;
+* a program the compiler accepts has a well-formed IR (``lint`` finds nothing) that prints,
+  and its warnings are well formed too.
 
 Hypothesis runs derandomized (``derandomize=True`` in the ``flowrl-fuzz`` profile), so
 every run tries the same examples. Extreme shapes (deep nesting, megabyte lines, huge
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowrl.compiler.pipeline import check_file, compile_text
-from flowrl.diagnostics import FlowError
+from flowrl.diagnostics import FlowError, render_all
 from flowrl.ir.lint import lint
 from flowrl.catalog.ops import LOSSES, OPS, PARAM_TYPES
 from flowrl.ir.printer import print_graph
@@ -46,7 +47,7 @@ settings.register_profile(
 )
 FUZZ = settings.get_profile("flowrl-fuzz")
 
-_CODE = re.compile(r"^E\d{3}$")
+_CODE = re.compile(r"^[EW]\d{3}$")
 
 
 # ---- the checker ------------------------------------------------------------------------
@@ -58,7 +59,12 @@ def workdir():
     old = os.environ.get("FLOWRL_STDLIB")
     os.environ["FLOWRL_STDLIB"] = str(GOLDEN / "stdlib")
     with tempfile.TemporaryDirectory(prefix="flowrl-fuzz-") as d:
-        shutil.copytree(GOLDEN / "valid" / "lib", Path(d) / "lib")
+        shutil.copytree(GOLDEN / "valid" / "lib", Path(d) / "lib", symlinks=True)
+        (Path(d) / "data").symlink_to(REPO / "data")  # datasets are checked: `data/arith/...` exists
+        for module in (GOLDEN / "valid").glob("*.py"):  # and so are the modules of `call(...)`
+            shutil.copy(module, Path(d) / module.name)
+        for extra in (*(GOLDEN / "valid").glob("*.parquet"), GOLDEN / "valid" / "models"):  # checked resources too
+            (Path(d) / extra.name).symlink_to(extra)
         yield Path(d)
     if old is None:
         os.environ.pop("FLOWRL_STDLIB", None)
@@ -76,16 +82,20 @@ def _lines_of(path: str, workdir: Path) -> list[str] | None:
 
 def assert_well_formed(err: FlowError, workdir: Path) -> None:
     """Every diagnostic is coded, positioned inside the file it names, and renders."""
-    assert err.diagnostics, "a FlowError without diagnostics"
+    assert err.diagnostics and err.errors, "a FlowError without errors"
     rendered = err.render()
     assert isinstance(rendered, str) and str(err) == rendered
-    for d in err.diagnostics:
-        assert _CODE.match(d.code), d
+    assert_positioned(err.diagnostics, rendered, workdir)
+
+
+def assert_positioned(diagnostics, rendered: str, workdir: Path) -> None:
+    for d in diagnostics:
+        assert _CODE.match(d.code) and d.code[0] == ("E" if d.is_error else "W"), d
         assert d.message and "\n" not in d.message, d
         s = d.span
         assert s.line >= 1 and s.column >= 1, d
         assert (s.end_line, s.end_column) >= (s.line, s.column), d
-        assert f"error[{d.code}]" in rendered
+        assert f"{d.severity}[{d.code}]" in rendered
         lines = _lines_of(s.path, workdir)
         if lines is not None and d.code not in ("E003", "E124"):
             assert s.line <= len(lines), d
@@ -117,6 +127,8 @@ def check_source(source: str | bytes, workdir: Path) -> dict | None:
     for graph in graphs.values():
         assert lint(graph) == [], print_graph(graph)
         assert print_graph(graph).startswith(f"flow {graph.name}(")
+        assert all(not w.is_error for w in graph.warnings)
+        assert_positioned(graph.warnings, render_all(graph.warnings, graph.sources), workdir)
     return graphs
 
 
@@ -140,12 +152,14 @@ def test_random_unicode_text(workdir, text):
 KEYWORDS = ["import", "as", "flow", "return", "repeat", "until", "schedule", "on", "auto", "colocate",
             "place", "pool", "staleness", "resync", "via", "every", "true", "false", "model", "dataset",
             "reward", "env", "stdlib", "stdlib.grpo", "main"]
-PUNCT = ["(", ")", "{", "}", "[", "]", ",", "=", ":", ".", "-", "<=", "\n", "#c\n"]
+PUNCT = ["(", ")", "{", "}", "[", "]", ",", "=", ":", ".", "-", "<=", "\n", "#c\n",
+         # other languages' syntax, which gets messages of its own
+         "*", "/", "+", "%", "**", "==", "!=", "<", ">", ";", "\\", "//c\n", "/* c */", "`"]
 LITERALS = ["0", "1", "4", "-1", "0.5", "1e-3", ".5", "512MB", "2GiB", '"x"', '"a\\"b"', '"data/x.jsonl"',
-            '"mod:fn"', '"', "'s'", "@", "\t", "\x00", "é"]
+            '"mod:fn"', '"', "'s'", "@", "\t", "\x00", "é", "True", "False", "None", "1_000"]
 NAMES = ["policy", "ref", "b", "r", "s", "adv", "lp", "vf", "calc", "arith", "exact", "done", "group", "n",
          "x", "train", "rollout", "all", "gen", "cluster", "gpus", "vllm", "megatron", "fsdp", "nccl",
-         "partial_rollout", "grpo", "g.grpo", "steps.generate_and_score"]
+         "partial_rollout", "grpo", "g.grpo", "steps.train"]
 VOCAB = KEYWORDS + PUNCT + LITERALS + NAMES + sorted(OPS) + sorted(LOSSES) + list(PARAM_TYPES)
 
 
@@ -169,13 +183,14 @@ BODY = [
     "update(policy, r, adv, lp)", "update(policy, r, adv, loss = pg())", "update(vf, r, adv, v, loss = value_clip(0.2))",
     "update(ref, r, adv, lp)", "o = env_step(calc, r)", "repeat 2 until done { o = env_step(calc, r)  r = generate(policy, o) }",
     'u = call("m:f", r, s, produces = ["rewards"])', "g.grpo(policy, arith, exact, group = 2)",
-    "x = steps.generate_and_score(policy, arith, exact)", "y = rollout(policy, arith)", "return r",
+    "steps.train(policy, arith, exact)", "y = rollout(policy, arith)", "return r",
     "helper(policy, arith)", "resync(policy)",
 ]
 SCHEDULE = [
     "pool gen = gpus(gpus = 2)", "colocate policy.train, ref on all", "place policy.rollout on gen",
     "policy.train = fsdp(dp = 2)", "policy.rollout = vllm(tp = 1)", "ref = torch()", "staleness 1",
     "staleness <= 2", "resync policy via nccl(bucket = 512MB) every 1", "partial_rollout(over_provision = 1.5)",
+    "staleness -1", "staleness = 2", "resync policy via nccl() every -1",
 ]
 
 
@@ -370,10 +385,14 @@ def test_megabyte_lines(workdir, kind):
 
 @pytest.mark.timeout(120)
 def test_many_statements_on_one_line(workdir):
-    """5,000 statements on a single 200 KB line compile (the IR does not care about layout)."""
+    """5,000 statements on a single 200 KB line compile (the IR does not care about layout);
+    nothing reads them, so each is warned about once and removed."""
     stmts = "  ".join(f"b{i} = sample(arith, size = {i + 1})" for i in range(5000))
-    graph = compile_text(f'dataset arith = jsonl("x")\nflow main() {{ {stmts} }}\n', "oneline.flow")
-    assert len(list(graph.nodes())) == 5001
+    text = f'dataset arith = jsonl("x")\nflow main() {{ {stmts} }}\n'
+    assert len(list(compile_text(text, "oneline.flow", until="check_roles").nodes())) == 5001
+    graph = compile_text(text, "oneline.flow")
+    assert list(graph.nodes()) == [] and [w.code for w in graph.warnings] == ["W001"] * 5000
+    assert [w.span.column for w in graph.warnings][:2] == [15, 45]
 
 
 @pytest.mark.timeout(120)

@@ -38,3 +38,39 @@ def slow_on_sleep(completions, answers):
 
 
 NOT_CALLABLE = 3
+
+
+def sleeps_on_sleep(completions, answers):
+    """1.0 per sample; a sample "sleep" hangs (its call, not its neighbours', is stopped)."""
+    for c in completions:
+        if c == "sleep":
+            time.sleep(600)
+    return [1.0 for _ in completions]
+
+
+def crashes_on_crash(completions, answers):
+    """1.0 per sample; the sample "crash" kills its process (as a segfault would)."""
+    import os
+
+    if "crash" in completions:
+        os._exit(3)
+    return [1.0 for _ in completions]
+
+
+def exits_on_exit(completions, answers):
+    """1.0 per sample; the sample "exit" raises SystemExit."""
+    if "exit" in completions:
+        raise SystemExit(2)
+    return [1.0 for _ in completions]
+
+
+def from_rows(completions, answers, rows):
+    """Each row's ``bonus`` field (rows carry every field of the dataset row)."""
+    return [float(r["bonus"]) for r in rows]
+
+
+def runs_in_sandbox(completions, answers):
+    """Run each completion as a Python program in the sandbox: 1.0 when it prints the answer."""
+    from flowrl.sandbox import run_code
+
+    return [float(run_code(c, timeout_s=1.0).stdout.strip() == a) for c, a in zip(completions, answers)]

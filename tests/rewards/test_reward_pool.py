@@ -86,9 +86,99 @@ def test_process_pool_builtin_math_verifier():
 def test_hung_chunk_times_out_and_pool_recovers():
     with RewardPool(f"{MOD}:slow_on_sleep", workers=1, chunk_size=2, timeout_s=2.0, error_reward=-1.0) as pool:
         res = pool.score(["sleep", "a"], ["", ""])
-        assert res.rewards == [-1.0, -1.0]
-        assert [e.index for e in res.errors] == [0, 1] and "TimeoutError" in res.errors[0].message
+        # Only the hanging sample loses its reward; its chunk-mate is scored by the fresh worker.
+        assert res.rewards == [-1.0, 1.0]
+        assert [e.index for e in res.errors] == [0] and "TimeoutError" in res.errors[0].message
+        assert pool.restarts == 1
         assert pool.score(["a", "b"], ["", ""]).rewards == [1.0, 1.0]
+
+
+def test_each_sample_has_its_own_deadline():
+    completions = ["a", "sleep", "b", "c", "sleep", "d"]
+    with RewardPool(f"{MOD}:sleeps_on_sleep", workers=2, chunk_size=3, timeout_s=1.0, error_reward=-1.0) as pool:
+        res = pool.score(completions, [""] * 6, prompts=[f"p{i}" for i in range(6)])
+        assert res.rewards == [1.0, -1.0, 1.0, 1.0, -1.0, 1.0]
+        assert [(e.index, e.prompt, e.completion) for e in res.errors] == [(1, "p1", "sleep"), (4, "p4", "sleep")]
+        assert all("did not finish within 1.0 s" in e.message for e in res.errors)
+        assert pool.restarts == 2
+        assert pool.score(["x"] * 4, [""] * 4).rewards == [1.0] * 4
+
+
+def test_a_sample_that_kills_its_worker_costs_only_itself():
+    with RewardPool(f"{MOD}:crashes_on_crash", workers=1, chunk_size=8, error_reward=-2.0) as pool:
+        res = pool.score(["a", "crash", "b"], ["", "", ""])
+        assert res.rewards == [1.0, -2.0, 1.0]
+        assert [e.index for e in res.errors] == [1] and "exited with code 3" in res.errors[0].message
+        assert pool.restarts == 1
+
+
+def test_system_exit_is_an_error_not_a_dead_worker():
+    with RewardPool(f"{MOD}:exits_on_exit", workers=1) as pool:
+        res = pool.score(["a", "exit"], ["", ""])
+        assert res.rewards == [1.0, 0.0] and res.errors[0].message == "SystemExit: 2"
+        assert pool.restarts == 0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_rows_reach_functions_that_take_them(workers):
+    rows = [{"prompt": "p", "answer": "a", "bonus": 0.25}, {"prompt": "q", "answer": "b", "bonus": 2}]
+    with RewardPool(f"{MOD}:from_rows", workers=workers) as pool:
+        assert pool.score(["x", "y"], ["a", "b"], rows=rows).rewards == [0.25, 2.0]
+    with RewardPool(f"{MOD}:length_reward", workers=workers) as pool:  # does not take rows: not passed
+        assert pool.score(["x", "yy"], ["a", "b"], rows=rows).rewards == [1.0, 2.0]
+    with RewardPool(f"{MOD}:from_rows", workers=workers) as pool:  # takes rows, none given: per-sample errors
+        res = pool.score(["x"], ["a"])
+    assert res.rewards == [0.0] and "rows" in res.errors[0].message
+
+
+def test_rows_length_is_checked():
+    with RewardPool("exact", workers=0) as pool:
+        with pytest.raises(ValueError, match="2 completions, 2 answers, no prompts, 1 rows"):
+            pool.score(["a", "b"], ["a", "b"], rows=[{}])
+
+
+def test_python_reward_runs_model_code_in_the_sandbox():
+    programs = ["print(6 * 7)", "while True:\n    pass", "import os; os.system('echo 42')", "print(41)"]
+    with RewardPool(f"{MOD}:runs_in_sandbox", workers=1, timeout_s=30.0) as pool:
+        res = pool.score(programs, ["42"] * 4)
+    # The endless loop is stopped by the sandbox's own deadline (1 s), not the pool's.
+    assert res.rewards == [1.0, 0.0, 1.0, 0.0] and res.errors == [] and pool.restarts == 0
+
+
+def _write_module(folder, name, value):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(f"def reward(completions, answers):\n    return [{value}] * len(completions)\n")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_module_next_to_the_flow_comes_before_pythonpath(tmp_path, monkeypatch, workers):
+    name = f"flowrl_reward_here_{workers}"
+    _write_module(tmp_path / "on_pythonpath", name, 1.0)
+    _write_module(tmp_path / "flow_dir", name, 2.0)
+    monkeypatch.syspath_prepend(str(tmp_path / "on_pythonpath"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "on_pythonpath"))
+    with RewardPool(f"{name}:reward", workers=workers, folder=tmp_path / "flow_dir") as pool:
+        assert pool.score(["x"], ["y"]).rewards == [2.0]
+
+
+def test_module_only_on_pythonpath_is_still_found(tmp_path, monkeypatch):
+    _write_module(tmp_path / "elsewhere", "flowrl_reward_elsewhere", 3.0)
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
+    with RewardPool("flowrl_reward_elsewhere:reward", workers=0, folder=tmp_path / "empty") as pool:
+        assert pool.score(["x"], ["y"]).rewards == [3.0]
+
+
+def test_missing_module_names_the_folders_searched(tmp_path):
+    with pytest.raises(RewardSpecError, match=r"cannot import module 'no_such_reward_mod'.*looked in the flow file's "
+                                              r"folder .*flowdir, then the folders on PYTHONPATH, then installed "
+                                              r"packages; hint: put the module next to the flow file"):
+        resolve_reward("no_such_reward_mod:f", str(tmp_path / "flowdir"))
+
+
+def test_module_imported_from_elsewhere_is_a_clear_error(tmp_path):
+    _write_module(tmp_path / "flow_dir", MOD, 5.0)  # same name as the module pytest already imported
+    with pytest.raises(RewardSpecError, match=rf"module '{MOD}' was already imported from .*{MOD}.py, so .*flow_dir"):
+        resolve_reward(f"{MOD}:length_reward", str(tmp_path / "flow_dir"))
 
 
 def test_mismatched_lengths_are_a_caller_error():

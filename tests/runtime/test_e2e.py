@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 
 from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
 
-from flowrl.runtime.api import run_file  # noqa: E402
+from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 
@@ -87,8 +87,20 @@ def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir):
 
 
 def test_ppo_runs_with_critic(workdir):
+    """Run through the Python builder (flowrl.builder): the same program as the text flow, the same plan."""
+    from flowrl import Flow
+    from flowrl.launch import build_plan
+
     body = ("ppo(policy, prompts, sevens, batch = 8, max_tokens = 8, lr = 3e-3, critic_lr = 3e-3, seed = 1)")
-    result = run_file(str(_flow(workdir, body, steps=3)), out=str(workdir / "ppo"))
+    f = Flow("main", params=[("steps", "int", 3), ("eval_every", "int", 0)], imports=["stdlib.grpo", "stdlib.ppo"])
+    policy = f.declare("model", "policy", "hf", str(workdir / "model"))
+    prompts = f.declare("dataset", "prompts", "jsonl", str(workdir / "train.jsonl"), eval=str(workdir / "test.jsonl"))
+    sevens = f.declare("reward", "sevens", "python_reward", "e2e_rewards:sevens", workers=1)
+    f.call_flow("ppo", policy, prompts, sevens, batch=8, max_tokens=8, lr=3e-3, critic_lr=3e-3, seed=1)
+    text_plan = build_plan(str(_flow(workdir, body, steps=3)))
+    assert [(o.id, o.op, o.inputs, o.options) for o in f.plan().ops] == \
+        [(o.id, o.op, o.inputs, o.options) for o in text_plan.ops]
+    result = f.run(out=workdir / "ppo")
     row = result.rows[-1]
     assert any(k.startswith("train/ppo.critic/") for k in row), sorted(row)
     assert all(r["mismatch/abs_max"] < 1e-4 for r in result.rows)

@@ -43,13 +43,14 @@ def test_trace_is_valid_json_with_one_pid_and_named_lanes(tmp_path):
     assert lanes == {1: "rollout", 2: "trainer"}
     proc = [e for e in meta if e["name"] == "process_name"]
     assert proc[0]["args"]["name"] == "arith_grpo"
+    # Recorded with the loop index, written as the step users see (index + 1).
     assert [(e["name"], e["tid"], e["args"]["step"]) for e in events] == [
-        ("generate", 1, 0), ("update", 2, 0), ("generate", 1, 1)]
+        ("generate", 1, 1), ("update", 2, 1), ("generate", 1, 2)]
     # ts/dur in microseconds, relative to the earliest event.
     assert events[0]["ts"] == 0.0
     assert events[0]["dur"] == pytest.approx(800_000, abs=0.1)
     assert events[1]["ts"] == pytest.approx(800_000, abs=0.1)
-    assert events[0]["args"] == {"step": 0, "prompts": 64}
+    assert events[0]["args"] == {"step": 1, "prompts": 64}
     assert not (tmp_path / "out" / "trace.json.tmp").exists()
 
 
@@ -75,7 +76,7 @@ def test_spans_nest_within_their_lane(tmp_path):
         assert c["ts"] + c["dur"] <= parent["ts"] + parent["dur"] + 0.2
     assert by_name["generate"]["ts"] + by_name["generate"]["dur"] <= by_name["update"]["ts"] + 0.2
     assert lanes[by_name["resync"]["tid"]] == "weights"
-    assert by_name["generate"]["args"] == {"step": 3, "n": 4}
+    assert by_name["generate"]["args"] == {"step": 4, "n": 4}  # loop index 3 = step 4
 
 
 def test_phase_seconds_sums_per_name_and_step():
@@ -171,7 +172,7 @@ def test_metrics_log_nonfinite_values_are_strict_json_and_round_trip(tmp_path):
     log.log(0, {"loss/pg": float("nan"), "a": float("inf"), "b": -float("inf")})
     line = read_lines(tmp_path / "m.jsonl")[0]
     json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    row = MetricsLog(tmp_path / "m.jsonl", resume_from_step=1).rows()[0]
+    row = MetricsLog(tmp_path / "m.jsonl", resume_after_step=1).rows()[0]
     assert math.isnan(row["loss/pg"]) and row["a"] == math.inf and row["b"] == -math.inf
 
 
@@ -180,24 +181,25 @@ def test_resume_keeps_exactly_the_earlier_steps(tmp_path):
     log = MetricsLog(path)
     for step in range(10):
         log.log(step, {"reward/mean": step / 10})
-    resumed = MetricsLog(path, resume_from_step=6)
+    resumed = MetricsLog(path, resume_after_step=5)  # a checkpoint after step 5: steps 6.. run again
     assert [r["step"] for r in resumed.rows()] == [0, 1, 2, 3, 4, 5]
     assert [json.loads(x)["step"] for x in read_lines(path)] == [0, 1, 2, 3, 4, 5]
     assert resumed.rows()[5] == {"step": 5, "reward/mean": 0.5}
     resumed.log(6, {"reward/mean": 0.99})
     assert [json.loads(x)["step"] for x in read_lines(path)] == [0, 1, 2, 3, 4, 5, 6]
-    assert MetricsLog(path, resume_from_step=100).rows() == resumed.rows()
+    assert MetricsLog(path, resume_after_step=100).rows() == resumed.rows()
     assert not (tmp_path / "metrics.jsonl.tmp").exists()
 
 
 def test_resume_drops_a_torn_last_line_but_rejects_a_corrupt_middle_one(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n{"step": 2, "x"')
-    assert [r["step"] for r in MetricsLog(path, resume_from_step=5).rows()] == [0, 1]
+    assert [r["step"] for r in MetricsLog(path, resume_after_step=5).rows()] == [0, 1]
+    assert [r["step"] for r in MetricsLog(path, resume_after_step=0).rows()] == [0]
 
     path.write_text('{"step": 0, "x": 1}\ngarbage\n{"step": 2, "x": 3}\n')
     with pytest.raises(ObserveError, match=r"m\.jsonl:2: not a metrics record: 'garbage'"):
-        MetricsLog(path, resume_from_step=5)
+        MetricsLog(path, resume_after_step=5)
 
 
 def test_fresh_log_replaces_an_old_file_and_resume_without_file_is_empty(tmp_path):
@@ -205,7 +207,7 @@ def test_fresh_log_replaces_an_old_file_and_resume_without_file_is_empty(tmp_pat
     path.write_text('{"step": 0, "x": 1}\n')
     assert MetricsLog(path).rows() == []
     assert path.read_text() == ""
-    assert MetricsLog(tmp_path / "none" / "m.jsonl", resume_from_step=3).rows() == []
+    assert MetricsLog(tmp_path / "none" / "m.jsonl", resume_after_step=3).rows() == []
 
 
 def test_metrics_log_rejects_repeated_steps_and_bad_values(tmp_path):
@@ -247,44 +249,90 @@ METRICS = {
 def test_progress_line_content_and_eta():
     out, clock = io.StringIO(), FakeClock()
     p = Progress(60, stream=out, clock=clock)
+    assert not p.live  # a StringIO is not a terminal: plain lines
     clock.t += 30.0  # first step: includes start-up
-    p.update(0, METRICS)
+    p.update(1, METRICS)
     clock.t += 5.0
-    p.update(1, {"reward/mean": 0.5})
+    p.update(2, {"reward/mean": 0.5})
     clock.t += 5.0
-    p.update(11, METRICS)  # steps 2..10 not shown: eta uses 10 s / 11 steps since the first update
+    p.update(12, METRICS)  # steps 3..11 not shown: eta uses 10 s / 11 steps since the first update
     lines = out.getvalue().splitlines()
-    assert lines[0] == ("step  1/60 [..........]  reward 0.412  acc 35.0%  gen_tok/s 1.2k"
-                        "  | generate 0.80s update 0.52s resync 0.02s  eta 29m30s")
-    assert lines[1] == "step  2/60 [..........]  reward 0.500  eta 4m50s"
-    assert lines[2] == ("step 12/60 [##........]  reward 0.412  acc 35.0%  gen_tok/s 1.2k"
-                        "  | generate 0.80s update 0.52s resync 0.02s  eta 44s")
+    assert lines[0] == ("step  1/60 [..........] reward 0.412 acc 35.0% gen_tok/s 1.2k"
+                        " | generate 0.80s update 0.52s resync 0.02s eta 29m30s")
+    assert lines[1] == "step  2/60 [..........] reward 0.500 eta 4m50s"
+    assert lines[2] == ("step 12/60 [##........] reward 0.412 acc 35.0% gen_tok/s 1.2k"
+                        " | generate 0.80s update 0.52s resync 0.02s eta 44s")
 
 
 def test_progress_last_step_message_close_and_resume():
     out, clock = io.StringIO(), FakeClock()
-    p = Progress(4, stream=out, start_step=2, clock=clock)
+    p = Progress(4, stream=out, start_step=2, clock=clock)  # steps 1 and 2 were done before
     clock.t += 70.0
-    p.update(2, {"kl/ref": 0.0123, "time/generate": 75.0})
-    p.message("checkpoint saved to runs/x/ckpt-3")
+    p.update(3, {"kl/ref": 0.0123, "time/generate": 75.0})
+    p.message("checkpoint saved to runs/x/checkpoints/step_000003")
     clock.t += 70.0
-    p.update(3, {"reward/mean": float("nan")})
+    p.update(4, {"reward/mean": float("nan")})
     p.close()
     p.close()  # idempotent
     assert out.getvalue().splitlines() == [
-        "step 3/4 [#######...]  kl 0.0123  | generate 1m15s  eta 1m10s",
-        "checkpoint saved to runs/x/ckpt-3",
-        "step 4/4 [##########]  reward nan  done in 2m20s",
+        "step 3/4 [#######...] kl 0.0123 | generate 1m15s eta 1m10s",
+        "checkpoint saved to runs/x/checkpoints/step_000003",
+        "step 4/4 [##########] reward nan done in 2m20s",
         "finished 4/4 steps (2 in this process) in 2m20s",
     ]
+
+
+def test_progress_after_a_failure_says_where_it_stopped():
+    out, clock = io.StringIO(), FakeClock()
+    p = Progress(10, stream=out, clock=clock)
+    clock.t += 12.0
+    p.update(1, {})
+    p.stopped()
+    assert out.getvalue().splitlines()[-1] == "stopped after step 1 of 10 (1 in this process, 12s)"
 
 
 def test_progress_shows_at_most_six_phases_keeping_the_slowest_in_order():
     out = io.StringIO()
     p = Progress(10, stream=out, clock=FakeClock())
-    p.update(0, {f"time/op{i}": float(i) for i in range(8)})
+    p.update(1, {f"time/op{i}": float(i) for i in range(8)})
     line = out.getvalue().strip()
-    assert line.split("| ")[1].split("  eta")[0] == "op2 2.00s op3 3.00s op4 4.00s op5 5.00s op6 6.00s op7 7.00s"
+    assert line.split("| ")[1] == "op2 2.00s op3 3.00s op4 4.00s op5 5.00s op6 6.00s op7 7.00s eta 0s"
+
+
+def test_progress_lines_fit_in_120_columns_dropping_the_fastest_phases_first():
+    out = io.StringIO()
+    p = Progress(200, stream=out, clock=FakeClock())
+    metrics = {**METRICS, "kl/ref": 0.0123, **{f"time/grpo.part_{i}": 0.1 * i for i in range(1, 7)}}
+    p.update(1, metrics)
+    p.update(2, metrics)
+    for line in out.getvalue().splitlines():
+        assert len(line) <= 120, line
+    last = out.getvalue().splitlines()[-1]
+    # the headline stays whole; of the phases, the slowest that fit, in the order the step ran them
+    assert last == ("step   2/200 [..........] reward 0.412 acc 35.0% kl 0.0123 gen_tok/s 1.2k"
+                    " | generate 0.80s grpo.part_6 0.60s eta 0s")
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_in_place_on_a_terminal():
+    out = FakeTerminal()
+    p = Progress(3, stream=out, clock=FakeClock(), width=80)
+    assert p.live and p.width == 80
+    p.update(1, {"reward/mean": 0.1})
+    p.message("checkpoint saved")
+    p.update(2, {"reward/mean": 0.2})
+    p.close()
+    text = out.getvalue()
+    # one line redrawn with carriage returns (erased to its end); messages scroll above it
+    assert text.startswith("\r\x1b[Kstep 1/3 [###.......] reward 0.100")
+    assert "\r\x1b[Kcheckpoint saved\nstep 1/3" in text
+    assert "\r\x1b[Kstep 2/3 [######....] reward 0.200" in text
+    assert text.endswith("\nfinished 2/3 steps (2 in this process) in 0s\n")
+    assert text.count("\n") == 3  # the message, the kept progress line, the final line
 
 
 @pytest.mark.parametrize("args, fragment", [((0,), "total_steps=0"), ((5, io.StringIO(), 6), "start_step=6")])
@@ -346,7 +394,7 @@ def test_summarize_reports_first_last_best():
         {"step": 3, "reward/mean": 0.4, "loss/pg": 1.5, "kl/ref": 0.01},
     ]
     s = summarize(list(reversed(rows)))  # order of the input does not matter
-    assert s["steps"] == {"count": 4, "first": 0, "last": 3}
+    assert s["steps"] == {"count": 3, "first": 1, "last": 3}  # RL steps; step 0 is before RL
     assert s["reward/mean"] == {"first": 0.1, "first_step": 0, "last": 0.4, "last_step": 3, "count": 4,
                                 "best": 0.7, "best_step": 1, "mean": pytest.approx(0.475)}
     assert s["eval/accuracy"]["best"] == 0.5 and s["eval/accuracy"]["count"] == 2
@@ -358,18 +406,37 @@ def test_summarize_reports_first_last_best():
     assert summarize([]) == {"steps": {"count": 0, "first": None, "last": None}, "time_total_s": {}}
 
 
-def test_accuracy_before_rl_starts_the_accuracy_curve(tmp_path):
-    """The pre-RL evaluation is drawn at step -1, so the plot shows where RL started from."""
+def test_accuracy_before_rl_is_the_row_of_step_0(tmp_path):
+    """The pre-RL evaluation is metrics row 0, so the plot starts where RL started from."""
     from matplotlib.figure import Figure
 
-    from flowrl.runtime.observe import BEFORE_RL_STEP, _draw_accuracy, with_accuracy_before
+    from flowrl.runtime.observe import _draw_accuracy
 
-    rows = [{"step": 9, "eval/accuracy": 0.5}, {"step": 19, "eval/accuracy": 0.7}]
-    assert with_accuracy_before(rows, None) == rows
+    rows = [{"step": 0, "eval/accuracy": 0.27}, {"step": 10, "eval/accuracy": 0.5}, {"step": 20, "eval/accuracy": 0.7}]
     ax = Figure().subplots()
-    assert _draw_accuracy(ax, with_accuracy_before(rows, 0.27))
+    assert _draw_accuracy(ax, rows)
     (line,) = ax.get_lines()
-    assert list(line.get_xdata()) == [BEFORE_RL_STEP, 9, 19]
+    assert list(line.get_xdata()) == [0, 10, 20]
     assert list(line.get_ydata()) == pytest.approx([27.0, 50.0, 70.0])
-    plot_run(rows, tmp_path / "curves.png", accuracy_before=0.27)
+    assert any("before RL: 27.0%" in t.get_text() for t in ax.texts)
+    plot_run(rows, tmp_path / "curves.png")
     assert png_size(tmp_path / "curves.png")[0] == (1500, 1000)
+
+
+def test_reward_band_is_the_std_and_absent_for_two_valued_rewards():
+    from flowrl.runtime.observe import reward_band
+
+    def row(step, rewards):
+        r = np.array(rewards, dtype=float)
+        return {"step": step, "reward/mean": r.mean(), "reward/std": r.std(), "reward/min": r.min(), "reward/max": r.max()}
+
+    # 0/1 rewards: a min..max band would cover 0..1 at every step; the std only restates the mean
+    binary = [row(k, [1.0] * k + [0.0] * (8 - k)) for k in range(1, 8)]
+    assert reward_band(binary) is None
+    # graded rewards: mean +/- std, clipped to [min, max]
+    graded = [row(1, [0.0, 0.5, 0.5, 1.0]), row(2, [0.9, 1.0, 1.0, 1.0])]
+    steps, low, high = reward_band(graded)
+    assert steps == [1, 2]
+    assert low == pytest.approx([0.5 - np.sqrt(0.125), 0.975 - np.sqrt(0.001875)])
+    assert high == pytest.approx([0.5 + np.sqrt(0.125), 1.0])  # clipped at the max
+    assert reward_band([{"step": 1, "reward/mean": 0.5}]) is None  # no std logged: no band

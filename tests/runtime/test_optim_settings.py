@@ -34,9 +34,11 @@ def test_betas_reach_the_plan_and_the_engine(tmp_path):
 
     plan = lower(_compile("beta1 = 0.8, beta2 = 0.95, grad_clip = 0.5"))
     optim = plan.model("policy").optim
-    assert optim == {"lr": 3e-4, "weight_decay": 0.01, "beta1": 0.8, "beta2": 0.95, "grad_clip": 0.5}
+    assert optim == {"lr": 3e-4, "weight_decay": 0.01, "beta1": 0.8, "beta2": 0.95, "grad_clip": 0.5,
+                     "lr_schedule": "constant", "warmup": 0, "min_lr_ratio": 0.0, "schedule_steps": 20}  # 20 run steps
     path = build_tiny_model(tmp_path / "m", hidden=64, heads=2, kv_heads=1, layers=1, seed=0)
-    worker = TrainWorker("torch", str(path), role="actor", optim=optim, temperature=1.0, seed=0, threads=1)
+    engine = plan.model("policy").train_engine
+    worker = TrainWorker(engine, str(path), role="actor", optim=optim, temperature=1.0, seed=0, threads=1)
     group = worker.engine.optimizer.param_groups[0]
     assert (group["lr"], group["weight_decay"], group["betas"]) == (3e-4, 0.01, (0.8, 0.95))
     assert worker.engine.optim_config.max_grad_norm == 0.5

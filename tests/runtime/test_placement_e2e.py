@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 
 from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
 
-from flowrl.runtime.api import run_file  # noqa: E402
+from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 
 from e2e_kit import make_workdir, write_flow  # noqa: E402
 
-from flowrl.runtime.api import run_file  # noqa: E402
+from flowrl.launch import run_file  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from e2e_kit import make_workdir, write_flow  # noqa: E402
 
-from flowrl.runtime.api import run_file  # noqa: E402
+from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 
@@ -59,13 +59,13 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
 def _check_synced(rows, protocol: str, every: int = 1) -> None:
     """Metrics on resync steps only; log-probs match wherever both engines hold the same version."""
     for row in rows:
-        step = row["step"]
-        if (step + 1) % every == 0:
+        step = row["step"]  # numbered from 1
+        if step % every == 0:
             assert row[f"sync/protocol/{protocol}"] == 1, row
             assert row["sync/bytes"] > 0 and row["sync/buckets"] >= 1 and row["sync/seconds"] > 0, row
         else:
             assert not any(k.startswith("sync/") for k in row), row
-        if step % every == 0:  # the rollout engine got the weights trained so far
+        if (step - 1) % every == 0:  # the rollout engine got the weights trained so far
             assert row["staleness/hist/0"] == 16 and row["mismatch/abs_max"] < 1e-4, row
         else:  # no resync after the last update: every sample came from the version before
             assert row["staleness/hist/1"] == 16, row
@@ -80,12 +80,12 @@ def broadcast_run(workdir, ray_address):
              faults=Faults(corrupt_bucket_at_step=2))
     out = workdir / "broadcast"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return out, rows, info.value
+    return out, [r for r in rows if r["step"] >= 1], info.value  # row 0: the evaluation before RL
 
 
 def test_broadcast_over_gloo_delivers_verified_weights(broadcast_run):
     out, rows, _ = broadcast_run
-    assert [r["step"] for r in rows] == [0, 1]  # step 2 stopped at its resync
+    assert [r["step"] for r in rows] == [1, 2]  # step 3 stopped at its resync
     _check_synced(rows, "broadcast")
     assert rows[-1]["sync/buckets"] > 1  # the 64 KB buckets split the tiny model
     assert rows[-1]["sync/wire_bytes"] > rows[-1]["sync/bytes"]  # headers and metadata travel too

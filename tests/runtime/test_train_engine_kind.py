@@ -1,4 +1,5 @@
-"""`torch(dp = N)` runs data parallel on the fsdp engine's ranks; the driver accepts and sizes it."""
+"""`torch(dp = N)` runs data parallel on the fsdp engine's ranks: the engine records say so, the driver
+accepts and sizes it, and the worker builds the adapter the record names with the layout's options."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from pathlib import Path
 
 from flowrl.compiler.lower import lower
 from flowrl.compiler.pipeline import compile_text
-from flowrl.runtime.driver import Runtime, _train_layout
+from flowrl.engines.registry import adapter_kwargs, runs_on
+from flowrl.runtime.driver import check_executable
 from flowrl.runtime.placement import processes_per_node
-from flowrl.runtime.workers import MULTI_RANK_TRAIN, train_engine_kind
+from flowrl.runtime.workers import layout_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,35 +32,39 @@ def _plan(layout: str, gpus: int):
     return lower(compile_text(text, str(ROOT / "flows" / "kind_test.flow")))
 
 
-def test_kind_mapping():
-    assert train_engine_kind("torch", 1) == "torch"
-    assert train_engine_kind("torch", 2) == "fsdp" and "fsdp" in MULTI_RANK_TRAIN
-    assert train_engine_kind("megatron", 2) == "megatron"
-    assert train_engine_kind("fsdp", 1) == "fsdp"
+def _adapter(e) -> tuple[str, dict]:
+    spec = runs_on(e.kind, e.world_size)
+    return spec.adapter, adapter_kwargs(spec, layout_of(e))
 
 
-def test_torch_dp2_is_executable_and_gets_two_rank_processes(tmp_path):
+def test_a_single_rank_engine_runs_larger_layouts_on_its_records_multi_rank_engine():
+    assert runs_on("torch", 1).name == "torch"
+    assert runs_on("torch", 2).name == "fsdp" and runs_on("torch", 2).ranks == "forked"
+    assert runs_on("megatron", 2).name == "megatron"
+    assert runs_on("fsdp", 1).name == "fsdp"
+
+
+def test_torch_dp2_is_executable_and_gets_two_rank_processes():
     plan = _plan("torch(dp = 2)", gpus=2)
     e = plan.model("policy").train_engine
     assert (e.kind, e.dp, e.world_size) == ("torch", 2, 2)
-    Runtime(plan, tmp_path).check_executable()  # refused before fsdp existed: "runs on one rank"
-    assert _train_layout(e) == {"tp": 1, "pp": 1, "dp": 2, "offload": False}
+    check_executable(plan)  # refused before fsdp existed: "runs on one rank"
+    assert _adapter(e) == ("flowrl.engines.fsdp:FsdpTrainEngine", {"dp": 2})
     rollout = plan.model("policy").rollout_engine
     # the node's cores are shared by two trainer ranks and every vLLM replica (the pool of 2 holds dp = 2)
     assert processes_per_node(plan) == {0: 2 + rollout.dp}
 
 
-def test_single_rank_torch_keeps_the_torch_engine(tmp_path):
+def test_single_rank_torch_keeps_the_torch_engine():
     plan = _plan("torch(dp = 1)", gpus=1)
     e = plan.model("policy").train_engine
-    assert train_engine_kind(e.kind, e.dp) == "torch"
-    assert _train_layout(e) == {"tp": 1, "pp": 1, "dp": 1}
+    assert _adapter(e) == ("flowrl.engines.torch_train:TorchTrainEngine", {})
     assert processes_per_node(plan) == {0: 2}
 
 
-def test_context_parallel_megatron_is_executable_and_gets_cp_rank_processes(tmp_path):
+def test_context_parallel_megatron_is_executable_and_gets_cp_rank_processes():
     plan = _plan("megatron(tp = 1, cp = 2)", gpus=2)
     e = plan.model("policy").train_engine
     assert (e.kind, e.cp, e.world_size) == ("megatron", 2, 2)
-    Runtime(plan, tmp_path).check_executable()  # refused before the engine had context parallelism
-    assert _train_layout(e) == {"tp": 1, "pp": 1, "dp": 1, "cp": 2}
+    check_executable(plan)  # refused before the engine had context parallelism
+    assert _adapter(e) == ("flowrl.engines.megatron.engine:MegatronTrainEngine", {"tp": 1, "pp": 1, "dp": 1, "cp": 2})

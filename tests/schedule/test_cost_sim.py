@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_tiny_facts_follow_the_constructor():
 
 def test_unknown_hf_path_has_no_facts(compile_flow):
     g = compile_flow('model m = hf("nowhere/at-all")\ndataset d = jsonl("d.jsonl")\n'
-                     'flow main() { x = generate(m, sample(d)) }\n')
+                     'flow main() { x = generate(m, sample(d))  return x }\n')
     assert g.sched.facts["m"] is None
     assert any("unknown" in n for n in g.sched.estimate.notes)
 
@@ -230,14 +231,17 @@ def test_trace_events_are_chrome_format():
     assert {e["args"]["name"] for e in ev if e["ph"] == "M"} >= {"gpu"}
 
 
-def test_compare_async_anchor_shape():
-    from flowrl.cost.sim import compare_async
+def test_compare_async_anchor_shape(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare_async import compare_async  # bench/compare_async.py: the comparison compiles flows
 
     rows = compare_async(gpus=16, batch=64, group=4, max_tokens=2048, steps=8)
     modes = [r["mode"] for r in rows]
     assert modes == ["sync", "one-step-off", "bounded async (s=4)", "partial rollout"]
     sync = rows[0]
-    assert sync["speedup"] == 1.0 and "colocated" in sync["schedule"]
+    # 2 nodes: a train engine's ranks are forked by one Ray actor (E442), so no train layout spans
+    # both nodes and the synchronous winner trains on one node
+    assert sync["speedup"] == 1.0 and "staleness 1" in sync["schedule"]
     assert all(r["step_s"] > 0 and r["anchor"] or r["mode"] == "sync" for r in rows)
     best_async = min(r["step_s"] for r in rows[1:])
     assert best_async < sync["step_s"]

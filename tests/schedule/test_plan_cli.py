@@ -40,7 +40,7 @@ def test_plan_shows_engines_gpus_grid_sync_staleness_and_estimate(capsys):
 def test_plan_of_the_default_flow_keeps_its_summary_lines(capsys):
     out = plan_text(capsys, "flows/arith_grpo.flow")
     assert "staleness 1 (synchronous)" in out and "inplace after `grpo.update` every 1 step(s)" in out
-    assert "  node 0   [AB]" in out  # kl = 0: no reference engine (flowrl.compiler.elide)
+    assert "  node 0   [AB]" in out  # kl = 0: no reference engine (the elide_logprobs pass)
 
 
 def test_explain_shows_the_search(capsys):

@@ -17,8 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flowrl.catalog.models import ModelFacts, tiny_facts# noqa: E402
-from flowrl.compiler.reshard import ENGINE_NAMES, reshard_plan  # noqa: E402
+from flowrl.catalog.engines import ENGINES  # noqa: E402
+from flowrl.catalog.models import ModelFacts, tiny_facts  # noqa: E402
+from flowrl.compiler.reshard import reshard_plan  # noqa: E402
 
 GQA = ModelFacts("gqa", hidden=64, layers=4, heads=8, kv_heads=2, intermediate=96, vocab=37, tied=False,
                  qkv_bias=True, dtype_bytes=4)
@@ -42,7 +43,7 @@ def shards(f: ModelFacts, engine: str, tp: int, hf: dict) -> dict[str, list[torc
     hd, heads, kv = f.hd, f.heads, f.kv_heads
     if engine in ("torch", "fsdp", "hf_generate"):
         return {name: [t] for name, t in hf.items()}
-    names = ENGINE_NAMES[engine]
+    names = ENGINES[engine].weight_layout.names
     out: dict[str, list[torch.Tensor]] = {}
     for suffix in (".weight", ".bias") if f.qkv_bias else (".weight",):
         q, k, v = lay("self_attn.q_proj" + suffix), lay("self_attn.k_proj" + suffix), lay("self_attn.v_proj" + suffix)

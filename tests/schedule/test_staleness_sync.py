@@ -56,7 +56,7 @@ def test_staleness_without_a_resync_is_noted(plan_of):
     text = """
 model m = tiny()
 dataset d = jsonl("d.jsonl")
-flow main() { x = generate(m, sample(d)) }
+flow main() { x = generate(m, sample(d))  return x }
 schedule main on cluster() { staleness 2 }
 """
     plan = plan_of(text)
@@ -77,7 +77,7 @@ def test_stale_samples_without_an_off_policy_correction_are_noted(plan_of, s, ti
 
 @pytest.mark.parametrize("cluster,pools,expect", [
     ('cluster(gpus_per_node = 8)', "", ("inplace", "local", "ray")),
-    ('cluster(gpus_per_node = 8, gpu = "H100")', "", ("inplace", "local", "cuda")),
+    ('cluster(gpus_per_node = 8, gpu = "H100")', "", ("inplace", "local", "ray")),  # Ray's object store, any platform
     ('cluster(gpus_per_node = 8)', "split", ("gloo", "intra-node", "gloo")),
     ('cluster(gpus_per_node = 8, gpu = "A100")', "split", ("nccl", "intra-node", "nccl")),
     ('cluster(nodes = 2, gpus_per_node = 4, gpu = "H200")', "split", ("nccl", "inter-node", "nccl")),
@@ -133,7 +133,9 @@ def test_checkpoint_with_a_shared_dir_crosses_nodes(plan_of):
     plan = plan_of(grpo(schedule="""
 schedule main on cluster(nodes = 2, gpus_per_node = 1) {
   pool gen = gpus(gpus = 1)
+  pool train = gpus(gpus = 1)
   place policy.rollout on gen
+  colocate policy.train, ref on train
   resync policy via checkpoint(dir = "/shared/ckpt", keep = 2)
 }"""))
     r = plan.resyncs[0]

@@ -1,4 +1,4 @@
-"""Lowering drops the log-prob passes an update makes redundant (flowrl.compiler.elide), and only those."""
+"""Lowering drops the log-prob passes an update makes redundant (the elide_logprobs pass), and only those."""
 
 from __future__ import annotations
 

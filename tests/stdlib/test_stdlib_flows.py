@@ -24,6 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 STDLIB = sorted((ROOT / "stdlib").glob("*.flow"))
 FLOWS = sorted((ROOT / "flows").glob("*.flow"))
 ALL = STDLIB + FLOWS
+REFUSED: dict[str, str] = {}
+"""Shipped files ``check`` refuses (E444, at the op), and the op the catalogue says runs on no
+platform yet: what is not built is refused by ``check`` with the reason (issue 9). Their graphs
+are still checked up to ``check_schedule``, before the platform check."""
+BEFORE_PLATFORM = "check_schedule"
 
 
 def _rel(p: Path) -> str:
@@ -83,14 +88,29 @@ def attr(node, key):
 
 
 def test_the_library_and_examples_exist():
-    assert {p.stem for p in STDLIB} >= {"grpo", "ppo", "rloo", "reinforce_pp", "agentic"}
+    assert {p.stem for p in STDLIB} >= {"grpo", "ppo", "rloo", "reinforce_pp", "agentic", "dapo", "gspo", "cispo",
+                                        "reinforce_pp_baseline"}
     assert {p.stem for p in FLOWS} >= {"arith_grpo", "arith_ppo", "arith_rloo", "arith_reinforce_pp",
                                        "agentic_calc", "grpo_megatron_8gpu", "grpo_disaggregated",
                                        "grpo_auto", "grpo_partial_rollout"}
 
 
+def _refused(path: Path) -> bool:
+    """A file of :data:`REFUSED` is refused by ``check`` with E444 at its unbuilt op, and nothing else."""
+    op = REFUSED.get(_rel(path))
+    if op is None:
+        return False
+    with pytest.raises(FlowError) as info:
+        check_file(_rel(path))
+    assert {d.code for d in info.value.diagnostics} == {"E444"}
+    assert all(f"`{op}`" in d.message and "not built yet" in d.hint for d in info.value.diagnostics)
+    return True
+
+
 @pytest.mark.parametrize("path", _params(ALL))
 def test_file_checks_clean(path):
+    if _refused(path):
+        return
     graphs = check_file(_rel(path))
     assert graphs, "a shipped file defines at least one flow"
     for g in graphs.values():
@@ -99,13 +119,13 @@ def test_file_checks_clean(path):
 
 @pytest.mark.parametrize("path", _params(ALL))
 def test_file_lints_after_every_pass(path):
-    g = compile_file(_rel(path), lint_each=True).graph
+    g = compile_file(_rel(path), lint_each=True, until=BEFORE_PLATFORM if _rel(path) in REFUSED else None).graph
     assert not nodes(g, OpKind.CALL)
 
 
 @pytest.mark.parametrize("path", _params(FLOWS))
 def test_example_runs_main_on_its_schedule(path):
-    g = graph_of(_rel(path))
+    g = graph_of(_rel(path), until=BEFORE_PLATFORM if _rel(path) in REFUSED else None)
     assert g.name == "main"
     assert g.schedule is not None and g.schedule.flow == "main"
     # the stdlib flow was inlined: its nodes carry its name as prefix
@@ -198,7 +218,9 @@ reward r = verifier("math")
 env tools = python_env("flowrl.envs.calculator:Calculator")
 """
 
-_STR_ALTERNATIVES = {"k1": "k2", "k2": "k3", "k3": "k1", "token-mean": "seq-mean-token-mean"}
+_STR_ALTERNATIVES = {"k1": "k2", "k2": "k3", "k3": "k1", "token-mean": "seq-mean-token-mean",
+                     "seq-mean-token-mean": "token-mean", "constant": "cosine", "token": "sequence",
+                     "geometric": "token"}
 
 
 def _other_value(p: ast.Param) -> str:
@@ -341,7 +363,7 @@ def test_agentic_has_a_region_with_a_turn_edge():
 
 
 def test_agentic_resync_feeds_both_generates():
-    g = graph_of("stdlib/agentic.flow")
+    g = graph_of("stdlib/agentic.flow", until=BEFORE_PLATFORM)
     resync = only(g, OpKind.RESYNC)
     assert sorted((v, e.distance) for v, e in g.out_edges(resync.id) if e.kind == EdgeKind.WEIGHTS) == \
         [("convo", 1), ("convo#2", 1)]
@@ -396,11 +418,14 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     """Dataset paths are relative to the .flow file; `steps`/`eval_every`/`seed` are run settings."""
     from flowrl.compiler.lower import lower
 
+    if _refused(path):
+        return
     plan = lower(graph_of(_rel(path)))
     (data,) = plan.datasets
-    assert Path(data.path) == ROOT / "data/arith/train.jsonl"
-    assert Path(data.eval_path) == ROOT / "data/arith/test.jsonl"
-    expected = (200, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
+    task = Path(data.path).parent  # data/arith, or another shipped task's folder (data/guess)
+    assert task.parent == ROOT / "data" and Path(data.path) == task / "train.jsonl"
+    assert Path(data.eval_path) == task / "test.jsonl"
+    expected = (300, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
 
@@ -475,7 +500,9 @@ def test_file_is_in_canonical_format(path):
 
 DOC = ROOT / "docs" / "language.md"
 NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested brackets",
-              "E124": "a missing file", "E125": "a --set flag", "E126": "a --set flag"}
+              "E124": "a missing file", "E125": "a --set flag", "E126": "a --set flag",
+              "E607": "a checkpoint directory of an architecture Megatron does not convert",
+              "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)"}
 """Codes the catalogue describes without a one-file example, and why."""
 
 

@@ -1,4 +1,5 @@
-"""The protocol table: every schedule protocol name dispatches; options and names are checked."""
+"""The protocol table, built from the catalogue's records: every schedule protocol name dispatches to the
+class its record names; options and names are checked; a broadcast's backend is the record's transport."""
 
 import pytest
 import torch
@@ -10,6 +11,21 @@ from flowrl.runtime.sync import PROTOCOLS, BroadcastSync, WeightSync, WeightSync
 
 def test_every_protocol_the_compiler_accepts_has_a_component():
     assert set(SCHEDULE_PROTOCOLS) == set(PROTOCOLS)
+    for name, spec in SCHEDULE_PROTOCOLS.items():
+        module, _, cls = spec.runtime.partition(":")
+        assert (PROTOCOLS[name].__module__, PROTOCOLS[name].__name__) == (module, cls), name
+
+
+def test_a_broadcast_gets_the_records_transport_on_this_platform():
+    # `nccl` on a machine without CUDA is a gloo group (its record's cpu transport); given a backend, it keeps it.
+    platform = "cuda" if torch.cuda.is_available() else "cpu"
+    for name in ("nccl", "gloo", "broadcast"):
+        end = make_sync(name, "sender", world_size=2)
+        assert end.backend == SCHEDULE_PROTOCOLS[name].transport[platform], name
+        end.close()
+    if not torch.cuda.is_available():
+        with pytest.raises(WeightSyncError, match="backend='nccl' needs CUDA"):
+            make_sync("gloo", "sender", world_size=2, backend="nccl")
 
 
 @pytest.mark.parametrize("name, collective", [("inplace", False), ("ipc", False), ("broadcast", True),
@@ -52,10 +68,6 @@ def test_every_schedule_keyword_maps_to_a_component_argument(tmp_path):
         options = options_from_schedule({key: examples[key] for key in spec.options})
         if is_collective(name):
             options["world_size"] = 2
-        if name == "nccl" and not torch.cuda.is_available():
-            with pytest.raises(WeightSyncError, match="backend='nccl' needs CUDA"):
-                make_sync(name, "sender", **options)
-            continue
         end = make_sync(name, "sender", **options)  # raises on an option the component lacks
         end.close()
     assert options_from_schedule({"bucket": 1024, "dir": ""}) == {"bucket_bytes": 1024}

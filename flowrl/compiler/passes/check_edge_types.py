@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
-from flowrl.diagnostics import Collector
+from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, Value
 from flowrl.compiler.kwargs import check_kwargs, show
 from flowrl.catalog.ops import LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind
@@ -73,6 +73,7 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         out.replace(replace(node, fields=frozenset(fields)))
     _check_groups(out, errors)
     _check_regions(out, errors)
+    _check_continuations(out, errors)
     errors.raise_if_any()
     return out
 
@@ -108,6 +109,10 @@ def _check_arg(graph: FlowGraph, node: Node, i: int, aspec, value: Value, needs:
         if not (isinstance(value, Const) and value.kind == "str") and not isinstance(value, Symbol):
             errors.error("E204", f"argument `{aspec.name}` of `{node.op}` must be a string", span,
                          f"e.g. `{node.op}(\"...\")`")
+        elif aspec.choices and isinstance(value, Const) and value.value not in aspec.choices:
+            known = ", ".join(f'"{c}"' for c in aspec.choices)
+            errors.error("E204", f"`{node.op}(\"{value.value}\")`: `{aspec.name}` must be one of {known}", span,
+                         did_you_mean(value.value, aspec.choices) or f"the known values are {known}")
         return
     if not isinstance(value, Ref) or value.target not in graph:
         if isinstance(value, Ref):
@@ -167,19 +172,43 @@ def _field_hint(missing: list[str]) -> str:
 
 
 def _check_groups(graph: FlowGraph, errors: Collector) -> None:
-    """``group_advantage(scores, group = g)`` must match ``generate(..., n = g)`` upstream."""
+    """A group-wise op (``OpSpec.group_option``, e.g. ``group_advantage(scores, group = g)``)
+    normalises over the n completions of one prompt: ``g`` must equal the ``n`` of the
+    generate upstream, and a group of one makes every result 0 (its mean is itself)."""
     for node in graph.nodes():
-        if node.op not in ("group_advantage", "rloo"):
+        spec = OPS.get(node.op)
+        if spec is None or spec.group_option is None:
             continue
-        group = node.attr("group")
+        key = spec.group_option
+        group = node.attr(key)
+        least = spec.kwargs[key].min or 1
+        if not isinstance(group, Const) or group.kind != "int":
+            continue  # a parameter without a value (a library flow checked on its own)
         gen = _upstream_generate(graph, node)
-        if gen is None or not isinstance(group, Const):
+        n = gen.attr("n") if gen is not None else None
+        n = n.value if isinstance(n, Const) and n.kind == "int" else None
+        notes = (("generate is", gen.span),) if gen is not None else ()
+        if group.value < least:  # E208 said so; its hint names the group size that fits the generate
+            if n is not None and n >= max(2, least):
+                _rehint(errors, "E208", group.span, f"groups are the n completions of one prompt: use `{key} = {n}`")
             continue
-        n = gen.attr("n")
-        if isinstance(n, Const) and n.value != group.value:
-            errors.error("E213", f"`group = {group.value}` but the rollouts come from `generate(..., n = {n.value})`",
-                         group.span, f"groups are the n completions of one prompt: use `group = {n.value}`",
-                         notes=(("generate is", gen.span),))
+        if group.value == 1:
+            hint = (f"use `{key} = {n}`: the generate makes {n} completions per prompt" if n is not None and n >= 2
+                    else f"generate several completions per prompt and group them: `n = 8` in generate and "
+                         f"`{key} = 8` here")
+            errors.error("E218", f"`{key} = 1`: every group is one completion, so every result of `{node.op}` "
+                                 f"would be 0", group.span, hint, notes=notes)
+        elif n is not None and n != group.value:
+            hint = (f"groups are the n completions of one prompt: use `{key} = {n}`" if n >= max(2, least)
+                    else f"the generate makes {n} completion{'s' if n != 1 else ''} per prompt, too few to group: "
+                         f"write `n = {group.value}` in it")
+            errors.error("E213", f"`{key} = {group.value}` but the rollouts come from `generate(..., n = {n})`",
+                         group.span, hint, notes=notes)
+
+
+def _rehint(errors: Collector, code: str, span, hint: str) -> None:
+    """Give the diagnostic ``code`` at ``span`` a better hint (one that knows the graph)."""
+    errors.items[:] = [replace(d, hint=hint) if d.code == code and d.span == span else d for d in errors.items]
 
 
 def _upstream_generate(graph: FlowGraph, node: Node) -> Node | None:
@@ -205,6 +234,19 @@ def _continues_groups(graph: FlowGraph, gen: Node) -> bool:
     """True if ``gen``'s prompts already carry ``group_ids`` (a continuation turn)."""
     return any(e.kind == EdgeKind.DATA and e.distance == 0 and "group_ids" in graph.node(src).fields
                for src, e in graph.in_edges(gen.id))
+
+
+def _check_continuations(graph: FlowGraph, errors: Collector) -> None:
+    """A generate continuing conversations (its prompts carry ``done``: an env_step's) makes one turn each."""
+    for node in graph.nodes():
+        if node.kind != OpKind.GENERATE:
+            continue
+        n = node.attr("n")
+        continues = any(e.kind == EdgeKind.DATA and "done" in graph.node(src).fields for src, e in graph.in_edges(node.id))
+        if continues and isinstance(n, Const) and n.kind == "int" and n.value != 1:
+            errors.error("E219", f"`n = {n.value}`: this generate continues conversations (its prompts come from "
+                                 "env_step), one next turn each", n.span or node.span,
+                         "drop `n` here; groups are made by the first generate's `n`")
 
 
 def _check_regions(graph: FlowGraph, errors: Collector) -> None:

@@ -11,17 +11,17 @@ protocol; schedule calls (``partial_rollout``) are known. The schedule issue's p
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
-... flow f(m: model, d: dataset) { b = sample(d)  r = generate(m, b) }
-... schedule f on cluster(gpus_per_node = 2) { m.rollout = vllm(tp = 2) }
+... flow f(m: model, d: dataset) { b = sample(d)  r = generate(m, b)  return r }
+... schedule f on cluster(gpus_per_node = 2) { m.rollout = sglang(tp = 2) }
 ... ''', "doc.flow")
 >>> g.schedule.body[0].engine.func
-'vllm'
+'sglang'
 """
 
 from __future__ import annotations
 
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.kwargs import check_kwargs
+from flowrl.compiler.kwargs import check_kwargs, suggest
 from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
@@ -175,7 +175,7 @@ class _Checker:
     def options(self, call: ast.Call, spec: dict, what: str, expect: str | None = None) -> None:
         if expect is not None and call.func != expect:
             self.errors.error("E413", f"expected `{expect}(...)`, got `{call.func}(...)`", call.func_span,
-                              f"write `{expect}(" + ", ".join(f"{k} = ..." for k, s in spec.items()
+                              f"write `{expect}(" + ", ".join(f"{k} = {suggest(s)}" for k, s in spec.items()
                                                              if s.required or k in ("nodes", "gpus_per_node", "gpus"))
                               + ")`")
             return

@@ -11,9 +11,9 @@ Frozen models are never updated, so they get no edges and no resync.
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''
-... flow f(m: model, d: dataset) {
-...   b = sample(d)  r = generate(m, b)  lp = logprobs(m, r)
-...   adv = group_advantage(r, group = 1)  update(m, r, adv, lp)
+... flow f(m: model, d: dataset, v: reward) {
+...   b = sample(d)  r = generate(m, b, n = 2)  lp = logprobs(m, r)
+...   adv = group_advantage(v(r), group = 2)  update(m, r, adv, lp)
 ... }''', "doc.flow", until="insert_resyncs", allow_missing=True)
 >>> [(u, v, e.distance) for u, v, e in g.edges() if e.kind.value == "weights"]
 [('update', 'resync.m', 0), ('update', 'lp', 1), ('resync.m', 'r', 1)]

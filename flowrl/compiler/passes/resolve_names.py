@@ -29,6 +29,7 @@ from flowrl.ir.build import build_flow
 from flowrl.ir.graph import Config, Const, Edge, EdgeKind, FlowGraph, Node, Ref, Region, Symbol, Value
 from flowrl.catalog.ops import BUILTIN_NAMES, DECL_KINDS, LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind, PARAM_TYPES
 from flowrl.syntax import ast
+from flowrl.syntax.fmt import format_expr
 
 MAX_INLINE_DEPTH = 32
 
@@ -56,6 +57,10 @@ class _Resolver:
         self._prefixes: set[str] = set()
         self._heads: set[str] = set()  # first dotted part of every node id in self.out
         self._next_suffix: dict[str, int] = {}
+        self._bodies_checked: set = set()  # flow bodies whose parameters were checked (once, not per call)
+        self._rebound: dict[tuple, tuple] = {}  # statement -> (name, old value, where bound, what, where again)
+        self._read: dict[int, _Bound] = {}  # every _Bound a name lookup returned, by id (kept alive)
+        self._returned: set[str] = set()  # nodes read other than by name: returned by a flow, or a builder handle
 
     # ---- entry ---------------------------------------------------------------------
     def run(self, raw: FlowGraph) -> FlowGraph:
@@ -73,13 +78,14 @@ class _Resolver:
             self.out.returns = Ref(result.node, getattr(raw.returns, "span", raw.span))
         elif result is not None and result.value is not None:
             self.out.returns = result.value
+        self.check_rebindings()
         unused = [d for d in vis.decls.values() if (module.path, d.name) not in self.globals_made]
         if unused:  # every declaration is checked, used or not, but only used ones join the graph
             kept, self.out = self.out, _resources_of(self.out, self.ctx)  # what unused ones may refer to
             for decl in unused:
                 self.global_node(module, decl)
             spare, self.out = self.out, kept
-            if not self.errors.items:
+            if not self.errors.has_errors:
                 self.check_spare(spare)
         self.errors.raise_if_any()
         return self.out
@@ -154,6 +160,17 @@ class _Resolver:
                scope: tuple[str, ...], stack: tuple[str, ...]) -> Value | None:
         local_ids: dict[str, str] = {}  # raw node id -> out node id (for hoisted nested calls)
         region_map = {rid: prefix + rid for rid in raw.regions}
+        self.check_params_once(raw)
+        bound_at = {p.name: (_name_span(p.span, p.name), "parameter") for p in raw.params}
+        nested = _nested_calls(raw)
+
+        def bind(name: str, new: _Bound, span, nid: str) -> None:
+            old = env.get(name)
+            if old is not None and not old.failed and name in bound_at:
+                # keyed by the statement: a flow inlined twice reports its body once
+                self._rebound.setdefault((raw.span, nid), (name, old, *bound_at[name], span))
+            env[name] = new
+            bound_at[name] = (span, "binding")
 
         def open_region(rid: str | None) -> None:
             # A loop's count is resolved where the loop starts: names bound before it are visible.
@@ -177,13 +194,14 @@ class _Resolver:
                 open_region(n.region)
             region = region_map.get(n.region) if n.region else None
             binding = raw.bindings.get(n.id)
+            where = raw.binding_spans.get(n.id, n.span)
             if n.op == "=":  # alias binding
                 value = n.args[0]
                 if isinstance(value, Ref):
                     target = self.lookup(value, env, module, local_ids)
-                    env[binding] = target if target is not None else _FAILED
+                    bind(binding, target if target is not None else _FAILED, where, n.id)
                 else:
-                    env[binding] = _Bound(value=self.value_of(value, env, module, local_ids))
+                    bind(binding, _Bound(value=self.value_of(value, env, module, local_ids)), where, n.id)
                 continue
             if n.kind == OpKind.CALL:
                 result = self.call(n, env, module, prefix, scope, stack, local_ids, region,
@@ -198,7 +216,11 @@ class _Resolver:
                                       n.span, f"add `return ...` to flow `{n.op}`, or call it without `{binding} =`")
                     env[binding] = _FAILED
                 elif binding:
-                    env[binding] = result
+                    bind(binding, result, where, n.id)
+                    if result.node:
+                        self.name(result.node, binding, where)
+                elif result.node and n.id not in nested:  # a call statement drops the value the flow returns
+                    self.name(result.node, None, n.span)
                 continue
             vis = self.visible(module)
             # Inside flow `rloo` itself, `rloo(...)` can only mean the op (flows do not recurse).
@@ -217,7 +239,10 @@ class _Resolver:
                             turns=(pending_turns, bound_in_region.get(n.region, set())))
             local_ids[n.id] = nid
             if binding:
-                env[binding] = _Bound(node=nid)
+                bind(binding, _Bound(node=nid), where, n.id)
+                self.name(nid, binding, where)
+            elif n.id not in nested:  # a call statement: its result, if any, is dropped
+                self.name(nid, None, n.span)
         self.close_turns(pending_turns, env, current_region)
         for rid in raw.regions:  # loops without ops still get their count checked
             open_region(rid)
@@ -225,8 +250,54 @@ class _Resolver:
             return None
         if isinstance(raw.returns, Ref):
             b = self.lookup(raw.returns, env, module, local_ids)
+            if b is not None and b.node:
+                self._returned.add(b.node)
             return b if b is not None else _FAILED
         return _Bound(value=self.value_of(raw.returns, env, module, local_ids))
+
+    def name(self, nid: str, binding: str | None, span) -> None:
+        """Record the name a node's value is bound to (the caller's name wins: it is recorded last)."""
+        self.out.bindings[nid] = binding
+        self.out.binding_spans[nid] = span
+
+    def check_params_once(self, raw: FlowGraph) -> None:
+        """A flow declares each parameter once (else the last default silently won)."""
+        if raw.span in self._bodies_checked:
+            return
+        self._bodies_checked.add(raw.span)
+        first: dict[str, object] = {}
+        for p in raw.params:
+            span = _name_span(p.span, p.name)
+            if p.name in first:
+                self.errors.error("E128", f"parameter `{p.name}` is declared twice", span,
+                                  "remove one of them (a call or `--set` could only ever give one value)",
+                                  notes=(("first declared", first[p.name]),))
+                continue
+            first[p.name] = span
+
+    def check_rebindings(self) -> None:
+        """A name may be bound again once its value has been used (later uses see the new
+        value; a ``repeat`` body carries a value to the next turn this way). Bound again
+        before the first value was ever read, the first binding did nothing but run its op:
+        a parameter's value from a caller or ``--set`` was ignored, an op ran for nothing."""
+        returned = self._returned | ({self.out.returns.target} if isinstance(self.out.returns, Ref) else set())
+        for name, old, first, what, again in self._rebound.values():
+            # read by name (an op's argument, an alias, a return), or, for a node, by any edge
+            # (the builder refers to a node whose name was re-bound directly) or as an effect
+            used = id(old) in self._read or old.node is not None and (
+                old.node not in self.out or old.node in returned or bool(self.out.users(old.node))
+                or getattr(OPS.get(self.out.node(old.node).op), "effect", False))
+            if used:
+                continue
+            if what == "parameter":
+                message = f"parameter `{name}` is bound again before its value is ever read"
+                hint = "give this value its own name: as it is, the value a caller or `--set` gives is never used"
+            else:
+                message = f"`{name}` is bound again before its value is ever read"
+                hint = ("give this value its own name, or delete the first binding "
+                        "(a name may be bound again once its value has been used)")
+            self.errors.error("E129", message, again, hint,
+                              notes=(("declared as a parameter" if what == "parameter" else "first bound", first),))
 
     def close_turns(self, pending, env, region) -> None:
         keep = []
@@ -308,9 +379,12 @@ class _Resolver:
     def lookup(self, ref: Ref, env, module, local_ids) -> _Bound | None:
         if ref.target.startswith("#node:"):
             nid = local_ids.get(ref.target[6:])
+            if nid:
+                self._returned.add(nid)  # a builder handle refers to the node itself: a read
             return _Bound(node=nid) if nid else None
         if ref.target in env:
             bound = env[ref.target]
+            self._read[id(bound)] = bound
             return None if bound.failed else bound
         vis = self.visible(module)
         if vis is not None and ref.target in vis.decls:
@@ -556,6 +630,34 @@ def _resources_of(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     return out
 
 
+def _nested_calls(raw: FlowGraph) -> set[str]:
+    """Raw nodes another statement's value refers to (calls written inside an expression,
+    hoisted into nodes of their own); every other unbound node is a call statement."""
+    out: set[str] = set()
+
+    def visit(v) -> None:
+        if isinstance(v, Ref) and v.target.startswith("#node:"):
+            out.add(v.target[6:])
+        elif isinstance(v, tuple):
+            for x in v:
+                visit(x)
+        elif isinstance(v, Config):
+            for x in v.args:
+                visit(x)
+            for _, x in v.options:
+                visit(x)
+
+    for n in raw.nodes():
+        for a in n.args:
+            visit(a)
+        for _, a in n.attrs:
+            visit(a)
+    visit(raw.returns)
+    for region in raw.regions.values():
+        visit(region.count)
+    return out
+
+
 def _expr_value(e: ast.Expr) -> Value:
     if isinstance(e, ast.Literal):
         return Const(e.value, e.kind, e.span, e.text if e.kind == "size" else None)
@@ -586,8 +688,13 @@ def _show(v) -> str:
 
 
 def _signature(flow: ast.FlowDef) -> str:
-    return f"{flow.name}(" + ", ".join(f"{p.name}: {p.type}" + (" = ..." if p.default else "")
+    return f"{flow.name}(" + ", ".join(f"{p.name}: {p.type}" + (f" = {format_expr(p.default)}" if p.default else "")
                                        for p in flow.params) + ")"
+
+
+def _name_span(span, name: str):
+    """The name at the start of a span (a parameter ``group: int = 8`` starts with its name)."""
+    return replace(span, end_line=span.line, end_column=span.column + len(name))
 
 
 _KIND_WORDS = {OpKind.MODEL: "a model", OpKind.DATASET: "a dataset", OpKind.REWARD_FN: "a reward",

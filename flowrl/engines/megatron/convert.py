@@ -1,4 +1,4 @@
-"""transformers Llama / Qwen2 checkpoints <-> Megatron-core ``GPTModel`` state dicts.
+"""transformers Llama / Llama 3.x / Mistral / Qwen2 / Qwen3 checkpoints <-> Megatron-core ``GPTModel`` state dicts.
 
 Pure tensor bookkeeping (no process groups, no Megatron import), in three layers:
 
@@ -19,7 +19,11 @@ Layouts (H hidden, d head_dim, nq query heads, nkv KV heads = query groups, F ff
   a TP shard is ``[gate_r; up_r]`` of that rank's ``F/tp`` rows of each.
 * Column-parallel (split dim 0): qkv, fc1, word embeddings, output layer.
   Row-parallel (split dim 1): ``linear_proj`` (o_proj), ``linear_fc2`` (down_proj).
-  Norms and the critic's value head are replicated.
+  Norms (Qwen3's per-head ``q_layernorm``/``k_layernorm`` [d] too) and the critic's value
+  head are replicated.
+
+Which architectures convert, and which of their variants (RoPE scalings, sliding windows),
+is read from their records (:mod:`flowrl.catalog.architectures`), as ``flowrl check`` reads it.
 
 The conversion is a permutation and concatenation of whole rows/columns, so a round
 trip HF -> Megatron(tp, pp) -> HF is bit-exact (``tests/megatron/test_convert.py``).
@@ -36,6 +40,7 @@ from typing import Any
 
 import torch
 
+from flowrl.catalog.architectures import ARCHITECTURES, architecture_of, conversion_issue, rope_parameters
 from flowrl.engines.base import EngineConfigError
 
 StateDict = dict[str, torch.Tensor]
@@ -45,16 +50,14 @@ class ConversionError(EngineConfigError):
     """A checkpoint or layout the HF <-> Megatron conversion cannot handle (the message says why)."""
 
 
-_SUPPORTED_ARCHS = {"llama": False, "qwen2": True}
-"""model_type -> whether q/k/v projections carry a bias."""
-
-
 @dataclass(frozen=True)
 class ModelSpec:
-    """The shape of a Llama/Qwen2-style decoder, read from a transformers ``config.json``."""
+    """The shape of a converted decoder (Llama, Llama 3.x, Mistral, Qwen2, Qwen3), read from a
+    transformers ``config.json`` through its architecture's record
+    (:mod:`flowrl.catalog.architectures`: the keys, biases, QK-norm and RoPE scalings)."""
 
     arch: str
-    """``"llama"`` or ``"qwen2"``."""
+    """The family (``config.json``'s ``model_type``): ``llama``, ``mistral``, ``qwen2``, ``qwen3``."""
     vocab_size: int
     """Vocabulary size of the checkpoint (before Megatron's TP padding)."""
     hidden: int
@@ -66,11 +69,11 @@ class ModelSpec:
     kv_heads: int
     """Key/value heads nkv (= Megatron's ``num_query_groups``)."""
     head_dim: int
-    """Per-head size d (Megatron's ``kv_channels``)."""
+    """Per-head size d (Megatron's ``kv_channels``); Qwen3's need not be H / nq."""
     ffn: int
     """MLP intermediate size F."""
     rms_eps: float
-    """RMSNorm epsilon."""
+    """RMSNorm epsilon (the layer norms and, with QK-norm, the query/key norms)."""
     rope_theta: float
     """Rotary base."""
     max_position: int
@@ -79,46 +82,53 @@ class ModelSpec:
     """Whether ``lm_head`` shares the input embedding matrix."""
     qkv_bias: bool
     """Whether q/k/v projections have a bias (Qwen2)."""
+    qk_norm: bool = False
+    """Whether queries and keys are RMS-normalised per head before RoPE (Qwen3)."""
+    rope: tuple = (("rope_type", "default"),)
+    """The RoPE settings as sorted ``(key, value)`` pairs (:func:`rope_parameters`): its type
+    (``default``, ``linear``, ``llama3``) and the scaling's options; see :func:`rope_inv_freq`."""
 
     @staticmethod
     def from_hf_config(cfg: Mapping[str, Any]) -> "ModelSpec":
         """Read a transformers config dict; raise :class:`ConversionError` for anything unsupported."""
-        arch = cfg.get("model_type")
-        if arch not in _SUPPORTED_ARCHS:
+        cfg = dict(cfg)
+        record = architecture_of(cfg)
+        converted = sorted(a.name for a in ARCHITECTURES.values() if a.converted)
+        if record is None or not record.converted:
+            what = record.name if record else (cfg.get("architectures") or [cfg.get("model_type")])[0]
             raise ConversionError(
-                f"model_type={arch!r} is not supported by the Megatron engine; use a {sorted(_SUPPORTED_ARCHS)} "
-                "checkpoint (Llama/Qwen2-style decoder)"
-            )
-        rope = cfg.get("rope_parameters") or {}
-        scaling = cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-        if rope_type != "default":
-            raise ConversionError(f"rope_type={rope_type!r} is not supported; only plain RoPE ('default') is")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ConversionError(f"hidden_act={cfg['hidden_act']!r} is not supported; Llama/Qwen2 use 'silu'")
-        if cfg.get("mlp_bias") or (arch == "llama" and cfg.get("attention_bias")):
-            raise ConversionError("mlp_bias / attention_bias checkpoints are not supported; expected bias-free Llama")
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        if head_dim * heads != hidden:
-            raise ConversionError(
-                f"head_dim={head_dim} * heads={heads} != hidden={hidden}; only head_dim = hidden/heads is supported"
-            )
+                f"{what!r} checkpoints are not converted to Megatron's layout; it converts {', '.join(converted)}"
+                + (f" ({record.name}: {record.doc})" if record else ""))
+        issue = conversion_issue(cfg)
+        if issue:
+            raise ConversionError(f"this {record.name} checkpoint cannot be converted to Megatron's layout: {issue}")
+
+        def fact(name: str, default: Any = KeyError) -> Any:
+            key = record.key(name)
+            if key and cfg.get(key) is not None:
+                return cfg[key]
+            if default is KeyError:
+                raise ConversionError(f"config.json has no {key!r}; is it a {record.name} config?")
+            return default
+
+        heads, hidden = int(fact("heads")), int(fact("hidden"))
+        rope = rope_parameters(cfg)
         return ModelSpec(
-            arch=arch,
+            arch=record.family,
             vocab_size=int(cfg["vocab_size"]),
             hidden=hidden,
-            layers=int(cfg["num_hidden_layers"]),
+            layers=int(fact("layers")),
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
-            ffn=int(cfg["intermediate_size"]),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            max_position=int(cfg.get("max_position_embeddings", 2048)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=_SUPPORTED_ARCHS[arch],
+            kv_heads=int(fact("kv_heads", None) or heads),
+            head_dim=int(fact("head_dim", None) or hidden // heads),
+            ffn=int(fact("intermediate")),
+            rms_eps=float(fact("norm_eps", 1e-6)),
+            rope_theta=float(rope["rope_theta"]),
+            max_position=int(fact("max_positions", 2048)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", record.tied_default)),
+            qkv_bias=record.qkv_bias,
+            qk_norm=record.qk_norm,
+            rope=tuple(sorted(rope.items())),
         )
 
     @staticmethod
@@ -193,6 +203,16 @@ _LAYER_NORMS = {  # Megatron suffix -> HF suffix, inside a layer
 }
 """Layer tensors that map one to one (same layout)."""
 
+_QK_NORMS = {  # Qwen3's per-head query/key RMSNorm weights [d], replicated over TP
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+}
+
+
+def _one_to_one(spec: ModelSpec) -> dict[str, str]:
+    """Megatron suffix -> HF suffix of the layer tensors ``spec``'s family maps one to one."""
+    return {**_LAYER_NORMS, **(_QK_NORMS if spec.qk_norm else {})}
+
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     """HF q [nq d, ...], k/v [nkv d, ...] -> Megatron's per-group interleaved [(nq + 2 nkv) d, ...]."""
@@ -227,7 +247,7 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, role: str = 
     }
     for i in range(spec.layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for mg, name in _LAYER_NORMS.items():
+        for mg, name in _one_to_one(spec).items():
             out[dst + mg] = _get(hf, src + name)
         attn = src + "self_attn."
         out[dst + "self_attention.linear_qkv.weight"] = _fuse_qkv(
@@ -276,7 +296,7 @@ def megatron_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, role: str = 
 def _layer_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, i: int) -> StateDict:
     """Decoder layer ``i``'s tensors (all of them must be in ``mg``) in transformers naming."""
     src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-    out = {dst + hf_name: _get(mg, src + name) for name, hf_name in _LAYER_NORMS.items()}
+    out = {dst + hf_name: _get(mg, src + name) for name, hf_name in _one_to_one(spec).items()}
     q, k, v = _split_qkv(_get(mg, src + "self_attention.linear_qkv.weight"), spec)
     out.update({dst + "self_attn.q_proj.weight": q, dst + "self_attn.k_proj.weight": k,
                 dst + "self_attn.v_proj.weight": v})
@@ -288,6 +308,58 @@ def _layer_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, i: int) -> Sta
     out[dst + "mlp.gate_proj.weight"] = gate
     out[dst + "mlp.up_proj.weight"] = up
     return out
+
+
+# ------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """The rotary frequencies ``[head_dim / 2]`` (radians per position, float32) of ``spec``'s RoPE,
+    as transformers computes them (``modeling_rope_utils``): plain RoPE (``theta^(-2i/d)``),
+    ``linear`` (divided by ``factor``) or ``llama3`` (Llama 3.x: wavelengths above
+    ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, below
+    ``... / high_freq_factor`` kept, a linear blend in between).
+
+    Megatron's own RoPE knows plain RoPE and Llama 3's scaling with its 8192-token defaults
+    only, so the engine sets these frequencies on its rotary module
+    (:func:`set_rope_frequencies`).
+
+    >>> spec = ModelSpec("llama", 8, 64, 1, 2, 2, 32, 64, 1e-6, 10000.0, 64, False, False)
+    >>> rope_inv_freq(spec)[:2]
+    tensor([1.0000, 0.5623])
+    """
+    params = dict(spec.rope)
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return inv
+    factor = float(params["factor"])
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old = float(params["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, blended, scaled)
+    raise ConversionError(f"rope_type {kind!r} is not converted; the converters take default, linear, llama3")
+
+
+def set_rope_frequencies(model: torch.nn.Module, spec: ModelSpec) -> int:
+    """Give every rotary module of a Megatron model (an ``inv_freq`` attribute) ``spec``'s
+    frequencies (:func:`rope_inv_freq`); returns how many it set. Call before the first forward:
+    Megatron caches the rotary table per sequence length."""
+    count = 0
+    for module in model.modules():
+        inv = getattr(module, "inv_freq", None)
+        if isinstance(inv, torch.Tensor):
+            module.inv_freq = rope_inv_freq(spec).to(inv.device)
+            count += 1
+    return count
 
 
 # ------------------------------------------------------------- TP / PP sharding
@@ -423,5 +495,6 @@ def _require(sd: Mapping[str, torch.Tensor], names: list[str]) -> None:
 def _get(sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in sd:
         sample = ", ".join(sorted(sd)[:4])
-        raise ConversionError(f"checkpoint has no tensor {name!r} (it has e.g. {sample}); is it a Llama/Qwen2 model?")
+        raise ConversionError(f"checkpoint has no tensor {name!r} (it has e.g. {sample}); is it a model of the "
+                              "family its config.json names?")
     return sd[name]

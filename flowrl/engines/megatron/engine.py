@@ -71,7 +71,7 @@ class MegatronTrainEngine(RankedTrainEngine):
     """Train engine over Megatron-core with tensor, pipeline, data and context parallelism.
 
     Args:
-        model_path: transformers checkpoint directory (Llama / Qwen2; config.json + safetensors).
+        model_path: transformers checkpoint directory (a family convert.py converts; config.json + safetensors).
         role: ``"actor"`` (logprobs, entropy) or ``"critic"`` (values, Linear(H, 1) head
             seeded like the torch engine's).
         optim: AdamW / warm-up / clipping settings (shared with the torch engine).
@@ -129,7 +129,8 @@ class MegatronTrainEngine(RankedTrainEngine):
         self.options = RankOptions(
             model_path=str(model_path), tp=tp, pp=pp, dp=dp, cp=cp, role=role, temperature=float(temperature),
             lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
-            warmup_steps=optim.warmup_steps, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
+            warmup_steps=optim.warmup_steps, lr_schedule=optim.schedule, total_steps=optim.total_steps,
+            min_lr_ratio=optim.min_lr_ratio, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
             distributed_optimizer=distributed_optimizer, vocab_divisible_by=vocab_divisible_by,
             compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )

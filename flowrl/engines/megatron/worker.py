@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from flowrl.algos.losses import combine_metrics
+from flowrl.algos.schedules import lr_factor
 from flowrl.engines.ranks import dp_slices
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError
 from flowrl.engines.megatron.context_parallel import cp_layer_spec, cp_token_index, gather_sequence, padded_width
@@ -43,6 +44,7 @@ from flowrl.engines.megatron.convert import (
     megatron_to_hf,
     merge_tp,
     padded_vocab_size,
+    set_rope_frequencies,
     shard_state,
     to_global_names,
     tp_rule,
@@ -83,6 +85,12 @@ class RankOptions:
     """AdamW decoupled weight decay, applied to every parameter (like the torch engine)."""
     warmup_steps: int = 0
     """Linear warm-up steps (the torch engine's schedule)."""
+    lr_schedule: str = "constant"
+    """Decay after the warm-up (:data:`flowrl.algos.schedules.LR_SCHEDULES`)."""
+    total_steps: int = 0
+    """Optimizer steps the schedule spans, warm-up included."""
+    min_lr_ratio: float = 0.0
+    """The decayed rate's floor, as a fraction of ``lr``."""
     max_grad_norm: float | None = 1.0
     """Global L2 clip; None disables clipping (the norm is still reported)."""
     seed: int = 0
@@ -216,8 +224,8 @@ class MegatronRank:
 
         from flowrl.engines.megatron.cpu_shims import apply_cpu_shims
 
-        backend = self.options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
+        backend = self.options.backend or (dist.Backend.NCCL if torch.cuda.is_available() else dist.Backend.GLOO)
+        if backend == dist.Backend.NCCL:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
         apply_cpu_shims(skip=self.options.skip_cpu_shims)  # no-op when a GPU is visible
@@ -240,6 +248,7 @@ class MegatronRank:
             num_layers=s.layers, hidden_size=s.hidden, num_attention_heads=s.heads, num_query_groups=s.kv_heads,
             kv_channels=s.head_dim, ffn_hidden_size=s.ffn, normalization="RMSNorm", layernorm_epsilon=s.rms_eps,
             gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
+            qk_layernorm=s.qk_norm,
             hidden_dropout=0.0, attention_dropout=0.0,
             tensor_model_parallel_size=o.tp, pipeline_model_parallel_size=o.pp, context_parallel_size=o.cp,
             params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
@@ -264,7 +273,7 @@ class MegatronRank:
         s, o = self.spec, self.options
         self.config = self._transformer_config()
         self.padded_vocab = padded_vocab_size(s.vocab_size, o.tp, o.vocab_divisible_by)
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=s.qk_norm)
         if o.cp > 1:  # Megatron's local attention is cp=1 only; its CP attention needs Transformer Engine
             spec = cp_layer_spec(spec)
         model = GPTModel(
@@ -273,6 +282,7 @@ class MegatronRank:
             parallel_output=True, share_embeddings_and_output_weights=s.tie_embeddings and o.role == "actor",
             position_embedding_type="rope", rotary_base=int(s.rope_theta),
         )
+        set_rope_frequencies(model, s)  # the checkpoint's RoPE (Llama 3.x scaling...), as transformers computes it
         if o.role == "critic" and self.last_stage:
             model.output_layer = ValueHead(s.hidden)
         if torch.cuda.is_available():
@@ -539,9 +549,10 @@ class MegatronRank:
         return {"grad_norm": norm, "lr": lr, "step": float(self.step), "skipped": float(skipped)}
 
     def _lr(self) -> float:
-        """Linear warm-up to ``lr`` over ``warmup_steps`` (the torch engine's schedule)."""
-        warmup = max(int(self.options.warmup_steps), 0)
-        return self.options.lr * (min(1.0, (self.step + 1) / warmup) if warmup else 1.0)
+        """The learning rate of this step: the torch engine's schedule (:func:`flowrl.algos.schedules.lr_factor`)."""
+        o = self.options
+        return o.lr * lr_factor(self.step, schedule=o.lr_schedule, warmup=max(int(o.warmup_steps), 0),
+                                total=int(o.total_steps), min_ratio=float(o.min_lr_ratio))
 
     def local_weights(self) -> dict[str, torch.Tensor]:
         """This rank's parameters, Megatron naming, stage-local layer numbers."""
@@ -646,6 +657,32 @@ class MegatronRank:
         self.step = int(state["step"])
         torch.set_rng_state(state["rng_cpu"])
         get_cuda_rng_tracker().set_states(state["rng_tracker"])
+
+    # ---------------------------------------------------------- memory phases
+
+    def offload(self) -> int:
+        """This rank's parameters, gradient buffers and optimizer shards to host memory; the bytes moved."""
+        from flowrl.engines.offload import HostStash, module_tensors, optimizer_tensors
+
+        self._stash = getattr(self, "_stash", None) or HostStash()
+        tensors = [*module_tensors(self.model)]  # its params hold views of DDP's grad buffers (main_grad)
+        for opt in _chained(self.optimizer):
+            tensors += optimizer_tensors(opt.optimizer)
+        return self._stash.offload(tensors)
+
+    def reload(self) -> int:
+        """Bring back what :meth:`offload` moved, in place; the bytes moved."""
+        stash = getattr(self, "_stash", None)
+        return stash.reload() if stash is not None else 0
+
+    def state_checksums(self) -> dict[str, int]:
+        """CRC-32 of this rank's parameters, gradients (``main_grad``) and optimizer states."""
+        from flowrl.engines.offload import state_checksums
+
+        out: dict[str, int] = {}
+        for i, opt in enumerate(_chained(self.optimizer)):
+            out.update({f"{i}/{k}": v for k, v in state_checksums(self.model, opt.optimizer).items()})
+        return out
 
     def shutdown(self) -> None:
         """Leave the process group."""

@@ -93,7 +93,7 @@ class _Frame(NamedTuple):
 
 def default_backend() -> str:
     """``"nccl"`` when CUDA and NCCL are available, else ``"gloo"``."""
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    return dist.Backend.NCCL if torch.cuda.is_available() and dist.is_nccl_available() else dist.Backend.GLOO
 
 
 def _gloo_group(store: dist.Store, rank: int, world: int, timeout: datetime.timedelta):
@@ -107,7 +107,7 @@ def _nccl_group(store: dist.Store, rank: int, world: int, timeout: datetime.time
     return dist.ProcessGroupNCCL(store, rank, world, options), device
 
 
-BACKENDS: dict[str, Callable] = {"gloo": _gloo_group, "nccl": _nccl_group}
+BACKENDS: dict[str, Callable] = {dist.Backend.GLOO: _gloo_group, dist.Backend.NCCL: _nccl_group}
 """Backend name -> ``(store, rank, world, timeout) -> (process group backend, wire device)``."""
 
 
@@ -206,7 +206,7 @@ class BroadcastSync:
         self.backend = backend or default_backend()
         if self.backend not in BACKENDS:
             raise WeightSyncError(f"broadcast: backend={self.backend!r}; hint: use one of {sorted(BACKENDS)}")
-        if self.backend == "nccl" and default_backend() != "nccl":
+        if self.backend == dist.Backend.NCCL and default_backend() != dist.Backend.NCCL:
             raise WeightSyncError("broadcast: backend='nccl' needs CUDA and a torch build with NCCL, this process "
                                   "has neither; hint: use backend='gloo' (protocol `gloo`) on CPU")
         self.timeout = datetime.timedelta(seconds=timeout_s)

@@ -54,8 +54,14 @@ class DeltaSync:
     """Changed tensors only, over an inner protocol; both ends keep state between syncs."""
 
     name: ClassVar[str] = "delta"
+    collective: bool = False
+    """Each end runs as its inner protocol does (set from the inner protocol when built)."""
+    wraps_inner: ClassVar[bool] = True
+    """Its ends run as its inner protocol's do (collective or not)."""
+    default_inner: ClassVar[str] = "inplace"
+    """The inner protocol when none is named."""
 
-    def __init__(self, role: str, *, inner: str | WeightSync = "inplace", threshold: float = 0.0,
+    def __init__(self, role: str, *, inner: str | WeightSync | None = None, threshold: float = 0.0,
                  keep_copy: bool = True, **inner_options: Any):
         """Args:
             role: ``"sender"`` or ``"receiver"``.
@@ -68,9 +74,10 @@ class DeltaSync:
             inner_options: keyword arguments of the inner protocol (``bucket_bytes``,
                 ``rendezvous``, ``directory``, ...).
         """
-        from flowrl.runtime.sync import make_sync  # the table imports this module
+        from flowrl.runtime.sync.registry import make_sync  # the registry imports this module by name only
 
         check_role(self.name, role)
+        inner = self.default_inner if inner is None else inner
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
             raise WeightSyncError(f"delta: threshold={threshold!r}; hint: 0 for exact change detection, "
                                   "or a positive absolute tolerance")

@@ -3,7 +3,8 @@
 The compiler decided the protocol, the bucket size, the overlap and the transport
 (``gloo`` for a broadcast on a CPU cluster, ``nccl`` on GPUs, ``ray`` for in-place,
 ``disk`` for checkpoints); this module only translates those decisions, one small
-function per protocol family in :data:`OPTIONS`, and says what this build cannot run.
+function per protocol class in :data:`OPTIONS` (a ``delta`` goes over the protocol the
+catalogue marks as carrying deltas on its transport), and says what this machine cannot run.
 
 >>> from flowrl.plan import ResyncPlan
 >>> r = ResyncPlan("resync.policy", "policy", "update", "broadcast", 1 << 20, 1, "f.flow:3:1",
@@ -17,18 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from flowrl.runtime.sync import is_collective, options_from_schedule, protocol_class
+import torch.distributed as dist
+
+from flowrl.runtime.sync import options_from_schedule
 from flowrl.runtime.sync.broadcast import BroadcastSync, default_backend
 from flowrl.runtime.sync.checkpoint import CheckpointSync
 from flowrl.runtime.sync.delta import DeltaSync
 from flowrl.runtime.sync.inplace import InPlaceSync
+from flowrl.runtime.sync.registry import delta_carrier, is_collective, protocol_class, sync_kwargs
 from flowrl.runtime.weight_sync import WeightSyncError
-
-BACKEND_OF_TRANSPORT = {"gloo": "gloo", "nccl": "nccl"}
-"""The plan's ``transport`` of a broadcast -> torch.distributed backend."""
-
-DELTA_INNER = {"gloo": "broadcast", "nccl": "broadcast", "ray": "inplace", "cuda": "inplace", "disk": "checkpoint"}
-"""A ``delta``'s transport in the plan -> the inner protocol that carries the changed tensors."""
 
 
 def _inplace(plan, run_dir: Path) -> dict:
@@ -36,7 +34,9 @@ def _inplace(plan, run_dir: Path) -> dict:
 
 
 def _broadcast(plan, run_dir: Path) -> dict:
-    return {"backend": BACKEND_OF_TRANSPORT.get(plan.transport) or default_backend(), "overlap": bool(plan.overlap)}
+    # The plan's transport is the torch.distributed backend the compiler chose (gloo or NCCL);
+    # without one (a plan of an older version) the protocol's record decides on this machine.
+    return {"backend": plan.transport or None, "overlap": bool(plan.overlap)}
 
 
 def _checkpoint(plan, run_dir: Path) -> dict:
@@ -45,7 +45,7 @@ def _checkpoint(plan, run_dir: Path) -> dict:
 
 
 def _delta(plan, run_dir: Path) -> dict:
-    inner = DELTA_INNER.get(plan.transport, "inplace")
+    inner = delta_carrier(plan.transport)
     return {"inner": inner, **OPTIONS[protocol_class(inner)](plan, run_dir)}
 
 
@@ -66,7 +66,7 @@ def sync_options(plan, run_dir: Path) -> dict:
     if plan.bucket_bytes > 0:  # `checkpoint` has no bucket keyword: its files keep their default size
         options["bucket_bytes"] = int(plan.bucket_bytes)
     options.update(OPTIONS[protocol_class(plan.protocol)](plan, run_dir))
-    return options
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def collective(plan, options: dict) -> bool:
@@ -74,14 +74,20 @@ def collective(plan, options: dict) -> bool:
     return is_collective(plan.protocol, **options)
 
 
-def sync_problem(plan) -> str | None:
-    """Why this machine cannot run ``plan``'s protocol (one line with a hint), or None."""
+def sync_problem(plan, nccl_elsewhere: bool = False) -> str | None:
+    """Why this machine cannot run ``plan``'s protocol (one line with a hint), or None.
+
+    ``nccl_elsewhere``: the ends run on another cluster's nodes, which may have NCCL even if this
+    machine has not (they say so themselves when they open their ends)."""
     try:
         options = sync_options(plan, Path("."))
+        backends = [sync_kwargs(plan.protocol, options).get("backend")]
+        if options.get("inner"):
+            backends.append(sync_kwargs(options["inner"], {k: v for k, v in options.items()
+                                                           if k not in ("inner", "threshold")}).get("backend"))
     except WeightSyncError as error:
         return str(error)
-    backend = options.get("backend")
-    if backend == "nccl" and default_backend() != "nccl":
+    if dist.Backend.NCCL in backends and default_backend() != dist.Backend.NCCL and not nccl_elsewhere:
         return (f"resync of `{plan.model}` via `{plan.protocol}` sends over NCCL, which needs CUDA GPUs; this "
                 "machine has none; hint: schedule `resync ... via gloo()` (or declare the cluster's "
                 "`gpu = \"cpu\"`, so `broadcast` runs over gloo)")
@@ -109,5 +115,4 @@ def sync_metrics(protocol: str, sent: dict, received: list[dict], seconds: float
     return out
 
 
-__all__ = ["sync_options", "collective", "sync_problem", "sync_metrics", "OPTIONS", "DELTA_INNER",
-           "BACKEND_OF_TRANSPORT"]
+__all__ = ["sync_options", "collective", "sync_problem", "sync_metrics", "OPTIONS"]

@@ -1,0 +1,194 @@
+"""Check each model fits the engines the schedule gives it: architecture and sequence length.
+
+Requires: plan_layouts (every engine of the flow has its kind and options in ``graph.sched``),
+check_resources (the files read here exist and parse).
+
+Guarantees, for each model whose facts are known (``config.json``, preset or ``tiny``):
+
+* its architecture (``config.json``'s ``architectures``) is one every engine it runs on runs
+  (:attr:`~flowrl.catalog.engines.EngineSpec.architectures`, from the records of
+  :mod:`flowrl.catalog.architectures`), and an engine that converts weights by family can take
+  this checkpoint's variant of it (RoPE scaling, sliding window: ``ModelFacts.unconvertible``) (E607);
+* a rollout engine's context option (``max_model_len``) does not exceed the model's maximum
+  positions, whatever the config calls them (``n_positions`` for GPT-2): vLLM refuses such an
+  engine at start-up (E608);
+* every ``generate`` fits: its prompt plus ``max_tokens`` fits the rollout engine's context
+  (the option as written, else what the runtime gives it:
+  :func:`~flowrl.catalog.models.default_context` of the maximum positions). The prompt is
+  counted in the first row of each dataset file feeding it (train and ``eval`` splits) with
+  the model's tokenizer where that is cheap (:func:`~flowrl.compiler.model_info.prompt_counter`),
+  else taken as one token: a lower bound, so what is refused would fail (E609).
+
+The graph is returned unchanged.
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> from flowrl.diagnostics import FlowError
+>>> try:
+...     compile_text('''
+... model m = tiny()
+... flow main(d: dataset) { b = sample(d)  r = generate(m, b, max_tokens = 200)  return r }''', "doc.flow")
+... except FlowError as e:
+...     print(str(e).splitlines()[0])
+doc.flow:3:72: error[E609]: `max_tokens = 200` and the prompt (at least 1 token) exceed the 128-token context of `m`'s rollout engine `vllm` (the checkpoint's maximum positions, max_position_embeddings = 128)
+"""
+
+from __future__ import annotations
+
+from flowrl.catalog.engines import ENGINES, EngineSpec
+from flowrl.catalog.models import ModelFacts, default_context
+from flowrl.catalog.ops import OpKind
+from flowrl.compiler.context import CompileContext
+from flowrl.compiler.model_info import checkpoint_dir, prompt_counter
+from flowrl.compiler.resources import checked, first_prompts, prompt_datasets
+from flowrl.compiler.sched import model_of, role_of
+from flowrl.diagnostics import Collector, Span
+from flowrl.ir.graph import Const, FlowGraph, Node
+
+
+def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    st = graph.sched
+    if st is None:
+        return graph
+    errors = Collector(ctx.sources)
+    reported: set = set()
+    # Engines with a layout written first: a frozen model following its base's trainer shares
+    # the base's mistake, reported once where the layout was written.
+    for key, eng in sorted(st.engines.items(), key=lambda kv: kv[0] not in st.spec.layouts):
+        facts = st.facts.get(model_of(key))
+        if facts is None or model_of(key) not in graph:
+            continue
+        _check_architecture(graph, key, eng.kind, facts, st, errors, reported)
+        if role_of(key) == "rollout":
+            _check_context_option(graph, key, eng, facts, st, errors)
+    for node in graph.nodes():
+        if node.kind == OpKind.GENERATE and node.model:
+            _check_lengths(graph, ctx, node, st, errors)
+    errors.raise_if_any()
+    return graph
+
+
+def _layout_span(graph: FlowGraph, key: str, st) -> Span:
+    """Where the engine's layout was written, else where its model was declared."""
+    layout = st.spec.layouts.get(key)
+    return layout.span if layout is not None else graph.node(model_of(key)).span
+
+
+def _config_words(graph: FlowGraph, model: str, facts: ModelFacts) -> str:
+    folder = checkpoint_dir(graph, model)
+    return f"{folder / 'config.json'}" if folder is not None else facts.name
+
+
+def _check_architecture(graph: FlowGraph, key: str, kind: str, facts: ModelFacts, st, errors: Collector,
+                        reported: set) -> None:
+    arch = facts.architecture
+    spec = ENGINES.get(kind)
+    if not arch or spec is None:
+        return
+    # A single-rank engine with more ranks runs on its multi_rank_as engine's (torch(dp = 2) on fsdp's).
+    several = getattr(st.engines.get(key), "world_size", 1) > 1
+    runs_on = [spec] + ([ENGINES[spec.multi_rank_as]] if spec.multi_rank_as in ENGINES and several else [])
+    refusing = next((e for e in runs_on if e.architectures is not None and arch not in e.architectures), None)
+    if refusing is None and facts.unconvertible:
+        _check_conversion(graph, key, kind, facts, runs_on, st, errors, reported)
+    if refusing is None or (arch, refusing.name) in reported:
+        return
+    reported.add((arch, refusing.name))
+    model = model_of(key)
+    others = [e.name for e in ENGINES.values() if e.serves == spec.serves and _runs(e, arch)
+              and e.support(st.hw.platform).ok]
+    via = f" (`{kind}` runs on `{refusing.name}`'s ranks)" if refusing is not spec else ""
+    errors.error("E607", f"`{model}` is a {arch} ({_config_words(graph, model, facts)}), which `{refusing.name}` "
+                         f"does not run{via}; `{refusing.name}` runs {', '.join(sorted(refusing.architectures))}",
+                 _layout_span(graph, key, st),
+                 (f"give `{key}` an engine that runs {arch}: " + ", ".join(f"`{o}(...)`" for o in others))
+                 if others else f"no {spec.serves} engine runs {arch}: use a model of a supported architecture")
+
+
+def _check_conversion(graph: FlowGraph, key: str, kind: str, facts: ModelFacts, runs_on: list, st,
+                      errors: Collector, reported: set) -> None:
+    """An engine that converts weights by family runs the architecture, but not this checkpoint's
+    variant of it (:attr:`~flowrl.catalog.models.ModelFacts.unconvertible`)."""
+    converting = next((e for e in runs_on if e.converts_weights), None)
+    if converting is None or (facts.name, converting.name) in reported:
+        return
+    reported.add((facts.name, converting.name))
+    model = model_of(key)
+    others = [e.name for e in ENGINES.values() if e.serves == converting.serves and not e.converts_weights
+              and _runs(e, facts.architecture) and e.support(st.hw.platform).ok]
+    errors.error("E607", f"`{model}` ({_config_words(graph, model, facts)}) is a {facts.architecture} that "
+                         f"`{converting.name}` cannot convert: {facts.unconvertible}",
+                 _layout_span(graph, key, st),
+                 f"give `{key}` an engine that runs the checkpoint with transformers' code: "
+                 + ", ".join(f"`{o}(...)`" for o in others))
+
+
+def _runs(engine: EngineSpec, arch: str) -> bool:
+    return engine.architectures is None or arch in engine.architectures
+
+
+def _check_context_option(graph: FlowGraph, key: str, eng, facts: ModelFacts, st, errors: Collector) -> None:
+    option = ENGINES[eng.kind].context_option if eng.kind in ENGINES else None
+    written = eng.options.get(option) if option else None
+    if not isinstance(written, int) or not facts.positions_key or written <= facts.max_len:
+        return
+    model = model_of(key)
+    errors.error("E608", f"`{option} = {written}` exceeds `{model}`'s maximum positions: "
+                         f"{facts.positions_key} = {facts.max_len} in {_config_words(graph, model, facts)}",
+                 _layout_span(graph, key, st),
+                 f"`{eng.kind}` refuses a longer context at start-up: write `{option} = {facts.max_len}` or less")
+
+
+def _context(eng, facts: ModelFacts) -> tuple[int, str] | None:
+    """The rollout engine's context in tokens and where the number comes from, or None if unknown."""
+    option = ENGINES[eng.kind].context_option if eng.kind in ENGINES else None
+    written = eng.options.get(option) if option else None
+    if isinstance(written, int):
+        return written, f"`{option} = {written}`"
+    if not facts.positions_key:
+        return None  # the config names no maximum positions: nothing to check against
+    where = f"{facts.positions_key} = {facts.max_len}"
+    if option is None:
+        return facts.max_len, f"the model's maximum positions, {where}"
+    context = default_context(facts.max_len)
+    return context, (f"the checkpoint's maximum positions, {where}" if context == facts.max_len
+                     else f"at most {context} when `{option}` is not set; the checkpoint's {where}")
+
+
+def _check_lengths(graph: FlowGraph, ctx: CompileContext, node: Node, st, errors: Collector) -> None:
+    model = node.model
+    eng = st.engines.get(f"{model}.rollout")
+    facts = st.facts.get(model)
+    max_tokens = node.attr("max_tokens")
+    if eng is None or facts is None or not isinstance(max_tokens, Const) or not isinstance(max_tokens.value, int):
+        return
+    found = _context(eng, facts)
+    if found is None:
+        return
+    context, why = found
+    prompt, source = 1, "at least 1 token"
+    count = prompt_counter(graph, model)
+    if count is not None:
+        for dataset in prompt_datasets(graph, node):
+            if not checked(dataset, ctx):
+                continue
+            for f, text in first_prompts(dataset):
+                n = count(text)
+                if n > prompt:
+                    prompt, source = n, f"{n} tokens in the first row of `{f.written}`"
+    if prompt + max_tokens.value <= context:
+        return
+    room = context - prompt
+    errors.error("E609", f"`max_tokens = {max_tokens.value}` and the prompt ({source}) exceed the {context}-token "
+                         f"context of `{model}`'s rollout engine `{eng.kind}` ({why})", max_tokens.span,
+                 (f"lower `max_tokens` to {room} or less" if room >= 1 else "shorten the prompts")
+                 + _raise_hint(eng, facts, context))
+
+
+def _raise_hint(eng, facts: ModelFacts, context: int) -> str:
+    option = ENGINES[eng.kind].context_option if eng.kind in ENGINES else None
+    if option and facts.positions_key and context < facts.max_len:
+        return f", or raise `{option}` (up to {facts.max_len}) in the schedule"
+    return ""
+
+
+__all__ = ["check_model_fit"]

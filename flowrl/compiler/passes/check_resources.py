@@ -1,0 +1,211 @@
+"""Check the files and code a flow names exist and hold what the runtime will read, without running anything.
+
+Requires: check_edge_types (options of resources have their defaults).
+
+Guarantees, for every resource declared in a file on disk (see :mod:`flowrl.compiler.resources`;
+paths are resolved against the folder of the flow file that declares them):
+
+* datasets (:attr:`~flowrl.catalog.ops.OpSpec.paths`): each file, the ``eval`` split
+  included, exists, and its head reads as the runtime will read it (its catalogue record's
+  ``file_format``): a JSON-lines file's first row is an object with the ``prompt`` and
+  ``answer`` fields and a string prompt; a Parquet file's footer lists those columns, the
+  prompt's as strings, and at least one row (E601, E602);
+* model checkpoints (``facts_from == "checkpoint"``): a local directory holding a readable
+  decoder ``config.json``, a hub id in the local Hugging Face cache (:mod:`flowrl.hub`), or a
+  preset hub id (E603; a hub id that is neither names the command that downloads it);
+* user code (:attr:`~flowrl.catalog.ops.OpSpec.python_ref`): ``"module:attribute"`` names a
+  module found in the flow file's folder, then ``PYTHONPATH``, then installed packages
+  (:mod:`flowrl.pyrefs`), whose source defines the attribute at top level (E604-E606). The
+  module is read with :mod:`ast`, never imported.
+
+The graph is returned unchanged. Every diagnostic points at the value as written and names
+the folder relative paths were resolved against.
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> from flowrl.diagnostics import FlowError
+>>> try:
+...     compile_text('''
+... model m = tiny()
+... dataset d = jsonl("no/such.jsonl")
+... flow main() { b = sample(d)  r = generate(m, b)  return r }''', "/nowhere/doc.flow", options={"resources": True})
+... except FlowError as e:
+...     print(str(e).splitlines()[0])
+/nowhere/doc.flow:3:19: error[E601]: dataset file not found: /nowhere/no/such.jsonl
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from flowrl.catalog.models import PRESETS, ConfigError, from_config, preset
+from flowrl.catalog.ops import OPS, OpSpec
+from flowrl.compiler.context import CompileContext
+from flowrl.compiler.model_info import shown_path
+from flowrl.compiler.resources import checked, dataset_files, folder_of, read_head, shown_folder
+from flowrl.diagnostics import Collector
+from flowrl.hub import cached_snapshot, download_hint, is_hub_id
+from flowrl.ir.graph import Const, FlowGraph, Node
+from flowrl.pyrefs import RefError, defined_names, find_module, looked_in, split_ref
+
+
+def check_resources(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    errors = Collector(ctx.sources)
+    seen_refs: set[tuple[str, str]] = set()
+    for node in graph.nodes():
+        spec = OPS.get(node.op)
+        if spec is None or not checked(node, ctx):
+            continue
+        if spec.file_format:
+            _check_dataset(node, spec, errors)
+        if spec.facts_from == "checkpoint":
+            _check_checkpoint(node, errors)
+        if spec.python_ref and node.args and isinstance(node.args[0], Const):
+            key = (str(node.args[0].value), folder_of(node))
+            if key not in seen_refs:  # one report per reference, however many calls name it
+                seen_refs.add(key)
+                _check_ref(node, spec, errors)
+    errors.raise_if_any()
+    return graph
+
+
+def _check_dataset(node: Node, spec: OpSpec, errors: Collector) -> None:
+    from flowrl.data.datasets import DatasetError
+
+    folder = shown_folder(node)
+    for f in dataset_files(node, spec):
+        what = "eval split" if f.option == "eval" else "dataset file"
+        if not f.path.exists():
+            near = _near_files(f.path, f.written)
+            errors.error("E601", f"{what} not found: {f.path}", f.span,
+                         (f"did you mean {near}? " if near else "")
+                         + f"relative paths are resolved against the folder of the flow file, {folder}")
+            continue
+        try:
+            read_head(f, node)
+        except DatasetError as e:
+            message, _, hint = str(e).partition("; hint: ")
+            line, message = _where(message, str(f.path))
+            errors.error("E602", f"{what} `{f.written}`{line} cannot be read as `{node.op}`: {message}", f.span,
+                         hint or f"the runtime reads it as a {spec.file_format} file")
+
+
+def _where(message: str, path: str) -> tuple[str, str]:
+    """A DatasetError message ``PATH[:LINE]: TEXT`` -> (``", line LINE"`` or ``""``, ``TEXT``)."""
+    if not message.startswith(path + ":"):
+        return "", message
+    rest = message[len(path) + 1:]
+    lineno, sep, text = rest.partition(": ")
+    if sep and lineno.isdigit():
+        return f", line {lineno},", text
+    return "", rest.lstrip()
+
+
+def _near_files(path: Path, written: str) -> str:
+    """Files next to a missing one whose names are close, written as the flow would write them."""
+    try:
+        names = [p.name for p in path.parent.iterdir() if p.is_file()] if path.parent.is_dir() else []
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.6)
+    head = written[: len(written) - len(os.path.basename(written))]
+    return " or ".join(f"`{head}{n}`" for n in close)
+
+
+def _check_checkpoint(node: Node, errors: Collector) -> None:
+    if not node.args or not isinstance(node.args[0], Const):
+        return
+    written = str(node.args[0].value)
+    local = Path(shown_path(node, written))
+    span = node.args[0].span
+    if (local / "config.json").is_file():
+        try:
+            from_config(local)
+        except ConfigError as e:
+            errors.error("E603", f"hf(\"{written}\"): {e}", span,
+                         "point hf(...) at a directory written by a transformers model's `save_pretrained(dir)`")
+        return
+    cached = cached_snapshot(written)
+    if cached is not None:
+        try:
+            from_config(cached)
+        except ConfigError as e:
+            errors.error("E603", f"hf(\"{written}\"), from the local Hugging Face cache: {e}", span,
+                         "the cached download is damaged: " + download_hint(written, folder=False).replace("put it", "put it again", 1))
+        return
+    if preset(written) is not None:
+        return  # a public config flowrl knows: plans are made without the checkpoint (`run` needs it cached)
+    where = "is not a directory" if not local.is_dir() else "has no config.json"
+    hub = is_hub_id(written) and not local.is_dir()
+    close = difflib.get_close_matches(written.lower(), list(PRESETS), n=1, cutoff=0.7)
+    errors.error("E603", f"hf(\"{written}\"): {local} {where}, and `{written}` is not "
+                         + ("in the local Hugging Face cache nor " if hub else "") + "a model flowrl knows", span,
+                 (f"did you mean `{PRESETS[close[0]].name}` (a config flowrl knows)? " if close else "")
+                 + f"relative paths are resolved against the folder of the flow file, {shown_folder(node)}; "
+                   "flowrl never downloads models: save one there with `save_pretrained(dir)`"
+                 + (f", or, `{written}` being a hub id, {download_hint(written, folder=False)}" if hub else ""))
+
+
+def _check_ref(node: Node, spec: OpSpec, errors: Collector) -> None:
+    ref = str(node.args[0].value)
+    span = node.args[0].span
+    try:
+        module, attr = split_ref(ref)
+    except RefError as e:
+        errors.error("E604", f"`{node.op}` needs \"module:{spec.python_ref}\": {e}", span,
+                     f"write \"my_module:{'MyEnv' if spec.python_ref == 'class' else 'my_function'}\" "
+                     "for a module next to the flow file or on PYTHONPATH")
+        return
+    folder = folder_of(node)
+    found = find_module(module, folder)
+    if found is None:
+        near = _near_modules(module, folder)
+        errors.error("E605", f"cannot find module `{module}` (for `{ref}`)", span,
+                     f"looked in {looked_in(shown_folder(node))}" + (f"; did you mean `{near}`?" if near else ""))
+        return
+    if found.source is None:
+        return  # compiled or built in: nothing to read, the import at run time tells
+    source = _shown_source(found.source, folder, shown_folder(node))
+    try:
+        names, open_ended = defined_names(found.source)
+    except SyntaxError as e:
+        errors.error("E605", f"module `{module}` ({source}) does not parse: {e.msg} at line {e.lineno}",
+                     span, "fix the module: it would fail when the run imports it")
+        return
+    except (OSError, UnicodeDecodeError) as e:
+        errors.error("E605", f"cannot read module `{module}` ({source}): {e}", span,
+                     "check the file's permissions and encoding (UTF-8)")
+        return
+    top = attr.split(".")[0]
+    if top in names or open_ended:
+        return
+    close = difflib.get_close_matches(top, sorted(names), n=3, cutoff=0.6)
+    public = sorted(n for n in names if not n.startswith("_"))
+    errors.error("E606", f"module `{module}` ({source}) defines no `{top}`", span,
+                 (f"did you mean {', '.join(f'`{c}`' for c in close)}?" if close else
+                  f"it defines {', '.join(f'`{n}`' for n in public[:12])}" + (" ..." if len(public) > 12 else "")
+                  if public else f"define `{top}` there ({spec.python_ref})"))
+
+
+def _shown_source(source: Path, folder: str, shown: str) -> str:
+    """A module's file as diagnostics quote it: below the flow file's folder as that folder is quoted."""
+    try:
+        return os.path.normpath(os.path.join(shown, source.relative_to(folder)))
+    except ValueError:
+        return str(source)  # found on PYTHONPATH or installed: its own path
+
+
+def _near_modules(module: str, folder: str) -> str | None:
+    """A module name next to the flow file close to the one asked for."""
+    head = module.split(".")[0]
+    try:
+        names = [p.stem if p.suffix == ".py" else p.name for p in Path(folder).iterdir()
+                 if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file())]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(head, names, n=1, cutoff=0.6)
+    return close[0] + module[len(head):] if close else None
+
+
+__all__ = ["check_resources"]

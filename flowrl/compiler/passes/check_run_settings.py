@@ -1,0 +1,55 @@
+"""Check the entry flow's run settings: the parameters the runtime reads (``RUN_PARAMS``).
+
+Requires: resolve_names (the entry flow's parameters are known).
+
+Guarantees: every run setting the flow declares has the type the runtime reads and a default
+it accepts: ``steps``, ``seed``, ``eval_every``, ``save_every``, ``log_samples`` are ``int``
+(``steps`` >= 1, the others >= 0); ``log`` is a ``str`` naming known experiment trackers
+(:data:`flowrl.catalog.loggers.LOGGERS`, comma-separated). The graph is returned unchanged.
+
+>>> from flowrl.compiler.pipeline import compile_text
+>>> from flowrl.diagnostics import FlowError
+>>> try:
+...     compile_text('flow main(log: str = "tensorbord") { }', "doc.flow", until="check_run_settings")
+... except FlowError as e:
+...     print(str(e).splitlines()[0])
+doc.flow:1:22: error[E511]: unknown logger `tensorbord`: the known loggers are tensorboard, wandb, mlflow (comma-separated); did you mean `tensorboard`?
+"""
+
+from __future__ import annotations
+
+from flowrl.catalog.loggers import UnknownLoggerError, parse_loggers
+from flowrl.compiler.context import CompileContext
+from flowrl.diagnostics import Collector
+from flowrl.ir.graph import FlowGraph
+from flowrl.syntax import ast
+
+SETTING_TYPES = {"steps": ("int", 1, "20"), "seed": ("int", 0, "0"), "eval_every": ("int", 0, "10"),
+                 "save_every": ("int", 0, "0"), "log_samples": ("int", 0, "0"), "log": ("str", None, '"tensorboard"')}
+"""Run setting -> (the type the runtime reads, the least value an int may have, an example default)."""
+
+
+def check_run_settings(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    errors = Collector(ctx.sources)
+    for p in graph.params:
+        if p.name not in SETTING_TYPES:
+            continue
+        want, least, example = SETTING_TYPES[p.name]
+        if p.type != want:
+            errors.error("E510", f"run setting `{p.name}` must be declared `{want}`, not `{p.type}`", p.span,
+                         f"write `{p.name}: {want} = {example}`; the runtime reads it as a run setting")
+            continue
+        value = p.default.value if isinstance(p.default, ast.Literal) else None
+        if value is None:
+            continue
+        if want == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            errors.error("E510", f"run setting `{p.name} = {value}` must be an integer >= {least}", p.default.span,
+                         "`steps` counts RL steps (at least one); `flowrl eval` measures a model without training"
+                         if p.name == "steps" else f"write `{p.name}: int = {example}`")
+        elif want == "str":
+            try:
+                parse_loggers(value)
+            except UnknownLoggerError as e:
+                errors.error("E511", str(e), p.default.span, 'e.g. `log: str = "tensorboard,wandb"`')
+    errors.raise_if_any()
+    return graph

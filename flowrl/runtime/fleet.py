@@ -1,0 +1,519 @@
+"""The engines of a run: one :class:`ModelEngines` record per model, on Ray where the plan placed them.
+
+:class:`Fleet` starts Ray (or joins a cluster), reserves one placement group per node,
+starts every engine's actors in the bundles the plan names (a train engine is one actor;
+a rollout engine one actor per data-parallel replica), opens every resync's weight-sync
+protocol, and then serves the handlers' engine calls (it is the run's
+:class:`~flowrl.runtime.step.EngineService`): ``generate`` split over the replicas,
+``forward`` and ``train`` on the train engine, ``resync``. Policy versions live in the
+model's record: ``train_version`` counts updates, ``rollout_version`` names the weights the
+rollout engine holds.
+
+Engines that share GPUs take turns where the plan says so (:class:`MemoryTurns`, reading
+:attr:`flowrl.plan.EnginePlan.releases`): before a generation the colocated trainers offload
+their state and the rollout engine wakes; before a train-engine call the rollout engines
+sleep and the trainer reloads. On the ``cpu`` platform the plan releases nothing and every
+engine stays resident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
+from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
+                                      slot_resource, wait_placed)
+from flowrl.runtime.step import op_seed
+
+ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+             "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
+"""Environment variables a run passes on to its Ray actors."""
+
+
+@dataclass
+class Faults:
+    """Failures a test can inject to prove they are caught."""
+
+    corrupt_bucket_at_step: int | None = None
+    """Flip one byte of the first weight bucket sent after this step's update."""
+    stop_after_step: int | None = None
+    """Exit (as if killed) right after this step finished and was checkpointed."""
+
+
+@dataclass
+class SyncEnds:
+    """The Ray actors holding both ends of one model's weight sync."""
+
+    protocol: str
+    """The plan's protocol name (``inplace``, ``broadcast``, ``checkpoint``, ``delta``...)."""
+    collective: bool
+    """Sender and receivers run together (no handoff through the object store)."""
+    sender: Any
+    """The TrainWorker actor (rank 0 of a collective)."""
+    receivers: list
+    """The RolloutWorker actors, one per data-parallel replica (ranks 1..N)."""
+
+
+@dataclass
+class ModelEngines:
+    """One model's engines: its train engine's actor, its rollout replicas, their versions, its weight sync."""
+
+    plan: ModelPlan
+    train: Any = None
+    """The TrainWorker actor (None: the model is only generated from, or only a reference...)."""
+    rollout: list = field(default_factory=list)
+    """The RolloutWorker actors, one per data-parallel replica."""
+    train_version: int = 0
+    """Updates the train engine has taken."""
+    rollout_version: int = 0
+    """The train version whose weights the rollout engine holds."""
+    sync: SyncEnds | None = None
+
+
+# ---- memory turns -------------------------------------------------------------------------------
+
+
+class MemoryTurns:
+    """Which engines hold their GPU memory now, and the calls that hand shared GPUs from one phase to the other.
+
+    ``call(engine, method, step, *args)`` runs ``method`` (``offload``, ``reload``, ``sleep``,
+    ``wake_up``) on every actor of engine ``engine`` (``policy.train``, ``policy.rollout``) during
+    ``step``.
+    Only engines whose plan says they release memory are ever called; a rollout engine is
+    woken in two halves around a resync (weights first, then the KV cache once the trainers
+    offloaded), as veRL's hybrid engine does.
+    """
+
+    def __init__(self, plan: ExecutionPlan, call: Callable[..., None]):
+        self.call = call
+        self.engines: dict[str, Any] = {}
+        for m in plan.models:
+            for role, e in (("train", m.train_engine), ("rollout", m.rollout_engine)):
+                if e is not None:
+                    self.engines[f"{m.id}.{role}"] = e
+        self.state = {name: "resident" for name in self.engines}
+        """Engine -> ``resident`` | ``offloaded`` (train) | ``asleep`` | ``weights`` (rollout, weights only)."""
+        self.lock = threading.Lock()
+
+    def _sharing(self, name: str, role: str, how: str) -> list[str]:
+        """Engines of ``role`` on ``name``'s GPUs that release memory by ``how``."""
+        gpus = set(self.engines[name].gpus)
+        return [other for other, e in self.engines.items()
+                if other != name and other.endswith(f".{role}") and e.releases == how and gpus & set(e.gpus)]
+
+    def _set(self, name: str, state: str, step: int, method: str, *args: Any) -> None:
+        self.call(name, method, step, *args)
+        self.state[name] = state
+
+    def before_generate(self, model: str, step: int) -> None:
+        """The trainers on the rollout engine's GPUs offload; the rollout engine wakes (its KV cache too)."""
+        name = f"{model}.rollout"
+        if name not in self.engines:
+            return
+        with self.lock:
+            for trainer in self._sharing(name, "train", "offload"):
+                if self.state[trainer] == "resident":
+                    self._set(trainer, "offloaded", step, "offload")
+            if self.state[name] == "asleep":
+                self._set(name, "resident", step, "wake_up", None)
+            elif self.state[name] == "weights":
+                self._set(name, "resident", step, "wake_up", ["kv_cache"])
+
+    def before_train(self, model: str, step: int) -> None:
+        """The rollout engines on the train engine's GPUs sleep; the train engine reloads its state."""
+        name = f"{model}.train"
+        if name not in self.engines:
+            return
+        with self.lock:
+            for rollout in self._sharing(name, "rollout", "sleep"):
+                if self.state[rollout] != "asleep":
+                    self._set(rollout, "asleep", step, "sleep")
+            if self.state[name] == "offloaded":
+                self._set(name, "resident", step, "reload")
+
+    def before_resync(self, model: str, step: int) -> None:
+        """The trainer holds its weights and the rollout engine its weights (not yet its KV cache)."""
+        self.before_train(model, step)
+        name = f"{model}.rollout"
+        with self.lock:
+            if self.state.get(name) == "asleep":
+                self._set(name, "weights", step, "wake_up", ["weights"])
+
+
+def served_roles(plan: ExecutionPlan) -> dict[str, str]:
+    """Model id -> the train-engine role a resource serving it asks for (``reward_model(m)``: ``reward``),
+    read from the resource op's record (``OpSpec.serves_model``)."""
+    from flowrl.catalog.ops import OPS
+
+    out = {}
+    for r in plan.rewards:
+        spec = OPS.get(r.kind)
+        if spec is not None and spec.serves_model and isinstance(r.options.get("target"), str):
+            out[r.options["target"]] = spec.serves_model
+    return out
+
+
+# ---- the fleet ------------------------------------------------------------------------------------
+
+
+class Fleet:
+    """Every model's engines on Ray (see the module docstring); the handlers' engine service."""
+
+    def __init__(self, plan: ExecutionPlan, out: Path, *, timeline: Any, log: Callable[[str], None],
+                 ray_address: str | None = None, faults: Faults | None = None):
+        self.plan = plan
+        self.out = out
+        self.timeline = timeline
+        self.log = log
+        self.ray_address = ray_address
+        self.faults = faults or Faults()
+        self.models: dict[str, ModelEngines] = {m.id: ModelEngines(m) for m in plan.models}
+        # Reading a rollout version and submitting work to that rollout engine happen together,
+        # so every sample's version tag names the weights that produced it.
+        self.rollout_lock = threading.Lock()
+        self.turns = MemoryTurns(plan, self._call_engine)
+        self.pgs: list = []
+        self.slot = "GPU"  # the Ray resource a plan GPU takes (placement.slot_resource), set when Ray starts
+        self.node_targets: list = []
+        self.gpus_per_node = int(plan.cluster["gpus_per_node"])
+
+    @property
+    def external(self) -> bool:
+        """The run joins a Ray cluster that outlives it."""
+        return bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
+
+    # ---- start -------------------------------------------------------------------------------
+    def start(self, model_paths: dict[str, Path]) -> None:
+        """Ray, the placement groups, every engine's actors (ready), ``placement.json``, the weight syncs."""
+        self._start_ray()
+        self._start_workers(model_paths)
+        self.record_placement()
+        self._open_syncs()
+
+    def _start_ray(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        address = self.ray_address or os.environ.get("RAY_ADDRESS")
+        gpus = int(self.plan.cluster["nodes"]) * self.gpus_per_node
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                # Logical GPUs: on a CPU machine Ray schedules by them exactly as on a GPU cluster.
+                # address="local": a fresh instance of our own, even when `ray start` left one
+                # running here (plain ray.init() would join it and then refuse num_gpus).
+                ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus,
+                         include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # One placement group per node, one bundle per GPU: an engine rank planned on global
+        # GPU g runs in bundle g % gpus_per_node of node g // gpus_per_node's group, so pools
+        # (colocated or disaggregated, on one node or several) land where the plan put them.
+        per_node = self.gpus_per_node
+        check_cluster_fits(self.plan, ray.nodes(), address)
+        self.slot = slot_resource(self.plan, ray.nodes())
+        # Plan nodes go to distinct Ray nodes when the cluster has enough of them (a node's
+        # group pinned by Ray's node-id label); a logical cluster on one Ray node packs them.
+        self.node_targets = node_targets(self.plan, ray.nodes())
+        self.pgs = [placement_group([{self.slot: 1}] * per_node, strategy="STRICT_PACK",
+                                    name=f"flowrl-{self.plan.flow}-node{k}",
+                                    bundle_label_selector=[{"ray.io/node-id": t}] * per_node if t else None)
+                    for k, t in enumerate(self.node_targets)]
+        wait_placed(self.plan, self.pgs, address, self.slot)
+
+    def _actor(self, cls, engine, rank: int, *args, **kwargs):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpu = (engine.gpus or engine.bundles or (0,))[rank]  # the global GPU id the plan gave this rank
+        pg = self.pgs[gpu // self.gpus_per_node]
+        remote = ray.remote(cls).options(
+            # a rank takes its share of its GPU slot: a GPU, or a core of a CPU-only cluster
+            num_cpus=engine.gpus_per_rank if self.slot == "CPU" else 0,
+            num_gpus=engine.gpus_per_rank if self.slot == "GPU" else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=gpu % self.gpus_per_node),
+            runtime_env={"env_vars": {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}})
+        return remote.remote(*args, **kwargs)
+
+    def _start_workers(self, model_paths: dict[str, Path]) -> None:
+        import ray
+
+        from flowrl.runtime.workers import RolloutWorker, TrainWorker
+
+        temps = sampling_temperatures(self.plan)
+        share = processes_per_node(self.plan)
+        served = served_roles(self.plan)
+        pending = []
+        for rec in self.models.values():
+            m = rec.plan
+            path = str(model_paths[m.id])
+            dtype = str(m.args.get("dtype", "float32"))
+            if m.train_engine is not None:
+                e = m.train_engine
+                role = served.get(m.id) or ("critic" if m.role == "critic" else "actor")
+                rec.train = self._actor(TrainWorker, e, 0, e, path, role=role,
+                                        optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
+                                        seed=self.plan.run.seed, dtype=dtype, share=share[node_of(self.plan, e, 0)])
+                pending.append(rec.train.ready.remote())
+            if m.rollout_engine is not None:
+                e = m.rollout_engine
+                rec.rollout = [self._actor(RolloutWorker, e, r * e.tp, e, path, seed=self.plan.run.seed + r,
+                                           dtype=dtype, share=share[node_of(self.plan, e, r * e.tp)])
+                               for r in range(e.dp)]
+                pending += [a.ready.remote() for a in rec.rollout]
+        t0 = time.time()
+        ray.get(pending)
+        self.log(f"engines ready in {time.time() - t0:.1f}s: "
+                 + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
+                             for m in self.plan.models if m.train_engine or m.rollout_engine))
+
+    def record_placement(self) -> list[dict]:
+        """Where every engine actor landed, next to where the plan put it; written to ``placement.json``.
+
+        One row per actor: ``engine`` (``policy.rollout``), ``rank``, the plan's ``pool``, ``gpu``
+        (global id) and ``node``; Ray's ``placement_group`` index and ``bundle``, the Ray node the
+        bundle is on (``bundle_node_id``) and the one the actor reports (``node_id``), and the
+        logical GPU ids Ray gave it (``gpu_ids``).
+        """
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        bundle_nodes = [placement_group_table(pg)["bundles_to_node_id"] for pg in self.pgs]
+        rows, refs = [], []
+        for rec in self.models.values():
+            m = rec.plan
+            for engine, role, actors, step in ((m.train_engine, "train", [rec.train] if rec.train else [], 1),
+                                               (m.rollout_engine, "rollout", rec.rollout,
+                                                m.rollout_engine.tp if m.rollout_engine else 1)):
+                for i, actor in enumerate(actors):
+                    gpu = (engine.gpus or engine.bundles or (0,))[i * step]
+                    node, bundle = divmod(gpu, self.gpus_per_node)
+                    rows.append({"engine": f"{m.id}.{role}", "rank": i * step, "pool": engine.pool, "gpu": gpu,
+                                 "node": node, "placement_group": node, "bundle": bundle,
+                                 "target_node_id": self.node_targets[node],
+                                 "bundle_node_id": bundle_nodes[node].get(bundle)})
+                    refs.append(actor.__ray_call__.remote(actor_location))
+        for row, (node_id, gpu_ids) in zip(rows, ray.get(refs)):
+            row.update(node_id=node_id, gpu_ids=gpu_ids)
+        (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
+        return rows
+
+    def _open_syncs(self) -> None:
+        """Open both ends of every resync's protocol, once the workers are ready.
+
+        The sender opens first: a collective (``broadcast``) sender listens on its node's
+        address on a free port (port 0: race-free) for a world of 1 sender + the rollout
+        replicas, and the driver forwards that rendezvous, with each replica's rank.
+        """
+        import ray
+
+        from flowrl.runtime.sync.from_plan import collective, sync_options
+
+        for r in self.plan.resyncs:
+            rec = self.models[r.model]
+            sender, receivers = rec.train, rec.rollout
+            options = sync_options(r, self.out)
+            together = collective(r, options)
+            world = {"world_size": 1 + len(receivers), "port": 0} if together else {}
+            rendezvous = ray.get(sender.open_sync.remote(r.protocol, "sender", {**options, **world}))
+            ray.get([a.open_sync.remote(r.protocol, "receiver",
+                                        {**options, **({"rendezvous": rendezvous, "rank": rank} if together else {})})
+                     for rank, a in enumerate(receivers, start=1)])
+            rec.sync = SyncEnds(r.protocol, together, sender, receivers)
+            self.log(f"resync {r.model} via {r.protocol} ({r.transport or 'ray'}"
+                     f"{', collective' if together else ''}), every {r.every} step(s)")
+
+    # ---- memory turns ------------------------------------------------------------------------
+    def _call_engine(self, name: str, method: str, step: int, *args: Any) -> None:
+        """Run ``method`` on every actor of engine ``name`` (``model.role``); timeline spans per actor."""
+        import ray
+
+        model, role = name.rsplit(".", 1)
+        rec = self.models[model]
+        actors = [rec.train] if role == "train" else rec.rollout
+        results = ray.get([getattr(a, method).remote(*args) for a in actors])
+        for rank, result in enumerate(results):
+            t0, t1 = result[-2], result[-1]
+            self.timeline.add(f"{method}:{model}", f"{name}{rank if role == 'rollout' else ''}", step, t0, t1)
+
+    # ---- engine calls (the handlers' EngineService) ----------------------------------------------
+    def generate(self, model: str, prompts: list, spec, step: int) -> tuple[list, int]:
+        """Completions grouped per prompt, and the rollout version (weights) that produced them."""
+        import ray
+
+        from flowrl.runtime.workers import split
+
+        rec = self.models[model]
+        self.turns.before_generate(model, step)
+        chunks = split(prompts, len(rec.rollout))
+        with self.rollout_lock:
+            version = rec.rollout_version
+            refs = [a.generate.remote(chunk, spec) for a, chunk in zip(rec.rollout, chunks) if chunk]
+        groups = []
+        for rank, (result, t0, t1) in enumerate(ray.get(refs)):
+            self.timeline.add(f"generate[{rank}]", f"{model}.rollout{rank}", step, t0, t1)
+            groups += result
+        return groups, version
+
+    def forward(self, model: str, batch, step: int, *, entropy: bool = False, values: bool = False) -> dict:
+        import ray
+        import torch
+
+        from flowrl.runtime.workers import batch_to_numpy
+
+        self.turns.before_train(model, step)
+        out, t0, t1 = ray.get(self.models[model].train.forward.remote(batch_to_numpy(batch), entropy, values))
+        self.timeline.add(f"forward:{model}", f"{model}.train", step, t0, t1)
+        return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}  # Ray hands back read-only arrays
+
+    def train(self, model: str, batch, loss: dict, op: OpPlan, step: int) -> list:
+        import ray
+
+        from flowrl.runtime.workers import batch_to_numpy
+
+        rec = self.models[model]
+        self.turns.before_train(model, step)
+        o = op.options
+        stats, t0, t1 = ray.get(rec.train.train.remote(
+            batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]), int(o["epochs"]),
+            op_seed(self.plan.run.seed, step, op.id)))
+        self.timeline.add(f"train:{model}", f"{model}.train", step, t0, t1)
+        rec.train_version += 1
+        return stats
+
+    def train_version(self, model: str) -> int:
+        return self.models[model].train_version
+
+    def resync(self, resync_id: str, step: int, metrics: dict) -> None:
+        plan = next(r for r in self.plan.resyncs if r.id == resync_id)
+        if (step + 1) % plan.every:
+            return
+        self.push_weights(plan.model, step, metrics)
+
+    def push_weights(self, model: str, step: int, metrics: dict) -> None:
+        """Trainer -> every rollout replica by the resync's protocol; each replica verifies what arrived.
+
+        Sender and receivers are submitted together: a collective runs them concurrently;
+        otherwise each receiver's call waits for the sender's handoff, which travels as an
+        object ref (trainer -> object store -> replicas, never through this process).
+        Records ``sync/*`` metrics (bytes, buckets, seconds, the protocol) and timeline spans.
+        """
+        import ray
+
+        from flowrl.runtime.sync.from_plan import sync_metrics
+
+        rec = self.models[model]
+        ends = rec.sync
+        self.turns.before_resync(model, step)
+        version = rec.train_version
+        t0 = time.time()
+        with self.rollout_lock:  # generations submitted after this point see the new weights
+            sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(
+                version, self.faults.corrupt_bucket_at_step == step)
+            pending = [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
+            rec.rollout_version = version
+        sent_stats, s0, s1 = ray.get(sent)  # the sender's error (an abort) first: the receivers only echo it
+        results = ray.get(pending)  # a WeightSyncError here names the corrupted tensor
+        t1 = time.time()
+        self.timeline.add(f"resync:{model}", "sync", step, t0, t1, protocol=ends.protocol,
+                          bytes=sent_stats["bytes"], buckets=sent_stats["buckets"])
+        self.timeline.add(f"sync_send:{ends.protocol}", f"{model}.train", step, s0, s1)
+        for rank, (_, r0, r1) in enumerate(results):
+            self.timeline.add(f"sync_receive:{ends.protocol}", f"{model}.rollout{rank}", step, r0, r1)
+        metrics.update(sync_metrics(ends.protocol, sent_stats, [r[0] for r in results], t1 - t0))
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def versions(self) -> dict:
+        """``{"train_version": {model: n}, "rollout_version": {model: n}}`` (part of a checkpoint)."""
+        return {"train_version": {k: r.train_version for k, r in self.models.items()},
+                "rollout_version": {k: r.rollout_version for k, r in self.models.items()}}
+
+    def save(self, directory: Path, step: int) -> None:
+        """Every train engine's state into ``directory/<model>``."""
+        import ray
+
+        trained = [rec for rec in self.models.values() if rec.train is not None]
+        for rec in trained:
+            self.turns.before_train(rec.plan.id, step)
+        ray.get([rec.train.save.remote(str(directory / rec.plan.id)) for rec in trained])
+
+    def restore(self, directory: Path, state: dict, step: int) -> None:
+        """Load every train engine's state and versions, then give the rollout engines the restored weights."""
+        import ray
+
+        trained = [rec for rec in self.models.values() if rec.train is not None]
+        for rec in trained:
+            self.turns.before_train(rec.plan.id, step)
+        ray.get([rec.train.load.remote(str(directory / rec.plan.id)) for rec in trained])
+        for model, version in state["train_version"].items():
+            self.models[model].train_version = int(version)
+        for r in self.plan.resyncs:
+            self.push_weights(r.model, step, {})
+        for model, version in state["rollout_version"].items():
+            self.models[model].rollout_version = int(version)
+
+    # ---- shutdown ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close the syncs (while the actors live), stop the actors, free the placement groups; a local
+        Ray instance is shut down too."""
+        import ray
+
+        if ray.is_initialized():
+            self._close_syncs()
+            self._release_placement()
+            if not self.external:
+                ray.shutdown()
+
+    def _close_syncs(self) -> None:
+        """Close every protocol end (process groups, stores); a failing or hung end is only logged."""
+        import ray
+
+        for model, rec in self.models.items():
+            ends, rec.sync = rec.sync, None
+            if ends is None:
+                continue
+            try:
+                ray.get([a.close_sync.remote() for a in (ends.sender, *ends.receivers)], timeout=30)
+            except Exception as error:  # shutting down after a failure: the run's own error matters more
+                self.log(f"warning: closing the `{ends.protocol}` weight sync of `{model}` failed: "
+                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+
+    def _release_placement(self) -> None:
+        """Stop this run's engine actors and free its placement groups.
+
+        Needed on a Ray cluster that outlives the run (``ray_address``): its GPUs would stay
+        reserved for the next run otherwise. A local Ray instance is shut down anyway.
+        """
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for rec in self.models.values():
+            for actor in ([rec.train] if rec.train else []) + rec.rollout:
+                ray.kill(actor)
+        for pg in self.pgs:
+            remove_placement_group(pg)
+        self.pgs = []
+
+
+def sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:
+    """Each model's logprobs must use the temperature its rollouts were sampled at."""
+    from flowrl.catalog.ops import OpKind
+
+    temps = {}
+    for op in plan.ops:
+        if op.kind == OpKind.GENERATE and op.model:
+            temps[op.model] = float(op.options.get("temperature", 1.0)) or 1.0
+    for m in plan.models:
+        if m.base in temps and m.id not in temps:
+            temps[m.id] = temps[m.base]
+    return temps
+
+
+__all__ = ["Faults", "SyncEnds", "ModelEngines", "MemoryTurns", "Fleet", "sampling_temperatures", "ACTOR_ENV"]

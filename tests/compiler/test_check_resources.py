@@ -1,0 +1,460 @@
+"""`flowrl check` checks what a flow names on disk, without running it: datasets, checkpoints,
+user modules (check_resources), and whether each model fits its engines (check_model_fit).
+
+Every case writes a flow file and its resources into a temporary folder and checks the file
+as ``flowrl check`` does (``check_file``), usually from another current directory: relative
+paths must resolve against the flow file's folder, never the current directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrl.compiler.pipeline import check_file, compile_file, compile_text
+from flowrl.diagnostics import FlowError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ROWS = [{"prompt": "12+30=", "answer": "42"}, {"prompt": "1+1=", "answer": "2"}]
+
+GRPO_BODY = """
+flow main() {
+  x = generate(policy, sample(d, size = 2), n = 2, max_tokens = MAX)
+  update(policy, x, group_advantage(r(x), group = 2), logprobs(policy, x))
+}
+"""
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def flow(tmp: Path, head: str, *, max_tokens: int = 8, schedule: str = "", name: str = "f.flow") -> Path:
+    """A GRPO-style flow over ``policy``, dataset ``d`` and reward ``r`` declared in ``head``."""
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head.strip() + "\n" + GRPO_BODY.replace("MAX", str(max_tokens)) + schedule)
+    return path
+
+
+def codes_of(path: Path, cwd: Path | None = None) -> list:
+    """The diagnostics of ``check_file(path)`` run from ``cwd`` (default: the filesystem root)."""
+    old = os.getcwd()
+    os.chdir(cwd or "/")
+    try:
+        check_file(str(path))
+    except FlowError as e:
+        return e.diagnostics
+    finally:
+        os.chdir(old)
+    return []
+
+
+def only(diags: list, code: str):
+    assert [d.code for d in diags] == [code], [f"{d.code}: {d.message}" for d in diags]
+    return diags[0]
+
+
+@pytest.fixture
+def tmp(tmp_path) -> Path:
+    write_jsonl(tmp_path / "data" / "train.jsonl", ROWS)
+    write_jsonl(tmp_path / "data" / "test.jsonl", ROWS[:1])
+    return tmp_path
+
+
+TINY = 'model policy = tiny()\nreward r = verifier("exact")\n'
+
+
+# ---- datasets -----------------------------------------------------------------------------------
+
+
+def test_datasets_resolve_against_the_flow_files_folder_not_the_current_directory(tmp):
+    path = flow(tmp, TINY + 'dataset d = jsonl("data/train.jsonl", eval = "data/test.jsonl")')
+    assert codes_of(path, cwd=Path("/")) == []
+    nested = flow(tmp / "flows", TINY + 'dataset d = jsonl("../data/train.jsonl")')
+    assert codes_of(nested, cwd=tmp / "data") == []
+
+
+def test_missing_dataset_and_eval_split_name_the_folder_and_a_close_file(tmp):
+    path = flow(tmp, TINY + 'dataset d = jsonl("data/train.jsonl", eval = "data/tset.jsonl")')
+    d = only(codes_of(path), "E601")
+    assert d.message == f"eval split not found: {tmp}/data/tset.jsonl"
+    assert (d.span.line, d.span.column) == (3, 46)  # the eval path as written
+    assert f"resolved against the folder of the flow file, {tmp}" in d.hint
+    assert "did you mean `data/test.jsonl`" in d.hint
+    path = flow(tmp, TINY + 'dataset d = jsonl("train.jsonl")')
+    assert only(codes_of(path), "E601").message == f"dataset file not found: {tmp}/train.jsonl"
+
+
+def test_relative_flow_path_gives_relative_paths_in_messages(tmp):
+    flow(tmp, TINY + 'dataset d = jsonl("data/nope.jsonl")', name="sub/f.flow")
+    d = only(codes_of(Path("sub/f.flow"), cwd=tmp), "E601")
+    assert d.message == "dataset file not found: sub/data/nope.jsonl"
+    assert d.hint.endswith("resolved against the folder of the flow file, sub")
+
+
+@pytest.mark.parametrize("rows,fragment", [
+    (['{"prompt": "1+1="'], "line 1, cannot be read as `jsonl`: invalid JSON"),
+    ([{"question": "1+1=", "answer": "2"}], "line 1, cannot be read as `jsonl`: missing field 'prompt'"),
+    ([{"prompt": 5, "answer": "2"}], "field 'prompt' must be a string, got int"),
+    (["", "[1, 2]"], "line 2, cannot be read as `jsonl`: expected a JSON object, got list"),
+    ([], "dataset is empty"),
+])
+def test_first_row_is_read_as_the_runtime_reads_it(tmp, rows, fragment):
+    write_jsonl(tmp / "bad.jsonl", rows)
+    path = flow(tmp, TINY + 'dataset d = jsonl("bad.jsonl")')
+    d = only(codes_of(path), "E602")
+    assert fragment in d.message, d.message
+    assert d.message.startswith("dataset file `bad.jsonl`")
+
+
+def test_custom_field_names_and_only_the_first_row_is_read(tmp):
+    # A broken second line is the runtime's to report: the check reads one row, not the file.
+    write_jsonl(tmp / "q.jsonl", [{"question": "1+1=", "gold": "2"}, "not json"])
+    path = flow(tmp, TINY + 'dataset d = jsonl("q.jsonl", prompt = "question", answer = "gold")')
+    assert codes_of(path) == []
+    path = flow(tmp, TINY + 'dataset d = jsonl("q.jsonl", prompt = "question")')
+    assert "missing field 'answer'" in only(codes_of(path), "E602").message
+
+
+def test_not_utf8_is_refused(tmp):
+    (tmp / "latin.jsonl").write_bytes(b'{"prompt": "caf\xe9", "answer": "x"}\n')
+    path = flow(tmp, TINY + 'dataset d = jsonl("latin.jsonl")')
+    assert "not UTF-8" in only(codes_of(path), "E602").message
+
+
+def test_parquet_read_from_its_footer(tmp):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"prompt": ["1+1="], "answer": ["2"]}), tmp / "ok.parquet")
+    pq.write_table(pa.table({"prompt": [1], "answer": ["2"]}), tmp / "int.parquet")
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}),
+                   tmp / "empty.parquet")
+    assert codes_of(flow(tmp, TINY + 'dataset d = parquet("ok.parquet")')) == []
+    for name, fragment in [("int.parquet", "field 'prompt' must be a string, got a INT64 column"),
+                           ("empty.parquet", "dataset is empty"),
+                           ("data/train.jsonl", "not a readable Parquet file")]:
+        path = flow(tmp, TINY + f'dataset d = parquet("{name}")')
+        assert fragment in only(codes_of(path), "E602").message
+    path = flow(tmp, TINY + 'dataset d = parquet("ok.parquet", answer = "gold")')
+    assert "missing field 'gold'; the file has columns ['answer', 'prompt']" in only(codes_of(path), "E602").message
+
+
+def test_jsonl_op_reads_json_lines_whatever_the_file_is_named(tmp):
+    """The runtime reads a dataset by its op (its catalogue record's file_format), so does the check."""
+    write_jsonl(tmp / "rows.txt", ROWS)
+    assert codes_of(flow(tmp, TINY + 'dataset d = jsonl("rows.txt")')) == []
+
+
+def test_unused_dataset_is_not_read(tmp):
+    path = flow(tmp, TINY + 'dataset d = jsonl("data/train.jsonl")\ndataset unused = jsonl("nope.jsonl")')
+    assert codes_of(path) == []
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+
+def test_hf_needs_a_checkpoint_directory_or_a_known_model(tmp):
+    head = 'reward r = verifier("exact")\ndataset d = jsonl("data/train.jsonl")\n'
+    d = only(codes_of(flow(tmp, head + 'model policy = hf("ckpt")')), "E603")
+    assert d.message == f'hf("ckpt"): {tmp}/ckpt is not a directory, and `ckpt` is not a model flowrl knows'
+    assert f"resolved against the folder of the flow file, {tmp}" in d.hint
+    (tmp / "ckpt").mkdir()
+    assert "has no config.json" in only(codes_of(flow(tmp, head + 'model policy = hf("ckpt")')), "E603").message
+    (tmp / "ckpt" / "config.json").write_text("{not json")
+    assert "cannot read" in only(codes_of(flow(tmp, head + 'model policy = hf("ckpt")')), "E603").message
+    assert codes_of(flow(tmp, head + 'model policy = hf("Qwen/Qwen2.5-0.5B")')) == []  # a preset
+    d = only(codes_of(flow(tmp, head + 'model policy = hf("Qwen/Qwen2.5-0.5b-Instruct")')), "E603")
+    assert "did you mean `Qwen/Qwen2.5-0.5B`" in d.hint
+
+
+# ---- user code -------------------------------------------------------------------------------------
+
+REWARD_SRC = '''
+import os as _os
+from math import isclose as close_enough
+
+MARKER = "imported"
+open(_os.environ["FLOWRL_TEST_MARKER"], "w").write("ran")  # top-level code: must never run at check
+
+
+def score(completions, answers):
+    return [float(c == a) for c, a in zip(completions, answers)]
+
+
+class Scorer:
+    pass
+
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+'''
+
+
+@pytest.fixture
+def rewards_module(tmp, monkeypatch):
+    marker = tmp / "marker"
+    monkeypatch.setenv("FLOWRL_TEST_MARKER", str(marker))
+    (tmp / "my_rewards.py").write_text(REWARD_SRC)
+    yield tmp
+    assert not marker.exists(), "flowrl check ran the module's code"
+    assert "my_rewards" not in sys.modules
+
+
+def _reward(tmp: Path, ref: str, name: str = "f.flow") -> Path:
+    return flow(tmp, f'model policy = tiny()\ndataset d = jsonl("data/train.jsonl")\n'
+                     f'reward r = python_reward("{ref}")', name=name)
+
+
+@pytest.mark.parametrize("attr", ["score", "Scorer", "MARKER", "close_enough", "np", "_os"])
+def test_module_next_to_the_flow_file_defines_the_attribute(rewards_module, attr):
+    assert codes_of(_reward(rewards_module, f"my_rewards:{attr}")) == []
+
+
+def test_missing_attribute_names_the_module_and_close_names(rewards_module):
+    d = only(codes_of(_reward(rewards_module, "my_rewards:scor")), "E606")
+    assert d.message == f"module `my_rewards` ({rewards_module}/my_rewards.py) defines no `scor`"
+    assert d.hint == "did you mean `score`, `Scorer`?"
+    d = only(codes_of(_reward(rewards_module, "my_rewards:zzz")), "E606")
+    assert d.hint.startswith("it defines `MARKER`, `Scorer`, `close_enough`, `np`, `score`")
+
+
+def test_module_not_found_says_where_it_looked(rewards_module):
+    d = only(codes_of(_reward(rewards_module, "my_reward:score")), "E605")
+    assert d.message == "cannot find module `my_reward` (for `my_reward:score`)"
+    assert d.hint == (f"looked in the flow file's folder {rewards_module}, then the folders on PYTHONPATH, "
+                      "then installed packages; did you mean `my_rewards`?")
+
+
+def test_module_is_looked_for_in_the_flow_files_folder_not_the_current_directory(rewards_module):
+    """A flow in a subfolder does not see a module next to the current directory's flows."""
+    sub = _reward(rewards_module, "my_rewards:score", name="sub/f.flow")
+    write_jsonl(rewards_module / "sub" / "data" / "train.jsonl", ROWS)
+    assert only(codes_of(sub, cwd=rewards_module), "E605")
+
+
+def test_pythonpath_then_installed_packages(tmp, monkeypatch):
+    lib = tmp / "lib" / "pkg" / "inner"
+    lib.mkdir(parents=True)
+    (lib / "rewards.py").write_text("def score(c, a):\n    return [0.0] * len(c)\n")  # a namespace package
+    monkeypatch.setenv("PYTHONPATH", str(tmp / "elsewhere") + os.pathsep + str(tmp / "lib"))
+    assert codes_of(_reward(tmp, "pkg.inner.rewards:score")) == []
+    assert only(codes_of(_reward(tmp, "pkg.inner.rewards:nope")), "E606")
+    assert codes_of(_reward(tmp, "json:loads")) == []  # installed (the standard library)
+    assert only(codes_of(_reward(tmp, "json:not_there")), "E606").message.startswith("module `json` (/")
+
+
+def test_star_import_and_module_getattr_accept_any_name(tmp):
+    (tmp / "star.py").write_text("from json import *\n")
+    (tmp / "lazy.py").write_text("def __getattr__(name):\n    return name\n")
+    assert codes_of(_reward(tmp, "star:loads")) == []
+    assert codes_of(_reward(tmp, "lazy:anything")) == []
+
+
+def test_module_that_does_not_parse(tmp):
+    (tmp / "broken.py").write_text("def score(:\n")
+    d = only(codes_of(_reward(tmp, "broken:score")), "E605")
+    assert d.message.startswith(f"module `broken` ({tmp}/broken.py) does not parse:") and "line 1" in d.message
+
+
+@pytest.mark.parametrize("ref", ["score", "my_rewards:", ":score", "my rewards:score", "a..b:c"])
+def test_not_module_colon_attribute(tmp, ref):
+    d = only(codes_of(_reward(tmp, ref)), "E604")
+    assert d.message.startswith('`python_reward` needs "module:function"')
+
+
+def test_call_and_python_env_are_checked_too(tmp):
+    (tmp / "filters.py").write_text("def keep(x):\n    return {'keep': [True]}\n")
+    path = tmp / "c.flow"
+    write_jsonl(tmp / "data" / "train.jsonl", ROWS)
+    path.write_text('model policy = tiny()\ndataset d = jsonl("data/train.jsonl")\n'
+                    "flow main() {\n  x = generate(policy, sample(d))\n"
+                    '  y = call("filters:kep", x, produces = ["keep"])\n'
+                    '  z = call("filters:kep", y, produces = ["keep"])\n  return z\n}\n')
+    d = only(codes_of(path), "E606")  # one report for the two calls of the same function
+    assert d.hint == "did you mean `keep`?"
+
+
+# ---- models on their engines ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    """A tiny GPT-2 checkpoint's config (n_positions = 64) and character-level tokenizer: no weights needed."""
+    from transformers import GPT2Config
+
+    from flowrl.models.tiny import build_tokenizer
+
+    out = tmp_path_factory.mktemp("gpt2") / "gpt2"
+    tok = build_tokenizer("0123456789+-=")
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=128, n_layer=2, n_head=4, n_positions=64,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg.architectures = ["GPT2LMHeadModel"]
+    cfg.save_pretrained(out)
+    tok.save_pretrained(out)
+    assert "max_position_embeddings" not in json.loads((out / "config.json").read_text())
+    return out
+
+
+def _gpt2_flow(tmp: Path, gpt2: Path, schedule: str = "", max_tokens: int = 8) -> Path:
+    return flow(tmp, f'model policy = hf("{gpt2}")\ndataset d = jsonl("data/train.jsonl", eval = "data/test.jsonl")\n'
+                     'reward r = verifier("exact")', max_tokens=max_tokens, schedule=schedule)
+
+
+def test_gpt2_checks_clean_and_its_facts_come_from_n_positions(tmp, gpt2):
+    path = _gpt2_flow(tmp, gpt2)
+    assert codes_of(path) == []
+    st = compile_file(str(path)).graph.sched
+    facts = st.facts["policy"]
+    assert (facts.architecture, facts.max_len, facts.positions_key) == ("GPT2LMHeadModel", 64, "n_positions")
+
+
+def test_megatron_refuses_gpt2_with_what_to_use_instead(tmp, gpt2):
+    sched = "schedule main on cluster(gpus_per_node = 2) {\n  policy.train = megatron(dp = 2)\n}\n"
+    d = only(codes_of(_gpt2_flow(tmp, gpt2, sched)), "E607")
+    assert d.message == (f"`policy` is a GPT2LMHeadModel ({gpt2}/config.json), which `megatron` does not run; "
+                         "`megatron` runs LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+    assert d.span.line == 10  # the layout line, not the model
+    assert d.hint == "give `policy.train` an engine that runs GPT2LMHeadModel: `torch(...)`"
+    # fsdp wraps Llama-style layer stacks (model.model.layers): GPT-2's are model.transformer.h.
+    sched = "schedule main on cluster(gpus_per_node = 2) {\n  policy.train = fsdp(dp = 2)\n}\n"
+    assert "which `fsdp` does not run" in only(codes_of(_gpt2_flow(tmp, gpt2, sched)), "E607").message
+    sched = "schedule main on cluster(gpus_per_node = 1) {\n  policy.train = torch(dp = 1)\n}\n"
+    assert codes_of(_gpt2_flow(tmp, gpt2, sched)) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_max_model_len_above_n_positions(tmp, gpt2, engine):
+    sched = f"schedule main on cluster(gpus_per_node = 1) {{\n  policy.rollout = {engine}(max_model_len = 65)\n}}\n"
+    d = only(codes_of(_gpt2_flow(tmp, gpt2, sched)), "E608")
+    assert d.message == f"`max_model_len = 65` exceeds `policy`'s maximum positions: n_positions = 64 in {gpt2}/config.json"
+    assert d.hint.endswith("write `max_model_len = 64` or less")
+    sched = sched.replace("65", "64")
+    assert codes_of(_gpt2_flow(tmp, gpt2, sched)) == []
+
+
+def test_prompt_counted_with_the_checkpoints_tokenizer(tmp, gpt2):
+    # First train row "12+30=": <bos> + 6 characters = 7 tokens; the eval split's first row the same.
+    assert codes_of(_gpt2_flow(tmp, gpt2, max_tokens=57)) == []
+    d = only(codes_of(_gpt2_flow(tmp, gpt2, max_tokens=58)), "E609")
+    assert d.message == ("`max_tokens = 58` and the prompt (7 tokens in the first row of `data/train.jsonl`) exceed "
+                         "the 64-token context of `policy`'s rollout engine `vllm` (the checkpoint's maximum "
+                         "positions, n_positions = 64)")
+    assert d.hint == "lower `max_tokens` to 57 or less"
+
+
+def test_longer_eval_prompt_counts(tmp, gpt2):
+    write_jsonl(tmp / "data" / "test.jsonl", [{"prompt": "1" * 20 + "=", "answer": "1"}])
+    d = only(codes_of(_gpt2_flow(tmp, gpt2, max_tokens=57)), "E609")
+    assert "22 tokens in the first row of `data/test.jsonl`" in d.message
+
+
+def test_without_a_tokenizer_the_prompt_is_at_least_one_token(tmp, gpt2):
+    bare = tmp / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((gpt2 / "config.json").read_text())
+    assert codes_of(_gpt2_flow(tmp, bare, max_tokens=63)) == []
+    assert "(at least 1 token)" in only(codes_of(_gpt2_flow(tmp, bare, max_tokens=64)), "E609").message
+
+
+def test_written_max_model_len_is_the_context(tmp, gpt2):
+    sched = "schedule main on cluster(gpus_per_node = 1) {\n  policy.rollout = vllm(max_model_len = 32)\n}\n"
+    d = only(codes_of(_gpt2_flow(tmp, gpt2, sched, max_tokens=30)), "E609")
+    assert "the 32-token context" in d.message and "(`max_model_len = 32`)" in d.message
+    assert d.hint == "lower `max_tokens` to 25 or less, or raise `max_model_len` (up to 64) in the schedule"
+
+
+def test_hf_generate_is_bounded_by_the_positions(tmp, gpt2):
+    sched = "schedule main on cluster(gpus_per_node = 1) {\n  policy.rollout = hf_generate()\n}\n"
+    assert "the model's maximum positions, n_positions = 64" in \
+        only(codes_of(_gpt2_flow(tmp, gpt2, sched, max_tokens=60)), "E609").message
+
+
+def test_tiny_models_count_characters(tmp):
+    # tiny(): 128 positions; "12+30=" is <bos> + 6 tokens.
+    path = flow(tmp, TINY + 'dataset d = jsonl("data/train.jsonl")', max_tokens=121)
+    assert codes_of(path) == []
+    path = flow(tmp, TINY + 'dataset d = jsonl("data/train.jsonl")', max_tokens=122)
+    assert "7 tokens in the first row" in only(codes_of(path), "E609").message
+
+
+def test_large_context_defaults_to_the_cap():
+    from flowrl.catalog.models import CONTEXT_CAP
+
+    g = compile_text('model m = hf("meta-llama/Llama-3.1-8B")\nflow main(d: dataset) {\n'
+                     "  x = generate(m, sample(d), max_tokens = 4095)\n  return x\n}\n", "doc.flow")
+    assert g.sched.facts["m"].max_len == 131072 and CONTEXT_CAP == 4096
+    with pytest.raises(FlowError) as e:
+        compile_text('model m = hf("meta-llama/Llama-3.1-8B")\nflow main(d: dataset) {\n'
+                     "  x = generate(m, sample(d), max_tokens = 4096)\n  return x\n}\n", "doc.flow")
+    assert "the 4096-token context" in str(e.value) and "at most 4096 when `max_model_len` is not set" in str(e.value)
+
+
+# ---- when the checks run ------------------------------------------------------------------------
+
+
+def test_text_from_memory_is_checked_only_when_asked(tmp):
+    text = TINY + 'dataset d = jsonl("nope.jsonl")' + GRPO_BODY.replace("MAX", "8")
+    compile_text(text, str(tmp / "not_written.flow"))  # no file on disk: nothing to resolve against
+    with pytest.raises(FlowError) as e:
+        compile_text(text, str(tmp / "not_written.flow"), options={"resources": True})
+    assert [d.code for d in e.value.diagnostics] == ["E601"]
+    (tmp / "f.flow").write_text(text)
+    compile_file(str(tmp / "f.flow"), options={"resources": False})
+
+
+def test_check_imports_no_engine_and_no_pyarrow(tmp, gpt2):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["1+1="], "answer": ["2"]}), tmp / "ok.parquet")
+    path = flow(tmp, f'model policy = hf("{gpt2}")\ndataset d = parquet("ok.parquet")\nreward r = verifier("exact")')
+    probe = ("import sys; from flowrl.compiler.pipeline import check_file; check_file(sys.argv[1]); "
+             "print(sorted(m for m in ('torch', 'ray', 'vllm', 'pyarrow', 'transformers', 'sglang') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_shipped_flows_check_clean_from_any_directory():
+    for path in sorted((ROOT / "flows").glob("*.flow")):
+        diags = [d for d in codes_of(path, cwd=Path("/")) if d.code.startswith("E6")]
+        assert diags == [], (path, [d.message for d in diags])
+
+
+# ---- the runtime reads the same numbers --------------------------------------------------------
+
+
+def test_runtime_context_reads_n_positions(gpt2, tmp):
+    from flowrl.runtime.workers import _max_positions
+
+    assert _max_positions(str(gpt2)) == 64
+    (tmp / "llama").mkdir()
+    (tmp / "llama" / "config.json").write_text(json.dumps({"max_position_embeddings": 131072}))
+    assert _max_positions(str(tmp / "llama")) == 4096
+    (tmp / "none").mkdir()
+    (tmp / "none" / "config.json").write_text("{}")
+    assert _max_positions(str(tmp / "none")) == 4096
+
+
+def test_runtime_missing_dataset_names_the_flow_folder(tmp):
+    from flowrl.data.datasets import DatasetError, load_rows
+
+    with pytest.raises(DatasetError) as e:
+        load_rows(tmp / "nope.jsonl", relative_to=tmp / "flows")
+    assert f"resolved against the folder of the flow file that declares the dataset, {tmp / 'flows'}" in str(e.value)
+    with pytest.raises(DatasetError) as e:
+        load_rows(tmp / "nope.jsonl")
+    assert "current directory" not in str(e.value)  # an absolute path is not relative to it

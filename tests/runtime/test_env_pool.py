@@ -1,0 +1,76 @@
+"""The environment pool on a real (local) Ray: calls run concurrently, and an environment that raises,
+returns garbage, hangs past its timeout or kills its worker ends its own episode (with the error
+recorded) while the pool keeps serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flowrl.plan import EnvPlan
+from flowrl.runtime.env_pool import EnvPool
+
+ENVS = Path(__file__).resolve().parents[1] / "envs"
+ORIGIN = f"{ENVS / 'x.flow'}:1:1"  # the flow file's folder is where `loop_envs` is found
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _pool(cls: str, timeout: float = 10.0, workers: int = 1) -> EnvPool:
+    return EnvPool(EnvPlan("tool", "python_env", {"target": f"loop_envs:{cls}", "timeout": timeout,
+                                                  "workers": workers}, ORIGIN))
+
+
+def test_user_errors_end_their_episode_only(ray_local):
+    pool = _pool("Crashy")
+    out = pool.step([("a", {"prompt": "RAISE"}, "t"), ("b", {"prompt": "BAD"}, "t"), ("c", {"prompt": "ok"}, "hi")])
+    assert out[0].error == "RuntimeError: boom" and out[0].done
+    assert "EnvProtocolError" in out[1].error and "got dict" in out[1].error
+    assert (out[2].error, out[2].observation, out[2].done) == (None, "seen hi", False)
+    again = pool.step([("c", {"prompt": "ok"}, "more")])  # same episode: its environment, not a fresh reset
+    assert again[0].observation == "seen more" and pool.restarts == 0
+    pool.close()
+
+
+def test_a_dying_worker_ends_the_episodes_it_hosted_and_is_replaced(ray_local):
+    pool = _pool("Crashy")
+    assert pool.step([("ok", {"prompt": "ok"}, "x")])[0].error is None
+    out = pool.step([("exit", {"prompt": "EXIT"}, "x")])
+    assert "worker died" in out[0].error and pool.restarts == 1
+    lost = pool.step([("ok", {"prompt": "ok"}, "y")])[0]  # its environment was in the dead process
+    assert "worker died" in lost.error
+    assert pool.step([("new", {"prompt": "ok"}, "z")])[0].observation == "seen z"  # the pool goes on
+    pool.close()
+
+
+def test_a_call_past_its_timeout_ends_its_episode(ray_local):
+    pool = _pool("TwoToolCalls", timeout=2.0)
+    out = pool.step([("hang", {"prompt": "HANG"}, "x"), ("fine", {"prompt": "1+1="}, "x")])
+    assert "longer than its timeout of 2s" in out[0].error
+    assert out[1].error is None and out[1].observation == "+="  # finished before the deadline
+    assert pool.restarts == 1
+    assert "restarted" in pool.step([("fine", None, "x")])[0].error  # it lived on the replaced worker
+    assert pool.step([("next", {"prompt": "2+2="}, "x")])[0].observation == "+="
+    pool.close()
+
+
+def test_calls_of_one_worker_run_concurrently(ray_local):
+    pool = _pool("Rendezvous")  # each step waits until 4 steps run at once: serialized calls would fail
+    out = pool.step([(f"e{i}", {"prompt": "p"}, "x") for i in range(4)])
+    assert [o.error for o in out] == [None] * 4 and all(o.done for o in out)
+    pool.close()
+
+
+def test_an_environment_that_cannot_start_is_a_clear_error(ray_local):
+    from flowrl.runtime.errors import RuntimeFlowError
+
+    with pytest.raises(RuntimeFlowError, match=r"environment `tool` \(`loop_envs:Nope`\) could not start"):
+        _pool("Nope")

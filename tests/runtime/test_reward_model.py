@@ -1,0 +1,65 @@
+"""A served reward model: a tiny scalar-head model built and trained here on preference pairs, scored by
+the torch train engine in the ``reward`` role, equals a direct transformers forward.
+
+Tolerance 1e-5: both sides run the same fp32 ops on the same weights; the engine's rows are
+right-padded in a batch, which changes no real position's attention (causal, padding masked), so
+the only differences are reduction orders inside matmuls of a 128-wide model (~1e-7 relative)
+on scores of order 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flowrl.engines.torch_train import TorchTrainEngine
+from flowrl.engines.types import TokenBatch
+from flowrl.models.tiny import build_tiny_model
+from flowrl.runtime.reward_model import ModelReward, last_token_scores, train_reward_model
+
+CHOSEN = ["12+5=17", "40+2=42", "3+3=6", "7+7=14"]
+REJECTED = ["12+5=99", "40+2=1", "3+3=33", "7+7=0"]
+
+
+class Data:
+    def __init__(self, tok):
+        self.tok, self.pad_id = tok, tok.pad_token_id
+
+    def tokenize(self, texts, *, special=True):
+        return [self.tok(t).input_ids for t in texts]
+
+
+class Engines:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def forward(self, model, batch, step, **kw):
+        return self.engine.forward(batch)
+
+
+def test_served_scores_equal_a_transformers_forward(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    base = build_tiny_model(tmp_path / "base", seed=0)
+    rm_dir = train_reward_model(base, tmp_path / "rm", list(zip(CHOSEN, REJECTED)), steps=25, lr=3e-3)
+    tok = AutoTokenizer.from_pretrained(str(rm_dir))
+    direct = AutoModelForSequenceClassification.from_pretrained(str(rm_dir), dtype=torch.float32).eval()
+    texts = CHOSEN + REJECTED
+    with torch.no_grad():
+        expected = torch.tensor([float(direct(input_ids=torch.tensor([tok(t).input_ids])).logits[0, 0])
+                                 for t in texts])
+    assert (expected[:4] > expected[4:]).all()  # it learned the preferences
+
+    engine = TorchTrainEngine(str(rm_dir), role="reward")
+    reward = ModelReward("rm", "f.flow:1:1")
+    reward.bind(Engines(engine), Data(tok))
+    served = torch.tensor(reward.score(texts, [""] * len(texts)).rewards)  # one right-padded batch
+    assert torch.allclose(served, expected, atol=1e-5, rtol=0), (served - expected).abs().max()
+
+    ids = [tok(t).input_ids for t in texts]  # token rows, as the score handler passes the rollouts
+    width = max(map(len, ids))
+    batch = TokenBatch(torch.tensor([r + [0] * (width - len(r)) for r in ids]),
+                       torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids]),
+                       torch.zeros(len(ids), width), {})
+    rows = torch.tensor(reward.score_tokens(batch, 0).rewards)
+    assert torch.allclose(rows, expected, atol=1e-5, rtol=0)
+    assert torch.equal(last_token_scores(engine.forward(batch)["scores"], batch.attention_mask), rows)
