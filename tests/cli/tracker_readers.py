@@ -1,6 +1,6 @@
 """Read back what each experiment tracker wrote, with that library's own reader.
 
-* TensorBoard: ``EventAccumulator`` (tensorboard's own event-file reader).
+* TensorBoard: ``EventAccumulator`` (tensorboard's own event-file reader), in a fresh process.
 * Weights & Biases: wandb 0.31 has no Python reader for offline runs (``wandb.Api`` is
   online-only and the old ``wandb.sdk.internal.datastore`` is gone); the ``.wandb`` file is
   a LevelDB-style log of ``wandb.proto.wandb_internal_pb2.Record`` protobufs, so it is read
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 # The .wandb file: a 7-byte header (":W&B", magic 0xBEE1, version 0), then 32 KiB blocks of
@@ -71,23 +73,34 @@ def wandb_history(run_dir: Path, part: int = -1) -> list[dict]:
     return rows
 
 
+_TB_READ = """
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0, "tensors": 0})
+acc.Reload()
+scalars = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+texts = {t: [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(t)] for t in acc.Tags()["tensors"] if t.endswith("/text_summary")}
+print(json.dumps({"scalars": scalars, "texts": texts}))
+"""
+
+
+def _tensorboard(run_dir: Path) -> dict:
+    """What ``EventAccumulator`` reads from ``run_dir/tensorboard``, read in a fresh process as the
+    TensorBoard UI reads it. (Inside the process that wrote a resumed run, the accumulator was seen
+    to miss the second process's event file, although the file holds the steps: not understood yet.)"""
+    out = subprocess.run([sys.executable, "-c", _TB_READ, str(run_dir / "tensorboard")], capture_output=True,
+                         text=True, timeout=300, check=True)
+    return json.loads(out.stdout)
+
+
 def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Tag -> [(step, value)] of every scalar TensorBoard reads from ``run_dir/tensorboard``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: [tuple(e) for e in events] for tag, events in _tensorboard(run_dir)["scalars"].items()}
 
 
 def tensorboard_texts(run_dir: Path, tag: str) -> list[tuple[int, str]]:
     """[(step, text)] of a text summary (``add_text``) as TensorBoard reads it."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
-    acc.Reload()
-    name = f"{tag}/text_summary"
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(name)]
+    return [tuple(e) for e in _tensorboard(run_dir)["texts"].get(f"{tag}/text_summary", [])]
 
 
 def mlflow_run(run_dir: Path):
