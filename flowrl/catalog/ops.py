@@ -199,6 +199,15 @@ def _a(name, type_, *needs, optional=False, doc=""):
 
 
 _TOKENS = ("prompt_ids", "response_ids", "response_mask")
+class FactsFrom(str, Enum):
+    """Where a model declaration's facts (shape, positions, architecture) come from
+    (:attr:`OpSpec.facts_from`): its base model, its own options, or a checkpoint's ``config.json``."""
+
+    BASE = "base"
+    OPTIONS = "options"
+    CHECKPOINT = "checkpoint"
+
+
 _F = frozenset
 
 OPS: dict[str, OpSpec] = {}
@@ -212,10 +221,10 @@ def _op(spec: OpSpec) -> None:
 # ---- resources ------------------------------------------------------------------
 _CHAT = KwSpec("bool", False, doc="prompts are chat messages ([{role, content}], a string being one user message) "
                                   "rendered with the model's chat template (flowrl.data.chat); false: raw text")
-_op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from="checkpoint",
+_op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from=FactsFrom.CHECKPOINT,
            kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16"))},
            doc="A transformers checkpoint: a local directory or a hub id."))
-_op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from="options",
+_op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith"), "hidden": KwSpec("int", 128, min=32),
                    "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
                    "kv_heads": KwSpec("int", 2, min=1),
@@ -225,9 +234,9 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from="options",
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order")},
            doc="A tiny model (Llama-style unless `arch` says) built locally for `task` and warm-started by SFT (cached)."))
-_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived", facts_from="base",
+_op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived", facts_from=FactsFrom.BASE,
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
-_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from="base",
+_op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
 _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".jsonl",
            kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from flowrl.catalog.models import ConfigError, ModelFacts, from_config, preset, tiny_facts, tiny_prompt_tokens
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OPS, FactsFrom, OpKind
 from flowrl.hub import find_checkpoint
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
 
@@ -53,15 +53,15 @@ def facts_of(graph: FlowGraph, model_id: str, _depth: int = 0) -> ModelFacts | N
     if node.kind != OpKind.MODEL or _depth > 8:
         return None
     source = _facts_from(node)
-    if source == "base":
+    if source == FactsFrom.BASE:
         base = _base(graph, node)
         return facts_of(graph, base, _depth + 1) if base is not None else None
     attrs = {k: plain(v) for k, v in node.attrs}
-    if source == "options":
+    if source == FactsFrom.OPTIONS:
         if not all(isinstance(v, (int, str)) for v in attrs.values()):
             return None  # an abstract option (a symbol): shape unknown
         return tiny_facts(attrs)
-    if source == "checkpoint" and node.args and isinstance(node.args[0], Const):
+    if source == FactsFrom.CHECKPOINT and node.args and isinstance(node.args[0], Const):
         return _hf_facts(node, str(node.args[0].value))
     return None
 
@@ -98,10 +98,10 @@ def checkpoint_dir(graph: FlowGraph, model_id: str, _depth: int = 0) -> Path | N
     if node.kind != OpKind.MODEL or _depth > 8:
         return None
     source = _facts_from(node)
-    if source == "base":
+    if source == FactsFrom.BASE:
         base = _base(graph, node)
         return checkpoint_dir(graph, base, _depth + 1) if base is not None else None
-    if source == "checkpoint" and node.args and isinstance(node.args[0], Const):
+    if source == FactsFrom.CHECKPOINT and node.args and isinstance(node.args[0], Const):
         written = str(node.args[0].value)
         return find_checkpoint(written, shown_path(node, written))
     return None
@@ -132,10 +132,10 @@ def prompt_counter(graph: FlowGraph, model_id: str, _depth: int = 0) -> Callable
     if node.kind != OpKind.MODEL or _depth > 8:
         return None
     source = _facts_from(node)
-    if source == "base":
+    if source == FactsFrom.BASE:
         base = _base(graph, node)
         return prompt_counter(graph, base, _depth + 1) if base is not None else None
-    if source == "options":
+    if source == FactsFrom.OPTIONS:
         return tiny_prompt_tokens
     folder = checkpoint_dir(graph, model_id)
     tokenizer = folder / "tokenizer.json" if folder is not None else None

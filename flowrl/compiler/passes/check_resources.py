@@ -10,7 +10,7 @@ paths are resolved against the folder of the flow file that declares them):
   ``file_format``): a JSON-lines file's first row is an object with the ``prompt`` and
   ``answer`` fields and a string prompt; a Parquet file's footer lists those columns, the
   prompt's as strings, and at least one row (E601, E602);
-* model checkpoints (``facts_from == "checkpoint"``): a local directory holding a readable
+* model checkpoints (``facts_from`` is ``FactsFrom.CHECKPOINT``): a local directory holding a readable
   decoder ``config.json``, a hub id in the local Hugging Face cache (:mod:`flowrl.hub`), or a
   preset hub id (E603; a hub id that is neither names the command that downloads it);
 * user code (:attr:`~flowrl.catalog.ops.OpSpec.python_ref`): ``"module:attribute"`` names a
@@ -40,7 +40,7 @@ import os
 from pathlib import Path
 
 from flowrl.catalog.models import PRESETS, ConfigError, from_config, preset
-from flowrl.catalog.ops import OPS, OpSpec
+from flowrl.catalog.ops import OPS, FactsFrom, OpSpec
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import shown_path
 from flowrl.compiler.resources import checked, dataset_files, folder_of, read_head, shown_folder
@@ -59,7 +59,7 @@ def check_resources(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             continue
         if spec.file_format:
             _check_dataset(node, spec, errors)
-        if spec.facts_from == "checkpoint":
+        if spec.facts_from == FactsFrom.CHECKPOINT:
             _check_checkpoint(node, errors)
         if spec.python_ref and node.args and isinstance(node.args[0], Const):
             key = (str(node.args[0].value), folder_of(node))
