@@ -47,6 +47,12 @@ def stopped_run(tmp_path_factory):
     return flow, out, progress.getvalue()
 
 
+# metrics.jsonl keeps 6 significant digits (observe.py), so a value read back from a tracker
+# (float32 in TensorBoard, float64 in MLflow and W&B) differs from it by up to half a unit in the
+# 6th digit: 5e-6 relative when the leading digit is 1.
+JSONL_REL = 5e-6 + 1e-7
+
+
 def metric_rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -81,20 +87,16 @@ def resumed(stopped_run):
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="open: read right after the resumed run returns, TensorBoard's "
-                   "EventAccumulator misses step 3, which the second event file holds when read later")
 def test_resumed_run_reaches_tensorboard(resumed):
     out = resumed
     rows = metric_rows(out)
     rewards = {r["step"]: r["reward/mean"] for r in rows if "reward/mean" in r}
     tb = tensorboard_scalars(out)
-    assert [(s, pytest.approx(v, rel=1e-6)) for s, v in tb["reward/mean"]] == list(rewards.items())
+    assert [(s, pytest.approx(v, rel=JSONL_REL)) for s, v in tb["reward/mean"]] == list(rewards.items())
     assert [s for s, _ in tb["eval/accuracy"]] == [0, 3]
     assert [s for s, _ in tensorboard_texts(out, "samples")] == [2]
 
 
-@pytest.mark.xfail(strict=False, reason="open: after --resume MLflow's reward/mean history does not equal "
-                   "metrics.jsonl's (seen on a 2-core machine; cause not found yet)")
 def test_resume_finishes_the_run_and_every_tracker_has_every_step(resumed):
     out = resumed
     rows = metric_rows(out)
@@ -106,7 +108,7 @@ def test_resume_finishes_the_run_and_every_tracker_has_every_step(resumed):
 
     client, run = mlflow_run(out)  # the resumed process continued the same MLflow run
     history = client.get_metric_history(run.info.run_id, "reward/mean")
-    assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v, rel=1e-6)) for s, v in rewards.items()]
+    assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v, rel=JSONL_REL)) for s, v in rewards.items()]
     assert run.info.status == "FINISHED"
 
     parts = sorted(out.glob("wandb/offline-run-*"))
@@ -114,7 +116,7 @@ def test_resume_finishes_the_run_and_every_tracker_has_every_step(resumed):
     assert len({p.name.rsplit("-", 1)[1] for p in parts}) == 1
     first, second = wandb_history(out, 0), wandb_history(out, 1)
     assert [r["_step"] for r in first] == [0, 1, 2] and [r["_step"] for r in second] == [3]
-    assert [r["reward/mean"] for r in first[1:] + second] == pytest.approx(list(rewards.values()), rel=1e-6)
+    assert [r["reward/mean"] for r in first[1:] + second] == pytest.approx(list(rewards.values()), rel=JSONL_REL)
     assert first[2]["samples"]["_type"] == "table-file"
 
 

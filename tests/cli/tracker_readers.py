@@ -86,8 +86,7 @@ print(json.dumps({"scalars": scalars, "texts": texts}))
 
 def _tensorboard(run_dir: Path) -> dict:
     """What ``EventAccumulator`` reads from ``run_dir/tensorboard``, read in a fresh process as the
-    TensorBoard UI reads it. (Inside the process that wrote a resumed run, the accumulator was seen
-    to miss the second process's event file, although the file holds the steps: not understood yet.)"""
+    TensorBoard UI reads it (nothing of the writing process's state can help it)."""
     out = subprocess.run([sys.executable, "-c", _TB_READ, str(run_dir / "tensorboard")], capture_output=True,
                          text=True, timeout=300, check=True)
     return json.loads(out.stdout)
