@@ -183,9 +183,11 @@ def schedule_tables() -> str:
     out = ["| engine | serves | platforms | options | what |", "|---|---|---|---|---|"]
     for e in ENGINES.values():
         out.append(f"| `{e.name}` | {e.serves} | {platforms(e)} | {_options(e.kwargs)} | {cell(e.doc)} |")
-    out += ["", "| protocol (`resync M via P(...)`) | platforms | options |", "|---|---|---|"]
+    out += ["", "| protocol (`resync M via P(...)`) | platforms | sends over (per platform) | options |",
+            "|---|---|---|---|"]
     for name, spec in PROTOCOLS.items():
-        out.append(f"| `{name}` | {platforms(spec)} | {_options(spec.options)} |")
+        sends = ", ".join(f"{p}: {spec.transport[p]}" for p in PLATFORMS if spec.support(p).ok and p in spec.transport)
+        out.append(f"| `{name}` | {platforms(spec)} | {sends} | {_options(spec.options)} |")
     out += ["", "| call | options |", "|---|---|",
             f"| `cluster(...)` (after `on`) | {_options(CLUSTER)} |",
             f"| `gpus(...)` (in `pool NAME = gpus(...)`) | {_options(POOL)} |"]

@@ -547,6 +547,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.file is None and not args.resume:
         raise UsageError("give the .flow file to run (or --resume RUN_DIR)")
     from flowrl.launch import parse_sets, run_file
+    from flowrl.runtime.preemption import Preempted
 
     try:
         result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
@@ -554,6 +555,9 @@ def run_run(args: argparse.Namespace) -> int:
                           log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step)
     except FlowError:
         raise
+    except Preempted as preempted:  # SIGTERM from a scheduler: stopped cleanly at a step boundary
+        print(f"flowrl: {preempted}", file=_err())
+        return 0
     except Exception as e:  # bad options, engine/data/reward failures the user can fix: one line
         failure = _run_failure(e)
         if failure is None:

@@ -26,6 +26,7 @@ from flowrl.compiler.pipeline import compile_file
 from flowrl.diagnostics import report_warnings
 from flowrl.plan import ExecutionPlan
 from flowrl.runtime.checkpoints import CheckpointError, complete_checkpoints, step_of, verify_checkpoint
+from flowrl.runtime.preemption import Preempted
 
 
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1",
@@ -449,7 +450,7 @@ def run_built(plan: ExecutionPlan, out_dir: Path, *, resume: bool = False, overw
         return run_plan(plan, out_dir, resume=bool(resume), ray_address=ray_address, faults=faults, stream=stream,
                         **kwargs)
     except BaseException as error:
-        if not resume:
+        if not resume and not (isinstance(error, Preempted) and error.step):  # a preemption says it all itself
             after_failed_run(out_dir, created, plan.run.steps, stream)
         joined = ray_connection_error(error, ray_address)
         if joined is not None:

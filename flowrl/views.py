@@ -92,8 +92,8 @@ MERMAID_SHAPES: dict[OpKind, tuple[str, str]] = {
     OpKind.USER_CALL: ("[/", "/]"),
 }
 
-# The option worth showing under an op's name (keeps labels short but informative).
-DETAIL_ATTR = {"generate": "n", "sample": "size", "update": "loss", "resync": "protocol"}
+# The option worth showing under an op's name (keeps labels short but informative), by op kind.
+DETAIL_ATTR = {OpKind.GENERATE: "n", OpKind.SAMPLE: "size", OpKind.UPDATE: "loss", OpKind.RESYNC: "protocol"}
 
 EDGE_WRAP = 24
 """Data-edge labels wrap after this many characters (one field list per edge)."""
@@ -178,7 +178,7 @@ def node_lines(node: Node, graph: FlowGraph | None = None, elided: dict[str, str
         second = f"{node.kind.value} param"
     else:
         second = node.op
-        key = DETAIL_ATTR.get(node.op)
+        key = DETAIL_ATTR.get(node.kind)
         value = node.attr(key) if key else None
         chosen = _chosen_protocol(graph, node) if node.kind == OpKind.RESYNC else None
         if chosen is not None:

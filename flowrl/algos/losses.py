@@ -161,18 +161,8 @@ def ppo_clip_loss(
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
-    check_2d("ppo_clip_loss", "logprobs", logprobs)
-    if advantages.dim() == 1:
-        advantages = broadcast_to_tokens(advantages, response_mask)
-    check_same_shape(
-        "ppo_clip_loss",
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        response_mask=response_mask,
-    )
-    mask = response_mask.to(logprobs.dtype)
-    advantages = advantages.detach().to(logprobs.dtype)
+    # Old log-probs keep their own dtype here (the ratio is taken in the promoted one).
+    mask, advantages, _ = _policy_inputs("ppo_clip_loss", logprobs, old_logprobs, advantages, response_mask)
     log_ratio = (logprobs - old_logprobs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
 
@@ -184,30 +174,10 @@ def ppo_clip_loss(
         bound = -advantages * dual_clip
         dual_active = (advantages < 0) & (per_token > bound)
         per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
-    if is_weights is not None:
-        check_same_shape("ppo_clip_loss", is_weights=is_weights, response_mask=response_mask)
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
-
+    per_token = _weighted("ppo_clip_loss", per_token, is_weights, response_mask)
     loss = aggregate(per_token, mask, agg, denominator)
-    with torch.no_grad():
-        on = mask.bool()
-        ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
-
-        def token_mean(x: torch.Tensor) -> float:
-            # Over the global token count when micro-batching, so that summing the
-            # micro-batches' metrics (combine_metrics) gives the whole batch's mean.
-            return float(_token_mean(x.to(mask.dtype), mask, denominator))
-
-        metrics = {
-            "pg_loss": float(loss),
-            "clipfrac": token_mean(clipped > unclipped),
-            "dual_clipfrac": token_mean(dual_active),
-            "approx_kl": token_mean(kl_k3(old_logprobs.detach(), logprobs.detach())),
-            "ratio_mean": token_mean(ratio),
-            "ratio_max": float(ratio_on.max()),
-            "ratio_min": float(ratio_on.min()),
-        }
-    return loss, metrics
+    return loss, _policy_metrics(loss, logprobs, old_logprobs.detach(), mask, denominator, ratio,
+                                 clipfrac=clipped > unclipped, dual_clipfrac=dual_active)
 
 
 def _policy_inputs(where, logprobs, old_logprobs, advantages, response_mask):
@@ -226,6 +196,32 @@ def _weighted(where, per_token, is_weights, response_mask):
         return per_token
     check_same_shape(where, is_weights=is_weights, response_mask=response_mask)
     return per_token * is_weights.detach().to(per_token.dtype)
+
+
+def _policy_metrics(loss, logprobs, old, mask, denominator, ratio, prefix="ratio", **fractions) -> dict[str, float]:
+    """The metrics of a ratio-based policy loss, as floats over this batch's response tokens.
+
+    ``ratio`` is ``[B, T]`` (GSPO passes its sequence ratio on every token), ``old`` the
+    detached old log-probs and each of ``fractions`` a ``[B, T]`` boolean logged as a share
+    of tokens (``clipfrac`` ...). Returns ``pg_loss``, the fractions, ``approx_kl`` (k3
+    estimate of KL[old || new]) and ``{prefix}_mean``, ``{prefix}_max``, ``{prefix}_min``.
+    """
+    with torch.no_grad():
+        on = mask.bool()
+        ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
+
+        def token_mean(x: torch.Tensor) -> float:
+            # Over the global token count when micro-batching, so that summing the
+            # micro-batches' metrics (combine_metrics) gives the whole batch's mean.
+            return float(_token_mean(x.to(mask.dtype), mask, denominator))
+
+        metrics = {"pg_loss": float(loss)}
+        metrics.update({key: token_mean(share) for key, share in fractions.items()})
+        metrics["approx_kl"] = token_mean(kl_k3(old, logprobs.detach()))
+        metrics[f"{prefix}_mean"] = token_mean(ratio)
+        metrics[f"{prefix}_max"] = float(ratio_on.max())
+        metrics[f"{prefix}_min"] = float(ratio_on.min())
+    return metrics
 
 
 def gspo_loss(
@@ -281,23 +277,10 @@ def gspo_loss(
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = _weighted("gspo_loss", torch.maximum(unclipped, clipped), is_weights, response_mask)
     loss = aggregate(per_token, mask, agg, denominator)
-    with torch.no_grad():
-        s = torch.exp(log_s)
-        rows = mask.sum(dim=1) > 0
-        s_on = s[rows] if rows.any() else torch.ones(1, dtype=s.dtype)
-
-        def token_mean(x: torch.Tensor) -> float:
-            return float(_token_mean(x.to(mask.dtype), mask, denominator))
-
-        metrics = {
-            "pg_loss": float(loss),
-            "clipfrac": token_mean(clipped > unclipped),
-            "seq_ratio_mean": token_mean(s[:, None].expand_as(mask)),
-            "seq_ratio_max": float(s_on.max()),
-            "seq_ratio_min": float(s_on.min()),
-            "approx_kl": token_mean(kl_k3(old, logprobs.detach())),
-        }
-    return loss, metrics
+    # s_i on each of its row's tokens: the same mean (token-weighted), max and min as over rows.
+    s_tok = torch.exp(log_s.detach())[:, None].expand_as(mask)
+    return loss, _policy_metrics(loss, logprobs, old, mask, denominator, s_tok, prefix="seq_ratio",
+                                 clipfrac=clipped > unclipped)
 
 
 def cispo_loss(
@@ -346,22 +329,7 @@ def cispo_loss(
         weight = ratio.clamp(low, 1.0 + clip_high)  # Eq. (5), stop-gradient
     per_token = _weighted("cispo_loss", -weight * adv * logprobs, is_weights, response_mask)
     loss = aggregate(per_token, mask, agg, denominator)
-    with torch.no_grad():
-        on = mask.bool()
-        ratio_on = ratio[on] if on.any() else torch.ones(1, dtype=ratio.dtype)
-
-        def token_mean(x: torch.Tensor) -> float:
-            return float(_token_mean(x.to(mask.dtype), mask, denominator))
-
-        metrics = {
-            "pg_loss": float(loss),
-            "clipfrac": token_mean(weight != ratio),
-            "ratio_mean": token_mean(ratio),
-            "ratio_max": float(ratio_on.max()),
-            "ratio_min": float(ratio_on.min()),
-            "approx_kl": token_mean(kl_k3(old, logprobs.detach())),
-        }
-    return loss, metrics
+    return loss, _policy_metrics(loss, logprobs, old, mask, denominator, ratio, clipfrac=weight != ratio)
 
 
 def pg_loss(

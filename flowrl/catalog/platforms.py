@@ -6,6 +6,8 @@ logical GPUs on CPU machines (gloo, no CUDA); ``cuda`` NVIDIA GPUs; ``rocm`` AMD
 
 >>> PLATFORMS
 ('cpu', 'cuda', 'rocm')
+>>> "nccl" in TRANSPORTS["cpu"]
+False
 """
 
 from __future__ import annotations
@@ -18,4 +20,16 @@ PLATFORM_DOC = {
     "rocm": "AMD GPUs (RCCL through torch's nccl backend, HIP)",
 }
 
-__all__ = ["PLATFORMS", "PLATFORM_DOC"]
+TRANSPORTS: dict[str, frozenset[str]] = {
+    "cpu": frozenset({"gloo", "ray", "shm", "disk"}),
+    "cuda": frozenset({"nccl", "gloo", "ray", "shm", "disk"}),
+    "rocm": frozenset({"nccl", "gloo", "ray", "shm", "disk"}),
+}
+"""Platform -> what can move weight bytes there: torch.distributed backends (``nccl`` needs CUDA or
+ROCm GPUs: RCCL answers to torch's ``nccl`` backend; ``gloo`` runs on host memory anywhere), Ray's
+object store (``ray``), shared memory (``shm``) and a shared disk (``disk``). A weight-sync
+protocol's transport on a platform (:attr:`~flowrl.catalog.protocols.ProtocolSpec.transport`)
+must be one of these: the compiler refuses one that is not (E445), and the runtime refuses a plan
+whose transport the machine it runs on lacks (a plan for GPUs run on a CPU machine)."""
+
+__all__ = ["PLATFORMS", "PLATFORM_DOC", "TRANSPORTS"]

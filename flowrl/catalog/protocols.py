@@ -12,12 +12,15 @@ them with the runtime's classes.
 frozenset({'local'})
 >>> PROTOCOLS["nccl"].transport["cpu"]
 'gloo'
+>>> PROTOCOLS["nccl"].transport_on("cuda"), PROTOCOLS["ipc"].transport_on("cuda")
+('nccl', None)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flowrl.catalog.platforms import TRANSPORTS
 from flowrl.catalog.spec import RUNS, KwSpec, Support, unsupported
 
 ROUTES = ("local", "intra-node", "inter-node")
@@ -32,7 +35,11 @@ class ProtocolSpec:
     runtime: str
     """The runtime class implementing both ends, ``module:Class``."""
     transport: dict
-    """Platform -> what moves the bytes there (``nccl``, ``gloo``, ``ray``, ``disk``...)."""
+    """Platform -> what moves the bytes there (``nccl``, ``gloo``, ``ray``, ``disk``...): the
+    torch.distributed backend of a broadcast, the store of a hand-off. It must be one of the
+    platform's :data:`~flowrl.catalog.platforms.TRANSPORTS` (else the compiler refuses the protocol
+    there, E445); the plan records it, and the runtime opens it (and refuses it on a machine whose
+    platform lacks it). ``nccl`` is gloo on a CPU cluster: the same flow runs on CPU and on GPUs."""
     routes: frozenset[str]
     """The placements it can connect (:data:`ROUTES`)."""
     cost: str
@@ -58,6 +65,12 @@ class ProtocolSpec:
 
     def support(self, platform: str) -> Support:
         return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
+
+    def transport_on(self, platform: str) -> str | None:
+        """What moves its bytes on ``platform``, or None when that platform lacks it
+        (:data:`~flowrl.catalog.platforms.TRANSPORTS`)."""
+        t = self.transport.get(platform)
+        return t if t in TRANSPORTS.get(platform, ()) else None
 
 
 _BUCKET = "bytes per packed message"

@@ -82,6 +82,7 @@ REASONS = {
     "E439": "engines sharing GPUs do not fit together", "E440": "an engine does not run on the platform",
     "E441": "a layout exceeds the platform's limits", "E442": "forked ranks would span nodes",
     "E443": "a protocol does not run on the platform",
+    "E445": "a protocol's transport is missing on the platform",
 }
 
 

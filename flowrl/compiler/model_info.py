@@ -47,15 +47,32 @@ about 0.25 s for GPT-2's 50k-token vocabulary (1.4 MB) and most of a second for 
 ones (7-11 MB, Qwen2 / Llama 3), too slow for a check that answers in milliseconds."""
 
 
-def facts_of(graph: FlowGraph, model_id: str, _depth: int = 0) -> ModelFacts | None:
+MAX_BASES = 8
+"""Links of a chain of bases (``frozen(critic(m))`` ...) followed before a model counts as unknown."""
+
+
+def source_node(graph: FlowGraph, model_id: str) -> Node | None:
+    """The model node whose own options or checkpoint make ``model_id``: itself, or the end of its
+    chain of bases (``frozen(m)``, ``critic(m)``); None when the chain leaves the model nodes or
+    is longer than :data:`MAX_BASES`."""
+    for _ in range(MAX_BASES + 1):
+        node: Node = graph.node(model_id)
+        if node.kind != OpKind.MODEL:
+            return None
+        if _facts_from(node) != FactsFrom.BASE:
+            return node
+        model_id = _base(graph, node)
+        if model_id is None:
+            return None
+    return None
+
+
+def facts_of(graph: FlowGraph, model_id: str) -> ModelFacts | None:
     """The facts of a model node of ``graph`` (None when nothing is known)."""
-    node: Node = graph.node(model_id)
-    if node.kind != OpKind.MODEL or _depth > 8:
+    node = source_node(graph, model_id)
+    if node is None:
         return None
     source = _facts_from(node)
-    if source == FactsFrom.BASE:
-        base = _base(graph, node)
-        return facts_of(graph, base, _depth + 1) if base is not None else None
     attrs = {k: plain(v) for k, v in node.attrs}
     if source == FactsFrom.OPTIONS:
         if not all(isinstance(v, (int, str)) for v in attrs.values()):
@@ -92,16 +109,12 @@ def shown_path(node: Node, path: str) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(node.span.path), path))
 
 
-def checkpoint_dir(graph: FlowGraph, model_id: str, _depth: int = 0) -> Path | None:
+def checkpoint_dir(graph: FlowGraph, model_id: str) -> Path | None:
     """The local checkpoint directory (holding a ``config.json``) a model is loaded from, if any."""
-    node = graph.node(model_id)
-    if node.kind != OpKind.MODEL or _depth > 8:
+    node = source_node(graph, model_id)
+    if node is None:
         return None
-    source = _facts_from(node)
-    if source == FactsFrom.BASE:
-        base = _base(graph, node)
-        return checkpoint_dir(graph, base, _depth + 1) if base is not None else None
-    if source == FactsFrom.CHECKPOINT and node.args and isinstance(node.args[0], Const):
+    if _facts_from(node) == FactsFrom.CHECKPOINT and node.args and isinstance(node.args[0], Const):
         written = str(node.args[0].value)
         return find_checkpoint(written, shown_path(node, written))
     return None
@@ -125,19 +138,15 @@ def model_facts(graph: FlowGraph) -> dict[str, ModelFacts | None]:
     return {n.id: facts_of(graph, n.id) for n in graph.nodes() if n.kind == OpKind.MODEL}
 
 
-def prompt_counter(graph: FlowGraph, model_id: str, _depth: int = 0) -> Callable[[str], int] | None:
+def prompt_counter(graph: FlowGraph, model_id: str) -> Callable[[str], int] | None:
     """``count(text) -> tokens`` of a prompt as the model's tokenizer encodes it (special tokens
     included), or None where that is not known cheaply (see :data:`TOKENIZER_MAX_BYTES`)."""
-    node = graph.node(model_id)
-    if node.kind != OpKind.MODEL or _depth > 8:
+    node = source_node(graph, model_id)
+    if node is None:
         return None
-    source = _facts_from(node)
-    if source == FactsFrom.BASE:
-        base = _base(graph, node)
-        return prompt_counter(graph, base, _depth + 1) if base is not None else None
-    if source == FactsFrom.OPTIONS:
+    if _facts_from(node) == FactsFrom.OPTIONS:
         return tiny_prompt_tokens
-    folder = checkpoint_dir(graph, model_id)
+    folder = checkpoint_dir(graph, node.id)
     tokenizer = folder / "tokenizer.json" if folder is not None else None
     if tokenizer is None or not tokenizer.is_file() or tokenizer.stat().st_size > TOKENIZER_MAX_BYTES:
         return None
@@ -161,4 +170,5 @@ def _tokenizer_counter(path: str, mtime: int) -> Callable[[str], int] | None:
     return _COUNTERS[key]
 
 
-__all__ = ["facts_of", "model_facts", "checkpoint_dir", "local_path", "shown_path", "prompt_counter", "TOKENIZER_MAX_BYTES"]
+__all__ = ["facts_of", "source_node", "MAX_BASES", "model_facts", "checkpoint_dir", "local_path", "shown_path",
+           "prompt_counter", "TOKENIZER_MAX_BYTES"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OpKind
 from flowrl.plan import DatasetPlan, ExecutionPlan, OpPlan
 from flowrl.runtime.errors import RuntimeFlowError
+from flowrl.runtime.kinds import builder_for
 from flowrl.runtime.step import op_seed
 
 
@@ -59,14 +60,8 @@ DATASET_FORMATS: dict[str, Callable[..., Dataset]] = {f.__name__: f for f in (js
 
 def reader_of(d: DatasetPlan) -> Callable[[DatasetPlan], Dataset]:
     """The reader of ``d``'s format (its op's ``OpSpec.handler``); an unknown format is an error."""
-    spec = OPS.get(d.format)
-    if spec is None or spec.kind != OpKind.DATASET:
-        raise RuntimeFlowError(f"{d.origin}: `{d.format}` is not a dataset format; formats: "
-                               f"{', '.join(sorted(k for k, s in OPS.items() if s.kind == OpKind.DATASET))}")
-    reader = DATASET_FORMATS.get(spec.handler)
-    if reader is None:
-        raise RuntimeFlowError(f"{d.origin}: the runtime has no reader `{spec.handler}` for `{d.format}` datasets")
-    return reader
+    return builder_for(d.format, OpKind.DATASET, DATASET_FORMATS, d.origin, noun="a dataset format",
+                       listing="formats", things="datasets")
 
 
 def read_dataset(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None) -> Dataset:

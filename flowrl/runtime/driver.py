@@ -16,7 +16,9 @@ A run directory holds ``plan.json``, ``metrics.jsonl``, ``trace.json``, ``curves
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +31,7 @@ from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.fleet import Faults, Fleet
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
+from flowrl.runtime.preemption import Preempted, SigtermGuard
 from flowrl.runtime.step import Services, StepContext
 
 
@@ -37,8 +40,10 @@ def check_executable(plan: ExecutionPlan, *, external: bool = False) -> None:
 
     Every op has a handler, every resource a builder (by its catalogue record), every engine a
     record of its role whose layout can run and whose package is installed, every resync a
-    protocol this machine can open. ``external``: the run joins a Ray cluster, whose own
-    processes say whether they have NCCL.
+    transport this machine's platform has (the compiler checked it against the schedule's
+    platform; a plan for GPUs sends over NCCL, which a CPU machine lacks: the catalogue's
+    ``TRANSPORTS``). ``external``: the run joins a Ray cluster, whose own processes say whether
+    they have NCCL.
     """
     from flowrl.engines.base import EngineError
     from flowrl.engines.registry import ROLLOUT_ENGINES, engine_record, missing_package, runs_on
@@ -277,10 +282,13 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     rt = Runtime(plan, out, ray_address=ray_address, faults=faults, log=progress.message)
     rt.timeline = Timeline(plan.flow)
     start, before, pipe, log, trackers, finished = 0, None, None, None, None, False
+    guard = SigtermGuard(note=lambda message: rt.log(message))  # preemption: stop at a step boundary
     try:
+        guard.__enter__()
         trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
         ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
         rt.setup()
+        guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once
         inflight = []
         if ckpt is not None:
             start, inflight = rt.restore(ckpt)
@@ -302,6 +310,8 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         pipe.start(start, inflight)
         for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
             number = step + 1
+            if guard.requested:  # SIGTERM before this process finished a step: the checkpoint it began from stays
+                raise Preempted(out, step, plan.run.steps, checkpoint=False)
             ctx = _run_step(rt, pipe, step, plan.run.steps)
             if rt.data.rows_skipped:
                 ctx.metrics["data/rows_skipped"] = rt.data.rows_skipped
@@ -312,34 +322,42 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             trackers.log(number, ctx.metrics,
                          step_samples(plan, ctx.values, number) if trackers.wants_samples(number) else None)
             progress.update(number, ctx.metrics)
-            if plan.run.save_every and number % plan.run.save_every == 0:
+            if faults is not None and faults.sigterm_after_step == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            saved = bool(plan.run.save_every and number % plan.run.save_every == 0)
+            if saved or (guard.requested and number < plan.run.steps):
                 rt.save(number, pipe.completed_inflight())
+            if guard.requested and number < plan.run.steps:
+                raise Preempted(out, number, plan.run.steps, checkpoint=True)
             if faults is not None and faults.stop_after_step == step:
                 raise SystemExit(f"fault injection: stopped after step {step}")
         if start < plan.run.steps and not (plan.run.save_every and plan.run.steps % plan.run.save_every == 0):
             rt.save(plan.run.steps, pipe.completed_inflight())  # the final weights: `flowrl eval --from`, `--resume`
         finished = True
     finally:
-        rows = log.rows() if log is not None else []
-        try:
-            if pipe is not None:
-                pipe.close()
-            rt.timeline.write(out / "trace.json")
-            if trackers is not None:
-                trackers.close()
-        finally:
-            rt.shutdown()
-        if any(r["step"] >= 1 for r in rows):  # what finished is kept, with its summary and plots
+        try:  # a SIGTERM during the clean-up only asks for what is happening anyway
+            rows = log.rows() if log is not None else []
             try:
-                _write_results(plan, out, rows, before)
-            except Exception as error:  # after a failure, the failure is the news, not the plot
-                if finished:
-                    raise
-                progress.message(f"warning: could not write summary.json/curves.png: {type(error).__name__}: {error}")
-        if finished:
-            progress.close()
-        else:
-            progress.stopped()
+                if pipe is not None:
+                    pipe.close()
+                rt.timeline.write(out / "trace.json")
+                if trackers is not None:
+                    trackers.close()
+            finally:
+                rt.shutdown()
+            if any(r["step"] >= 1 for r in rows):  # what finished is kept, with its summary and plots
+                try:
+                    _write_results(plan, out, rows, before)
+                except Exception as error:  # after a failure, the failure is the news, not the plot
+                    if finished:
+                        raise
+                    progress.message(f"warning: could not write summary.json/curves.png: {type(error).__name__}: {error}")
+            if finished:
+                progress.close()
+            else:
+                progress.stopped()
+        finally:
+            guard.__exit__(None, None, None)
     steps = [r for r in rows if r["step"] >= 1]  # row 0 (before RL) is `before`
     after = next((r["eval/accuracy"] for r in reversed(steps) if "eval/accuracy" in r), None)
     return RunResult(out, plan.run.steps, before, after, steps)

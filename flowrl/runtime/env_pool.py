@@ -25,9 +25,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OpKind
 from flowrl.plan import EnvPlan, ExecutionPlan
 from flowrl.runtime.errors import RuntimeFlowError
+from flowrl.runtime.kinds import builder_for
 
 MAX_CONCURRENCY = 64
 """Calls one worker runs at a time (threads): episodes waiting on a slow tool do not block the others."""
@@ -250,14 +251,8 @@ ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env,)}
 
 def env_builder_of(env: EnvPlan) -> Callable:
     """The builder of ``env``'s kind (its op's ``OpSpec.handler``); a kind without one is an error."""
-    spec = OPS.get(env.kind)
-    if spec is None or spec.kind != OpKind.ENV:
-        raise RuntimeFlowError(f"{env.origin}: `{env.kind}` is not an environment kind; kinds: "
-                               f"{', '.join(sorted(k for k, s in OPS.items() if s.kind == OpKind.ENV))}")
-    build = ENV_KINDS.get(spec.handler)
-    if build is None:
-        raise RuntimeFlowError(f"{env.origin}: `{env.kind}` environments have no runtime builder `{spec.handler}`")
-    return build
+    return builder_for(env.kind, OpKind.ENV, ENV_KINDS, env.origin, noun="an environment kind", listing="kinds",
+                       things="environments")
 
 
 __all__ = ["EnvOutcome", "EnvWorker", "EnvPool", "ENV_KINDS", "env_builder_of", "python_env", "MAX_CONCURRENCY"]

@@ -7,7 +7,8 @@ protocol, and then serves the handlers' engine calls (it is the run's
 :class:`~flowrl.runtime.step.EngineService`): ``generate`` split over the replicas,
 ``forward`` and ``train`` on the train engine, ``resync``. Policy versions live in the
 model's record: ``train_version`` counts updates, ``rollout_version`` names the weights the
-rollout engine holds.
+rollout engine holds. Every wait on an engine call has the watchdog's deadline
+(:mod:`flowrl.runtime.watchdog`), and a resync a replica received damaged is sent once more.
 
 Engines that share GPUs take turns where the plan says so (:class:`MemoryTurns`, reading
 :attr:`flowrl.plan.EnginePlan.releases`): before a generation the colocated trainers offload
@@ -29,9 +30,12 @@ from typing import Any, Callable
 import numpy as np
 
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
+from flowrl.runtime.checkpoints import complete_checkpoints, step_of
+from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
                                       slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
+from flowrl.runtime.watchdog import EngineHung, Watchdog, WatchdogSettings
 
 ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
              "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
@@ -44,8 +48,19 @@ class Faults:
 
     corrupt_bucket_at_step: int | None = None
     """Flip one byte of the first weight bucket sent after this step's update."""
+    corrupt_sends: int | None = None
+    """How many sends of that step's resync are corrupted: None, every one (the resend too, so the
+    run stops); 1, only the first (the resend delivers intact weights and the run goes on)."""
+    hang_at_step: int | None = None
+    """Every rollout replica's ``generate`` sleeps :data:`HANG_S` at this step: a hung engine (the watchdog's case)."""
     stop_after_step: int | None = None
     """Exit (as if killed) right after this step finished and was checkpointed."""
+    sigterm_after_step: int | None = None
+    """Send this process SIGTERM (a scheduler's preemption) right after this step's metrics are logged."""
+
+
+HANG_S = 3600.0
+"""How long :attr:`Faults.hang_at_step` makes a generate sleep, seconds (far past any test's deadline)."""
 
 
 @dataclass
@@ -184,6 +199,10 @@ class Fleet:
         self.slot = "GPU"  # the Ray resource a plan GPU takes (placement.slot_resource), set when Ray starts
         self.node_targets: list = []
         self.gpus_per_node = int(plan.cluster["gpus_per_node"])
+        self.watchdog = Watchdog(WatchdogSettings.from_env())
+        """Every wait on an engine call has a deadline (:mod:`flowrl.runtime.watchdog`)."""
+        self.hung: set = set()
+        """Actors whose call passed its deadline: shutdown does not wait on them (it kills them)."""
 
     @property
     def external(self) -> bool:
@@ -243,14 +262,12 @@ class Fleet:
         return remote.remote(*args, **kwargs)
 
     def _start_workers(self, model_paths: dict[str, Path]) -> None:
-        import ray
-
         from flowrl.runtime.workers import RolloutWorker, TrainWorker
 
         temps = sampling_temperatures(self.plan)
         share = processes_per_node(self.plan)
         served = served_roles(self.plan)
-        pending = []
+        pending = []  # (actor, ready ref, its name)
         for rec in self.models.values():
             m = rec.plan
             path = str(model_paths[m.id])
@@ -261,15 +278,15 @@ class Fleet:
                 rec.train = self._actor(TrainWorker, e, 0, e, path, role=role,
                                         optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
                                         seed=self.plan.run.seed, dtype=dtype, share=share[node_of(self.plan, e, 0)])
-                pending.append(rec.train.ready.remote())
+                pending.append((rec.train, rec.train.ready.remote(), f"{m.id}.train"))
             if m.rollout_engine is not None:
                 e = m.rollout_engine
                 rec.rollout = [self._actor(RolloutWorker, e, r * e.tp, e, path, seed=self.plan.run.seed + r,
                                            dtype=dtype, share=share[node_of(self.plan, e, r * e.tp)])
                                for r in range(e.dp)]
-                pending += [a.ready.remote() for a in rec.rollout]
+                pending += [(a, a.ready.remote(), f"{m.id}.rollout replica {r}") for r, a in enumerate(rec.rollout)]
         t0 = time.time()
-        ray.get(pending)
+        self._wait(pending, "every engine", "start", 0)
         self.log(f"engines ready in {time.time() - t0:.1f}s: "
                  + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
                              for m in self.plan.models if m.train_engine or m.rollout_engine))
@@ -282,11 +299,10 @@ class Fleet:
         bundle is on (``bundle_node_id``) and the one the actor reports (``node_id``), and the
         logical GPU ids Ray gave it (``gpu_ids``).
         """
-        import ray
         from ray.util.placement_group import placement_group_table
 
         bundle_nodes = [placement_group_table(pg)["bundles_to_node_id"] for pg in self.pgs]
-        rows, refs = [], []
+        rows, calls = [], []
         for rec in self.models.values():
             m = rec.plan
             for engine, role, actors, step in ((m.train_engine, "train", [rec.train] if rec.train else [], 1),
@@ -299,8 +315,8 @@ class Fleet:
                                  "node": node, "placement_group": node, "bundle": bundle,
                                  "target_node_id": self.node_targets[node],
                                  "bundle_node_id": bundle_nodes[node].get(bundle)})
-                    refs.append(actor.__ray_call__.remote(actor_location))
-        for row, (node_id, gpu_ids) in zip(rows, ray.get(refs)):
+                    calls.append((actor, actor.__ray_call__.remote(actor_location), f"{m.id}.{role} rank {i * step}"))
+        for row, (node_id, gpu_ids) in zip(rows, self._wait(calls, "every engine", "report its location", 0)):
             row.update(node_id=node_id, gpu_ids=gpu_ids)
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
         return rows
@@ -312,8 +328,6 @@ class Fleet:
         address on a free port (port 0: race-free) for a world of 1 sender + the rollout
         replicas, and the driver forwards that rendezvous, with each replica's rank.
         """
-        import ray
-
         from flowrl.runtime.sync.from_plan import collective, sync_options
 
         for r in self.plan.resyncs:
@@ -322,23 +336,43 @@ class Fleet:
             options = sync_options(r, self.out)
             together = collective(r, options)
             world = {"world_size": 1 + len(receivers), "port": 0} if together else {}
-            rendezvous = ray.get(sender.open_sync.remote(r.protocol, "sender", {**options, **world}))
-            ray.get([a.open_sync.remote(r.protocol, "receiver",
-                                        {**options, **({"rendezvous": rendezvous, "rank": rank} if together else {})})
-                     for rank, a in enumerate(receivers, start=1)])
+            rendezvous, = self._wait([(sender, sender.open_sync.remote(r.protocol, "sender", {**options, **world}),
+                                       "train actor (the sender)")], f"{r.model}.train", "open_sync", 0)
+            per_rank = [{**options, **({"rendezvous": rendezvous, "rank": rank} if together else {})}
+                        for rank in range(1, len(receivers) + 1)]  # rank 0 is the sender
+            self._wait([(a, a.open_sync.remote(r.protocol, "receiver", opts), f"replica {i}")
+                        for i, (a, opts) in enumerate(zip(receivers, per_rank))], f"{r.model}.rollout", "open_sync", 0)
             rec.sync = SyncEnds(r.protocol, together, sender, receivers)
             self.log(f"resync {r.model} via {r.protocol} ({r.transport or 'ray'}"
                      f"{', collective' if together else ''}), every {r.every} step(s)")
 
+    # ---- waiting on engines (the watchdog) -----------------------------------------------------
+    def _wait(self, calls: list[tuple[Any, Any, str]], engine: str, call: str, step: int) -> list:
+        """The results of ``calls`` (``(actor, object ref, who)``, in order), within the watchdog's deadline
+        for ``engine``'s ``call`` (:mod:`flowrl.runtime.watchdog`); ``step`` is 0-based. Past the deadline:
+        :class:`~flowrl.runtime.watchdog.EngineHung`, and the actors count as hung."""
+        try:
+            return self.watchdog.wait([ref for _, ref, _ in calls], engine, call, step,
+                                      [who for _, _, who in calls], self._resume_hint())
+        except EngineHung:
+            self.hung.update(id(actor) for actor, _, _ in calls)
+            raise
+
+    def _resume_hint(self) -> str:
+        """What continues this run after it stopped: its last complete checkpoint stays."""
+        ckpts = complete_checkpoints(self.out)
+        if ckpts:
+            return f"`flowrl run --resume {self.out}` continues from its checkpoint of step {step_of(ckpts[-1])}"
+        return "no checkpoint was written yet (`--save-every N` writes them), so run it again"
+
     # ---- memory turns ------------------------------------------------------------------------
     def _call_engine(self, name: str, method: str, step: int, *args: Any) -> None:
         """Run ``method`` on every actor of engine ``name`` (``model.role``); timeline spans per actor."""
-        import ray
-
         model, role = name.rsplit(".", 1)
         rec = self.models[model]
         actors = [rec.train] if role == "train" else rec.rollout
-        results = ray.get([getattr(a, method).remote(*args) for a in actors])
+        results = self._wait([(a, getattr(a, method).remote(*args), _who(role, i)) for i, a in enumerate(actors)],
+                             name, method, step)
         for rank, result in enumerate(results):
             t0, t1 = result[-2], result[-1]
             self.timeline.add(f"{method}:{model}", f"{name}{rank if role == 'rollout' else ''}", step, t0, t1)
@@ -346,44 +380,43 @@ class Fleet:
     # ---- engine calls (the handlers' EngineService) ----------------------------------------------
     def generate(self, model: str, prompts: list, spec, step: int) -> tuple[list, int]:
         """Completions grouped per prompt, and the rollout version (weights) that produced them."""
-        import ray
-
         from flowrl.runtime.workers import split
 
         rec = self.models[model]
         self.turns.before_generate(model, step)
         chunks = split(prompts, len(rec.rollout))
+        stall = HANG_S if self.faults.hang_at_step == step else 0.0
         with self.rollout_lock:
             version = rec.rollout_version
-            refs = [a.generate.remote(chunk, spec) for a, chunk in zip(rec.rollout, chunks) if chunk]
+            calls = [(a, a.generate.remote(chunk, spec, stall), _who("rollout", r))
+                     for r, (a, chunk) in enumerate(zip(rec.rollout, chunks)) if chunk]
         groups = []
-        for rank, (result, t0, t1) in enumerate(ray.get(refs)):
+        for rank, (result, t0, t1) in enumerate(self._wait(calls, f"{model}.rollout", "generate", step)):
             self.timeline.add(f"generate[{rank}]", f"{model}.rollout{rank}", step, t0, t1)
             groups += result
         return groups, version
 
     def forward(self, model: str, batch, step: int, *, entropy: bool = False, values: bool = False) -> dict:
-        import ray
         import torch
 
         from flowrl.runtime.workers import batch_to_numpy
 
         self.turns.before_train(model, step)
-        out, t0, t1 = ray.get(self.models[model].train.forward.remote(batch_to_numpy(batch), entropy, values))
+        actor = self.models[model].train
+        (out, t0, t1), = self._wait([(actor, actor.forward.remote(batch_to_numpy(batch), entropy, values),
+                                      _who("train", 0))], f"{model}.train", "forward", step)
         self.timeline.add(f"forward:{model}", f"{model}.train", step, t0, t1)
         return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}  # Ray hands back read-only arrays
 
     def train(self, model: str, batch, loss: dict, op: OpPlan, step: int) -> list:
-        import ray
-
         from flowrl.runtime.workers import batch_to_numpy
 
         rec = self.models[model]
         self.turns.before_train(model, step)
         o = op.options
-        stats, t0, t1 = ray.get(rec.train.train.remote(
-            batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]), int(o["epochs"]),
-            op_seed(self.plan.run.seed, step, op.id)))
+        ref = rec.train.train.remote(batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]),
+                                     int(o["epochs"]), op_seed(self.plan.run.seed, step, op.id))
+        (stats, t0, t1), = self._wait([(rec.train, ref, _who("train", 0))], f"{model}.train", "train", step)
         self.timeline.add(f"train:{model}", f"{model}.train", step, t0, t1)
         rec.train_version += 1
         return stats
@@ -403,24 +436,41 @@ class Fleet:
         Sender and receivers are submitted together: a collective runs them concurrently;
         otherwise each receiver's call waits for the sender's handoff, which travels as an
         object ref (trainer -> object store -> replicas, never through this process).
+        A receiver that finds damage (a CRC-32 or a size that differs: ``CorruptedWeights``)
+        loads nothing; the whole resync is then sent once more, afresh (a ``delta`` sends every
+        tensor), counted in ``faults/sync_resent``; damage in the resend too stops the run naming
+        the tensor, bucket and both CRCs. No generation is submitted meanwhile: the pipeline
+        drained its producers before the resync.
         Records ``sync/*`` metrics (bytes, buckets, seconds, the protocol) and timeline spans.
         """
-        import ray
-
         from flowrl.runtime.sync.from_plan import sync_metrics
 
         rec = self.models[model]
-        ends = rec.sync
         self.turns.before_resync(model, step)
         version = rec.train_version
         t0 = time.time()
         with self.rollout_lock:  # generations submitted after this point see the new weights
-            sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(
-                version, self.faults.corrupt_bucket_at_step == step)
-            pending = [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
+            sent = self._send(model, version, step, attempt=0)
             rec.rollout_version = version
-        sent_stats, s0, s1 = ray.get(sent)  # the sender's error (an abort) first: the receivers only echo it
-        results = ray.get(pending)  # a WeightSyncError here names the corrupted tensor
+        try:
+            sent_stats, s0, s1, results = self._sent(model, step, *sent)
+            resent = 0
+        except Exception as error:
+            if not _corrupted(error):
+                raise
+            self.log(f"warning: weight sync of `{model}` at step {step + 1}: "
+                     f"{user_error(error) or type(error).__name__}; sending it once more (faults/sync_resent)")
+            with self.rollout_lock:
+                sent = self._send(model, version, step, attempt=1)
+            try:
+                sent_stats, s0, s1, results = self._sent(model, step, *sent)
+            except Exception as again:
+                if not _corrupted(again):
+                    raise
+                raise RuntimeFlowError(f"weight sync of `{model}` at step {step + 1} arrived damaged twice (sent once "
+                                       f"more after the first): {user_error(again)}") from again
+            resent = 1
+        ends = rec.sync
         t1 = time.time()
         self.timeline.add(f"resync:{model}", "sync", step, t0, t1, protocol=ends.protocol,
                           bytes=sent_stats["bytes"], buckets=sent_stats["buckets"])
@@ -428,6 +478,25 @@ class Fleet:
         for rank, (_, r0, r1) in enumerate(results):
             self.timeline.add(f"sync_receive:{ends.protocol}", f"{model}.rollout{rank}", step, r0, r1)
         metrics.update(sync_metrics(ends.protocol, sent_stats, [r[0] for r in results], t1 - t0))
+        metrics["faults/sync_resent"] = metrics.get("faults/sync_resent", 0) + resent
+
+    def _send(self, model: str, version: int, step: int, attempt: int) -> tuple:
+        """Submit one send of ``model``'s weights and every replica's receive; (sender ref, receiver refs).
+        ``attempt`` 1 is the resend: afresh, so a ``delta`` sends every tensor."""
+        ends, f = self.models[model].sync, self.faults
+        corrupt = f.corrupt_bucket_at_step == step and (f.corrupt_sends is None or attempt < f.corrupt_sends)
+        sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(version, corrupt, attempt > 0)
+        return sent, [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
+
+    def _sent(self, model: str, step: int, sent, pending: list) -> tuple:
+        """Wait for a send (:meth:`_send`): (sender stats, t0, t1, every receiver's result)."""
+        ends = self.models[model].sync
+        # the sender's error (an abort) first: the receivers only echo it
+        (sent_stats, s0, s1), = self._wait([(ends.sender, sent, "train actor (the sender)")],
+                                           f"{model}.train", "sync_send", step)
+        results = self._wait([(a, ref, _who("rollout", i)) for i, (a, ref) in enumerate(zip(ends.receivers, pending))],
+                             f"{model}.rollout", "sync_receive", step)  # CorruptedWeights names the tensor
+        return sent_stats, s0, s1, results
 
     # ---- checkpoints -------------------------------------------------------------------------
     def versions(self) -> dict:
@@ -437,21 +506,21 @@ class Fleet:
 
     def save(self, directory: Path, step: int) -> None:
         """Every train engine's state into ``directory/<model>``."""
-        import ray
-
         trained = [rec for rec in self.models.values() if rec.train is not None]
         for rec in trained:
             self.turns.before_train(rec.plan.id, step)
-        ray.get([rec.train.save.remote(str(directory / rec.plan.id)) for rec in trained])
+        refs = [rec.train.save.remote(str(directory / rec.plan.id)) for rec in trained]
+        for rec, ref in zip(trained, refs):  # submitted together, waited for in turn
+            self._wait([(rec.train, ref, _who("train", 0))], f"{rec.plan.id}.train", "save", step)
 
     def restore(self, directory: Path, state: dict, step: int) -> None:
         """Load every train engine's state and versions, then give the rollout engines the restored weights."""
-        import ray
-
         trained = [rec for rec in self.models.values() if rec.train is not None]
         for rec in trained:
             self.turns.before_train(rec.plan.id, step)
-        ray.get([rec.train.load.remote(str(directory / rec.plan.id)) for rec in trained])
+        refs = [rec.train.load.remote(str(directory / rec.plan.id)) for rec in trained]
+        for rec, ref in zip(trained, refs):
+            self._wait([(rec.train, ref, _who("train", 0))], f"{rec.plan.id}.train", "load", step)
         for model, version in state["train_version"].items():
             self.models[model].train_version = int(version)
         for r in self.plan.resyncs:
@@ -479,6 +548,8 @@ class Fleet:
             ends, rec.sync = rec.sync, None
             if ends is None:
                 continue
+            if any(id(a) in self.hung for a in (ends.sender, *ends.receivers)):
+                continue  # a hung actor answers nothing: it is killed with the others, its transport with it
             try:
                 ray.get([a.close_sync.remote() for a in (ends.sender, *ends.receivers)], timeout=30)
             except Exception as error:  # shutting down after a failure: the run's own error matters more
@@ -500,6 +571,24 @@ class Fleet:
         for pg in self.pgs:
             remove_placement_group(pg)
         self.pgs = []
+
+
+def _corrupted(error: BaseException | None) -> bool:
+    """Whether ``error`` (or the actor error Ray wrapped in it) is damage a resend may cure."""
+    from flowrl.runtime.weight_sync import CorruptedWeights
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, CorruptedWeights):
+            return True
+        error = getattr(error, "cause", None) or error.__cause__
+    return False
+
+
+def _who(role: str, index: int) -> str:
+    """The actor of engine role ``role`` (``train`` / ``rollout``) and index ``index``, in words."""
+    return f"replica {index}" if role == "rollout" else "train actor"
 
 
 def sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:

@@ -37,6 +37,7 @@ from flowrl.plan import OpPlan
 from flowrl.runtime.episodes import continue_episodes, env_step
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.losses import loss_record
+from flowrl.runtime.metric_names import metric_name, owned_metrics
 from flowrl.runtime.nonfinite import apply_nan_policy
 from flowrl.runtime.redraw import gather_rows, replay_ops
 from flowrl.runtime.step import Rollouts, StepContext, StepValue, check_fields, op_seed
@@ -159,11 +160,12 @@ def score(op: OpPlan, ctx: StepContext) -> StepValue:
         result = reward.score(texts, roll.get("answers") or [""] * len(texts), roll.get("prompt_text"),
                               rows=roll.get("rows"))
     r = torch.tensor(result.rewards, dtype=torch.float32)
-    ctx.metrics.update({"reward/mean": float(r.mean()), "reward/min": float(r.min()), "reward/max": float(r.max()),
-                        "reward/std": float(r.std(unbiased=False))})  # population std: observe.reward_band
+    stats = {"reward/mean": float(r.mean()), "reward/min": float(r.min()), "reward/max": float(r.max()),
+             "reward/std": float(r.std(unbiased=False))}  # population std: observe.reward_band
     if result.errors:
-        ctx.metrics["reward/errors"] = len(result.errors)
+        stats["reward/errors"] = len(result.errors)
         ctx.services.events.reward_errors(op, ctx.step, result.errors)
+    ctx.metrics.update(owned_metrics(stats, op.id, _same_ops(op, ctx)))  # reward/<op id>/* when several
     return StepValue({"rewards": r})
 
 
@@ -173,7 +175,8 @@ def filter_groups(op: OpPlan, ctx: StepContext) -> StepValue:
 
     The value is the kept rows of the rollouts (every field, and the token batch) with their
     ``rewards``; ``group_ids`` number the kept groups 0.. in order. ``filter/*`` metrics say how
-    many draws and prompts it took (:func:`~flowrl.algos.filtering.dynamic_sample`); the
+    many draws and prompts it took (:func:`~flowrl.algos.filtering.dynamic_sample`;
+    ``filter/<op id>/*`` when the plan has several such ops); the
     ``reward/*`` metrics stay those of the first draw (the policy's, before filtering) and
     ``perf/gen_tokens`` counts every draw's tokens.
     """
@@ -193,7 +196,7 @@ def filter_groups(op: OpPlan, ctx: StepContext) -> StepValue:
 
     kept, metrics = dynamic_sample(draw, lambda c: c.input(op, "scores")["rewards"], group,
                                    int(op.options["size"]), int(op.options["max_draws"]))
-    ctx.metrics.update(metrics)
+    ctx.metrics.update(owned_metrics(metrics, op.id, _same_ops(op, ctx)))
     pad_id = ctx.services.data.pad_id
     out = gather_rows([(c.input(op, "rollouts"), rows) for c, rows in kept], pad_id)
     rewards = gather_rows([(StepValue({"rewards": c.input(op, "scores")["rewards"]}), rows) for c, rows in kept],
@@ -218,7 +221,7 @@ def logprobs(op: OpPlan, ctx: StepContext) -> StepValue:
     if rollouts.model == op.model and all(v == engines.train_version(op.model) for v in roll["version"]):
         # Same weights on both engines: any gap is the train/inference mismatch.
         m = mismatch_metrics(lp, roll["rollout_logprobs"], roll["response_mask"])
-        ctx.metrics.update({k.replace("mismatch_", "mismatch/"): float(v) for k, v in m.items()})
+        ctx.metrics.update({_per_policy(k, op, ctx): float(v) for k, v in m.items()})
     fields = {"logprobs": lp}
     if entropy:
         fields["entropy"] = out["entropy"]
@@ -263,14 +266,15 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
     trained = engines.train_version(op.model)
     lags = torch.tensor([trained - v for v in roll["version"]]) if op.model == rollouts.model \
         else torch.zeros(len(roll["version"]), dtype=torch.long)
-    for lag, count in sorted(Counter(lags.tolist()).items()):
-        # Versions behind the weights being trained: 0 when synchronous, at most the plan's
-        # max_version_lag = (staleness - 1) + (every - 1) of the model's resync.
-        ctx.metrics[f"staleness/hist/{lag}"] = count
+    if op.model == rollouts.model:  # a critic's (or a student's) lags are 0 by construction: not measured
+        for lag, count in sorted(Counter(lags.tolist()).items()):
+            # Versions behind the weights being trained: 0 when synchronous, at most the plan's
+            # max_version_lag = (staleness - 1) + (every - 1) of the model's resync.
+            ctx.metrics[_per_policy(f"staleness_hist/{lag}", op, ctx)] = count
     too_old = lags > max_version_lag(ctx.services.plan)
     if bool(too_old.any()):  # the versioned buffer's filter: such samples carry no loss
         mask = mask * (~too_old).to(mask.dtype).unsqueeze(-1)
-        ctx.metrics["staleness/dropped"] = int(too_old.sum())
+        ctx.metrics[_per_policy("staleness_dropped", op, ctx)] = int(too_old.sum())
     if "old_logprobs" in extras and "rollout_logprobs" in extras:
         # Behaviour (the rollout engine's weights, maybe versions behind) vs current (the trainer's
         # old_logprobs): measured at every staleness; tis / mis weights go to the loss. Without
@@ -278,7 +282,7 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
         weights, stats = importance_correction(extras["old_logprobs"], extras["rollout_logprobs"], mask,
                                                tis=correction["tis"], mis=correction["mis"],
                                                mis_low=correction["mis_low"], level=correction["is_level"])
-        ctx.metrics.update({_offpolicy_name(k, op, ctx): v for k, v in stats.items()})
+        ctx.metrics.update({_per_policy(k, op, ctx): v for k, v in stats.items()})
         if weights is not None:
             extras["is_weights"] = weights
     full = TokenBatch(batch.input_ids, batch.attention_mask, mask, extras)
@@ -290,27 +294,35 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
             continue  # rollout and trainer weights differ (a skipped resync): not the engines' mismatch
         vals = [float(s[key]) for s in stats if key in s]
         if key.startswith("offpolicy_"):  # measured in the loss (no old_logprobs): one optimiser step
-            ctx.metrics[_offpolicy_name(key, op, ctx)] = float(max(vals) if key.endswith("_max") else
-                                                      min(vals) if key.endswith("_min") else np.mean(vals))
-            continue
-        ctx.metrics[_ON_POLICY_METRICS.get(key, f"train/{op.model}/{key}")] = float(np.mean(vals))
+            ctx.metrics[_per_policy(key, op, ctx)] = float(max(vals) if key.endswith("_max") else
+                                                   min(vals) if key.endswith("_min") else np.mean(vals))
+        elif key.startswith("mismatch_"):  # measured in the loss when the plan elided the old-logprob
+            ctx.metrics[_per_policy(key, op, ctx)] = float(np.mean(vals))  # pass (lower.elide_old_logprobs)
+        else:
+            ctx.metrics["kl/ref" if key == "kl_ref" else f"train/{op.model}/{key}"] = float(np.mean(vals))
     return StepValue()
 
 
-def _offpolicy_name(key: str, op: OpPlan, ctx: StepContext) -> str:
-    """``offpolicy_ratio_mean`` -> ``offpolicy/ratio_mean`` (the statistics of
-    :func:`~flowrl.algos.mismatch.importance_correction`), ``offpolicy/<model>/ratio_mean`` when
-    the plan updates several models (each has its own behaviour gap)."""
+_PER_POLICY = ("offpolicy", "mismatch", "staleness")
+"""Families measured per trained policy: its behaviour gap, its engines' mismatch, its samples' lags."""
+
+
+def _per_policy(key: str, op: OpPlan, ctx: StepContext) -> str:
+    """``offpolicy_ratio_mean`` (a statistic of :func:`~flowrl.algos.mismatch.importance_correction`,
+    or of :func:`~flowrl.algos.mismatch.mismatch_metrics`, or the update's ``staleness_*``) ->
+    ``offpolicy/ratio_mean``, or ``offpolicy/<model>/ratio_mean`` when the plan trains several
+    policies (:func:`~flowrl.runtime.metric_names.metric_name`)."""
+    family, _, rest = key.partition("_")
+    if family not in _PER_POLICY:
+        raise RuntimeFlowError(f"{op.origin}: `{key}` is not a per-policy metric ({', '.join(_PER_POLICY)})")
     policies = {o.model for o in ctx.services.plan.ops
                 if o.kind == OpKind.UPDATE and loss_record(o.options["loss"], o.origin).model_role == "trainable"}
-    several = len(policies) > 1
-    return (f"offpolicy/{op.model}/" if several else "offpolicy/") + key[len("offpolicy_"):]
+    return metric_name(family, rest, op.model, policies)
 
 
-_ON_POLICY_METRICS = {"mismatch_abs_mean": "mismatch/abs_mean", "mismatch_abs_max": "mismatch/abs_max",
-                      "mismatch_kl": "mismatch/kl", "kl_ref": "kl/ref"}
-"""Loss metrics measured in the update when the plan elided the old-logprob pass
-(:func:`flowrl.compiler.lower.elide_old_logprobs`), under the names the logprobs pass uses."""
+def _same_ops(op: OpPlan, ctx: StepContext) -> list[str]:
+    """The ids of the plan's ops that run the same catalogue op as ``op`` (so write the same metrics)."""
+    return [o.id for o in ctx.services.plan.ops if o.op == op.op]
 
 
 def max_version_lag(plan) -> int:
@@ -338,8 +350,8 @@ def _advantage(fn: Handler) -> Handler:
         out = fn(op, ctx)
         adv = out.get("advantages")
         if adv is not None:
-            several = sum("advantages" in o.fields for o in ctx.services.plan.ops) > 1
-            ctx.metrics[f"adv/{op.id}/abs_mean" if several else "adv/abs_mean"] = float(adv.abs().mean())
+            producers = [o.id for o in ctx.services.plan.ops if "advantages" in o.fields]
+            ctx.metrics[metric_name("adv", "abs_mean", op.id, producers)] = float(adv.abs().mean())
         return out
     return handler
 
@@ -394,7 +406,8 @@ def overlong_penalty(op: OpPlan, ctx: StepContext) -> StepValue:
     r = _rewards(op, ctx)
     shaped = overlong_shaping(r, mask, int(op.options["max_tokens"]), int(op.options["buffer"]),
                               float(op.options["factor"]))
-    ctx.metrics["reward/overlong_penalty"] = float((r.float() - shaped).mean())  # mean penalty (>= 0)
+    penalty = float((r.float() - shaped).mean())  # mean penalty (>= 0)
+    ctx.metrics[metric_name("reward", "overlong_penalty", op.id, _same_ops(op, ctx))] = penalty
     return StepValue({"rewards": shaped})
 
 

@@ -42,6 +42,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from flowrl.runtime.metric_names import unowned_name
+
 
 class ObserveError(ValueError):
     """A trace event, metric or progress update that cannot be recorded as given."""
@@ -764,7 +766,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "perf/step_s": "min",
 }
 """Key series :func:`summarize` reports, with which direction is better. ``loss/*`` keys
-are added as they appear (lower is better)."""
+are added as they appear (lower is better), and so are the per-owner names of these keys
+(``reward/<op id>/mean`` ..., :mod:`flowrl.runtime.metric_names`) when a flow has several producers."""
 
 
 def _series_stats(rows: list[dict], key: str, better: str) -> dict[str, Any] | None:
@@ -791,7 +794,8 @@ def summarize(rows: list[dict]) -> dict:
     Returns ``{"steps": {"count", "first", "last"}`` (RL steps: 1, 2, ...; the row of step 0,
     before RL, counts only in the series), ``"time_total_s": {op: seconds},
     <key>: {"first", "first_step", "last", "last_step", "count", "best", "best_step",
-    "mean"}}`` for every key of :data:`SUMMARY_KEYS` and every ``loss/*`` key present.
+    "mean"}}`` for every key of :data:`SUMMARY_KEYS` (and its per-owner names) and every
+    ``loss/*`` key present.
     ``first``/``last`` are the raw values (a NaN loss at the end shows as NaN);
     ``best``/``mean`` use finite values only and are absent if there are none.
     """
@@ -802,7 +806,9 @@ def summarize(rows: list[dict]) -> dict:
                   "last": trained[-1] if trained else None},
     }
     losses = sorted({k for r in rows for k in r if k.startswith("loss/")})
-    for key, better in [*SUMMARY_KEYS.items(), *((k, "min") for k in losses)]:
+    owned = sorted({k for r in rows for k in r if k not in SUMMARY_KEYS and unowned_name(k, SUMMARY_KEYS)})
+    for key, better in [*SUMMARY_KEYS.items(), *((k, SUMMARY_KEYS[unowned_name(k, SUMMARY_KEYS)]) for k in owned),
+                        *((k, "min") for k in losses)]:
         stats = _series_stats(rows, key, better)
         if stats is not None:
             out[key] = stats

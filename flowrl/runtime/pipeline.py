@@ -39,6 +39,7 @@ from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.episodes import run_region, units
 from flowrl.runtime.handlers import handler_of
 from flowrl.runtime.step import StepContext, check_fields
+from flowrl.runtime.watchdog import EngineHung
 
 
 def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:
@@ -72,7 +73,10 @@ def _run_op(op: OpPlan, ctx: StepContext) -> None:
     handler = handler_of(op)
     t = time.time()
     with ctx.services.timeline.span(op.id, op.engine or "driver", ctx.step):
-        value = handler(op, ctx)
+        try:
+            value = handler(op, ctx)
+        except EngineHung as hung:  # the engines know the call, not the op that made it
+            raise hung.during(op) from None
     check_fields(op, value)
     ctx.values[op.id] = value
     key = f"time/{op.id}"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OpKind
 from flowrl.plan import ExecutionPlan, RewardPlan
 from flowrl.runtime.errors import RuntimeFlowError
+from flowrl.runtime.kinds import builder_for
 
 
 class _Scaled:
@@ -63,16 +64,8 @@ REWARD_KINDS: dict[str, Callable] = {f.__name__: f for f in (verifier, python_re
 
 def builder_of(r: RewardPlan) -> Callable:
     """The builder of ``r``'s kind (its op's ``OpSpec.handler``); a kind without one is an error."""
-    spec = OPS.get(r.kind)
-    if spec is None or spec.kind != OpKind.REWARD_FN:
-        raise RuntimeFlowError(f"{r.origin}: `{r.kind}` is not a reward kind; kinds: "
-                               f"{', '.join(sorted(k for k, s in OPS.items() if s.kind == OpKind.REWARD_FN))}")
-    build = REWARD_KINDS.get(spec.handler)
-    if build is None:
-        raise RuntimeFlowError(f"{r.origin}: `{r.kind}` rewards have no runtime builder `{spec.handler}`; "
-                               "`flowrl check` refuses them by their record's platforms, so this plan was not made "
-                               "by this version's compiler")
-    return build
+    return builder_for(r.kind, OpKind.REWARD_FN, REWARD_KINDS, r.origin, noun="a reward kind", listing="kinds",
+                       things="rewards")
 
 
 def build_reward(r: RewardPlan, plan: ExecutionPlan):

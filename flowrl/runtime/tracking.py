@@ -22,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -152,7 +153,7 @@ class MlflowLogger:
         import time
 
         now = int(time.time() * 1000)
-        batch = [self._Metric(key, value, now, step) for key, value in sorted(_scalars(metrics).items())]
+        batch = [self._Metric(mlflow_key(key), value, now, step) for key, value in sorted(_scalars(metrics).items())]
         for i in range(0, len(batch), 1000):  # MLflow's limit per batch
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 
@@ -164,6 +165,16 @@ class MlflowLogger:
         if not self._closed:
             self._closed = True
             self.client.set_terminated(self.run_id)
+
+
+def mlflow_key(key: str) -> str:
+    """``key`` as MLflow accepts a metric name (letters, digits, ``_ - . / :`` and spaces): any other
+    character, such as the ``#`` of a repeated call's op id (``time/dapo#2.update``), becomes ``_``.
+
+    >>> mlflow_key("time/dapo#2.update"), mlflow_key("reward/mean")
+    ('time/dapo_2.update', 'reward/mean')
+    """
+    return re.sub(r"[^\w\-./: ]", "_", key)
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

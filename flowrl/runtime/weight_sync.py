@@ -66,6 +66,11 @@ class WeightSyncError(RuntimeError):
     """Weights could not be packed (bad input) or arrived corrupted."""
 
 
+class CorruptedWeights(WeightSyncError):
+    """What arrived differs from what was sent (a CRC-32 or a size): the transfer damaged it, and
+    the receiver loaded nothing; sending it again may cure it (the driver resends a resync once)."""
+
+
 class TensorMeta(NamedTuple):
     """Where one tensor lives inside a bucket."""
 
@@ -372,13 +377,13 @@ def _raise_corruption(bucket: Bucket, actual: int) -> None:
     for meta in bucket.tensors:
         got = crc32(bucket.data[meta.offset : meta.offset + meta.nbytes])
         if got != meta.checksum:
-            raise WeightSyncError(
+            raise CorruptedWeights(
                 f"weight sync: tensor {meta.name!r} in bucket {bucket.index} is corrupted: "
                 f"crc32 {got:#010x}, expected {meta.checksum:#010x} "
                 f"(bucket crc32 {actual:#010x}, expected {bucket.checksum:#010x}); "
                 "hint: the transfer damaged the buffer, resend the bucket"
             )
-    raise WeightSyncError(
+    raise CorruptedWeights(
         f"weight sync: bucket {bucket.index} crc32 {actual:#010x}, expected {bucket.checksum:#010x}, "
         "but every tensor's crc32 matches; hint: the padding bytes or the bucket checksum itself were damaged"
     )
@@ -419,7 +424,7 @@ def unpack_bucket(bucket: Bucket, stats: SyncStats | None = None, copy: bool = F
     expected_len = max((m.offset + m.nbytes for m in bucket.tensors), default=0)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape != (expected_len,):
         got = f"{type(data).__name__} {getattr(data, 'dtype', '?')} {list(getattr(data, 'shape', []))}"
-        raise WeightSyncError(
+        raise CorruptedWeights(
             f"weight sync: bucket {bucket.index} data is {got}, expected uint8 [{expected_len}]; "
             "hint: the buffer was truncated or replaced in transit"
         )

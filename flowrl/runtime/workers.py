@@ -142,17 +142,19 @@ class TrainWorker:
         self.sync, rendezvous = open_end(protocol, role, options)
         return rendezvous
 
-    def sync_send(self, version: int, corrupt: bool = False) -> tuple[tuple[dict, float, float], Any]:
+    def sync_send(self, version: int, corrupt: bool = False,
+                  fresh: bool = False) -> tuple[tuple[dict, float, float], Any]:
         """Send the current weights as ``version``; call with ``.options(num_returns=2)``.
 
         Returns ``((ProtocolStats as a dict, t0, t1), handoff)``: times are ``time.time()``
         seconds; the handoff (None for collectives) goes to every receiver as an object
-        ref, never through the driver. ``corrupt`` injects a one-byte fault (tests).
+        ref, never through the driver. ``corrupt`` injects a one-byte fault (tests); ``fresh``:
+        the resend after a receiver found damage (see :func:`~flowrl.runtime.sync.endpoint.send_weights`).
         """
         from flowrl.runtime.sync.endpoint import send_weights
 
         t0 = time.time()
-        stats, handoff = send_weights(self.sync, self.engine.named_weights(), version, corrupt)
+        stats, handoff = send_weights(self.sync, self.engine.named_weights(), version, corrupt, fresh)
         return (stats, t0, time.time()), handoff
 
     def close_sync(self) -> None:
@@ -186,8 +188,12 @@ class RolloutWorker:
     def ready(self) -> bool:
         return True
 
-    def generate(self, prompts: list[list[int]], spec) -> tuple[list, float, float]:
+    def generate(self, prompts: list[list[int]], spec, stall: float = 0.0) -> tuple[list, float, float]:
+        """Completions of ``prompts``, (t0, t1); ``stall`` > 0 first sleeps that long (seconds): a hung
+        engine, injected by a test (``Faults.hang_at_step``) for the watchdog to catch."""
         t0 = time.time()
+        if stall > 0:
+            time.sleep(stall)
         return self.engine.generate(prompts, spec), t0, time.time()
 
     def sleep(self) -> tuple[float, float]:

@@ -13,7 +13,8 @@ trains, so they train 0, 1 and 2 versions behind):
 * REINFORCE++-baseline with the ``abs`` KL estimator in the loss.
 
 Each policy's ``offpolicy/<model>/*`` statistics (the behaviour-vs-current ratio's mean, max,
-min, KL, and the clipped / masked fraction of its correction) are in every step's row.
+min, KL, and the clipped / masked fraction of its correction) are in every step's row, and so
+are its ``staleness/<model>/*`` and its score op's ``reward/<op id>/*``.
 The handlers' arithmetic is tested without Ray in ``test_runtime_handlers.py``.
 """
 
@@ -37,6 +38,7 @@ from flowrl.launch import run_file  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RATIO = ("ratio_mean", "ratio_max", "ratio_min", "kl")
+ALGOS = ("dapo", "cispo", "gspo", "reinforce_pp_baseline")
 REWARD = Path(__file__).resolve().parent / "algo_rewards.py"
 
 
@@ -84,8 +86,19 @@ def rows(workdir):
 
 
 def test_every_step_trains_further_behind(rows):
-    lags = [sorted(int(k.rsplit("/", 1)[1]) for k in r if k.startswith("staleness/hist/")) for r in rows]
-    assert lags == [[0], [1], [2]]
+    for algo in ALGOS:
+        hist = f"staleness/{algo}_policy/hist/"
+        lags = [sorted(int(k[len(hist):]) for k in r if k.startswith(hist)) for r in rows]
+        assert lags == [[0], [1], [2]], algo
+
+
+def test_each_policy_and_score_op_logs_under_its_own_name(rows):
+    """Four policies, four score ops: ``staleness/<model>/*`` and ``reward/<op id>/*``, never the plain
+    names that all four would overwrite; the one filter op keeps ``filter/*`` (test_dapo_...)."""
+    for row in rows:
+        assert not [k for k in row if k.startswith(("staleness/hist/", "reward/mean", "offpolicy/ratio"))], sorted(row)
+        for algo in ALGOS:
+            assert 0.0 <= row[f"reward/{algo}.scores/mean"] <= 1.0, (algo, sorted(row))
 
 
 def _ratios_ok(row: dict, model: str) -> None:

@@ -250,3 +250,48 @@ def test_without_old_logprobs_the_loss_measures_and_truncates():
     assert torch.allclose(lp.grad, -1.05 / 3 * mask)  # the weight scales the gradient, detached
     plain, stats = make_loss_fn({"name": "cispo"})({"logprobs": lp.detach().requires_grad_()}, mb, denom)
     assert "offpolicy_ratio_max" in stats and "offpolicy_clipped_frac" not in stats
+
+
+# ---- two policies: per-owner metric names ------------------------------------------------------------------
+
+TWO = """import stdlib.dapo
+model policy = tiny(task = "arith")
+model other = tiny(task = "arith")
+dataset arith = jsonl("{root}/data/arith/train.jsonl")
+reward exact = verifier("exact")
+flow main(steps: int = 3) {{
+  dapo(policy, arith, exact, batch = 4, draw_batch = 4, group = 4, max_tokens = 5, overlong_buffer = 2, max_draws = 4)
+  dapo(other, arith, exact, batch = 4, draw_batch = 4, group = 4, max_tokens = 5, overlong_buffer = 2, max_draws = 4)
+}}
+schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
+  staleness 2
+  policy.rollout = hf_generate()
+  other.rollout = hf_generate()
+}}
+"""
+
+
+@pytest.mark.parametrize("version", [4, 5])  # one version behind; the same weights (the engines' mismatch logged)
+def test_two_policies_write_their_metrics_under_their_own_names(version):
+    plan = lower(compile_text(TWO.format(root=ROOT), str(ROOT / "flows" / "two_dapo.flow")), {"steps": 3})
+    ctx = _ctx(plan, engines=FakeEngines(version=version, trained=5))
+    producer, consumer = split_stages(plan)
+    run_ops(producer, ctx)
+    run_ops([op for op in consumer if op.op != "resync"], ctx)
+    m = ctx.metrics
+    lag = 5 - version
+    for call, model in (("dapo", "policy"), ("dapo#2", "other")):
+        assert 0.0 <= m[f"reward/{call}.scores/mean"] <= m[f"reward/{call}.scores/max"] <= 1.0
+        assert m[f"reward/{call}.shaped/overlong_penalty"] >= 0.0
+        assert m[f"filter/{call}.kept/draws"] == 3 and m[f"filter/{call}.kept/groups_kept"] == 4
+        assert f"adv/{call}.adv/abs_mean" in m
+        assert m[f"staleness/{model}/hist/{lag}"] == 16
+        assert m[f"offpolicy/{model}/ratio_mean"] == pytest.approx(math.exp(GAP), rel=1e-6)
+        if version == 5:
+            assert m[f"mismatch/{model}/abs_max"] == pytest.approx(GAP, rel=1e-5)
+    # no family is written under its plain name, which both would overwrite
+    families = ("reward", "filter", "adv", "staleness", "mismatch", "offpolicy")
+    plain = sorted(k for k in m if k.split("/")[0] in families and k.split("/")[1] not in
+                   {"dapo.scores", "dapo#2.scores", "dapo.shaped", "dapo#2.shaped", "dapo.kept", "dapo#2.kept",
+                    "dapo.adv", "dapo#2.adv", "policy", "other"})
+    assert plain == [], plain

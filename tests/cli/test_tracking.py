@@ -20,7 +20,7 @@ STEPS = {
     0: {"eval/accuracy": 0.25},
     1: {"reward/mean": 0.5, "time/resync:policy": 0.01, "loss/pg": float("nan")},
     2: {"reward/mean": 0.625, "time/resync:policy": 0.02, "eval/accuracy": 0.5},
-    3: {"reward/mean": 0.75, "time/resync:policy": 0.03},
+    3: {"reward/mean": 0.75, "time/resync:policy": 0.03, "time/dapo#2.update": 0.04},  # a repeated call's op id
 }
 SAMPLES = [{"step": 2, "prompt": "1+2=", "completion": "3", "reward": 1.0},
            {"step": 2, "prompt": "2+2=", "completion": "5 | x\nnewline", "reward": 0.0}]
@@ -88,6 +88,8 @@ def test_mlflow_file_store(tracked):
     history = client.get_metric_history(run.info.run_id, "reward/mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.625), (3, 0.75)]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [0, 2]
+    # MLflow refuses `#` in a metric name: it becomes `_` there (TensorBoard and W&B keep it)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "time/dapo_2.update")] == [(3, 0.04)]
     table = client.load_table(run.info.experiment_id, "samples.json", run_ids=[run.info.run_id])
     assert table[["step", "prompt", "completion", "reward"]].values.tolist() == \
         [[r["step"], r["prompt"], r["completion"], r["reward"]] for r in SAMPLES]

@@ -17,6 +17,18 @@ from flowrl.engines.types import SamplingSpec  # noqa: E402
 from flowrl.engines.vllm_engine import VLLMRolloutEngine  # noqa: E402
 
 
+def _update_and_follow(engine, tiny_model_dir, spec, before):
+    """Train a fresh trainer a few steps, push its weights to ``engine``, and check that ``engine``
+    now samples other tokens whose log-probs are the trainer's (the weights reached every worker)."""
+    trainer = make_trainer(tiny_model_dir)
+    train_a_few_steps(trainer)
+    engine.update_weights(trainer.named_weights())
+    after = engine.generate(contract.prompts(), spec)
+    batch = completions_batch(after)
+    assert max_logprob_gap(after, trainer.forward(batch)["logprobs"], batch) < contract.TOL
+    assert [g[0].response_ids for g in after] != [g[0].response_ids for g in before]
+
+
 def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
     engine = VLLMRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=64, in_process=False)
     try:
@@ -26,14 +38,7 @@ def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
         before = engine.generate(contract.prompts(), spec)
         batch = completions_batch(before)
         assert max_logprob_gap(before, make_trainer(tiny_model_dir).forward(batch)["logprobs"], batch) < contract.TOL
-
-        trainer = make_trainer(tiny_model_dir)
-        train_a_few_steps(trainer)
-        engine.update_weights(trainer.named_weights())
-        after = engine.generate(contract.prompts(), spec)
-        batch = completions_batch(after)
-        assert max_logprob_gap(after, trainer.forward(batch)["logprobs"], batch) < contract.TOL
-        assert [g[0].response_ids for g in after] != [g[0].response_ids for g in before]
+        _update_and_follow(engine, tiny_model_dir, spec, before)
     finally:
         engine.shutdown()
 
@@ -56,14 +61,7 @@ def test_tp2_on_cpu_runs_the_multiprocessing_executor_and_updates_weights_in_pla
         assert not engine._direct_weights  # tensors cannot cross to the workers as RPC arguments
         before = engine.generate(contract.prompts(), spec)
         assert [g[0].response_ids for g in before] == [g[0].response_ids for g in reference]
-        trainer = make_trainer(tiny_model_dir)
-        train_a_few_steps(trainer)
-        engine.update_weights(trainer.named_weights())
-        after = engine.generate(contract.prompts(), spec)
-        batch = completions_batch(after)
-        # Both tp shards hold the new weights: the sampled tokens' log-probs are the trainer's.
-        assert max_logprob_gap(after, trainer.forward(batch)["logprobs"], batch) < contract.TOL
-        assert [g[0].response_ids for g in after] != [g[0].response_ids for g in before]
+        _update_and_follow(engine, tiny_model_dir, spec, before)  # both tp shards hold the new weights
     finally:
         engine.shutdown()
 

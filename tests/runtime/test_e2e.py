@@ -20,6 +20,7 @@ from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
 from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
+from flowrl.runtime.preemption import Preempted  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,8 +40,16 @@ GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr =
 
 @pytest.fixture(scope="module")
 def grpo_run(workdir):
+    """6 steps; step 2's resync arrives damaged once (and is sent again): nothing else may differ from an
+    undisturbed run (test_kill_and_resume_reproduces_metrics compares it with one)."""
     path = _flow(workdir, GRPO, steps=6)
-    return run_file(str(path), out=str(workdir / "grpo"), save_every=3)
+    return run_file(str(path), out=str(workdir / "grpo"), save_every=3,
+                    faults=Faults(corrupt_bucket_at_step=1, corrupt_sends=1))
+
+
+def _undisturbed(rows: list[dict]) -> list[dict]:
+    """:func:`stable` rows without the count of resent resyncs (the one thing a survived fault changes)."""
+    return [{k: v for k, v in r.items() if k != "faults/sync_resent"} for r in stable(rows)]
 
 
 def test_grpo_reward_rises(grpo_run):
@@ -74,16 +83,25 @@ def test_kill_and_resume_reproduces_metrics(workdir, grpo_run):
         run_file(str(path), out=str(out), save_every=3, faults=Faults(stop_after_step=3))
     # step 4 (index 3) ran but its checkpoint was never written: the resume redoes it
     resumed = run_file(str(path), resume=str(out))
-    assert stable(resumed.rows) == stable(grpo_run.rows)
+    assert _undisturbed(resumed.rows) == _undisturbed(grpo_run.rows)  # grpo_run survived a damaged resync
+
+
+def test_a_resync_damaged_once_is_sent_again_and_the_run_goes_on(grpo_run):
+    """Step 2's first send arrived corrupted; the resend delivered: vLLM's log-probs match the trainer's
+    at step 3 (the weights it generated with are the trainer's, bit for bit)."""
+    assert [r["faults/sync_resent"] for r in grpo_run.rows] == [0, 1, 0, 0, 0, 0]
+    assert grpo_run.rows[2]["mismatch/abs_max"] < 1e-4
 
 
 def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir):
+    """Every send of step 1's resync is damaged (the resend too): the run stops naming the tensor."""
     path = _flow(workdir, GRPO, steps=2)
     with pytest.raises(Exception) as info:
         run_file(str(path), out=str(workdir / "corrupt"), faults=Faults(corrupt_bucket_at_step=0))
     message = user_error(info.value)
     assert message is not None and "corrupted" in message and "crc32" in message, message
     assert "tensor 'model." in message  # names the tensor
+    assert "arrived damaged twice" in message, message  # it was sent once more first
 
 
 def test_ppo_runs_with_critic(workdir):
@@ -134,11 +152,18 @@ def test_one_step_off_keeps_the_staleness_bound(async_run):
     assert "mismatch/abs_max" not in rows[1]  # trainer is a version ahead: no like-for-like comparison
 
 
-def test_one_step_off_resume_reproduces_metrics(workdir, async_run):
+def test_one_step_off_preempted_by_sigterm_resumes_exactly(workdir, async_run):
+    """SIGTERM (a scheduler's preemption) after step 3, between the checkpoints of steps 2 and 4: the
+    run writes step 3's checkpoint (with the rollout generated ahead for step 4) and stops cleanly;
+    the resume reproduces the uninterrupted run."""
     path, uninterrupted = async_run
     out = workdir / "async_resumed"
-    with pytest.raises(SystemExit):
-        run_file(str(path), out=str(out), save_every=2, faults=Faults(stop_after_step=2))
+    with pytest.raises(Preempted) as stopped:
+        run_file(str(path), out=str(out), save_every=2, faults=Faults(sigterm_after_step=2))
+    assert (stopped.value.step, stopped.value.checkpoint) == (3, True)
+    assert f"`flowrl run --resume {out}` continues it" in str(stopped.value)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
+        ["step_000002", "step_000003"]
     resumed = run_file(str(path), resume=str(out))
     assert stable(resumed.rows) == stable(uninterrupted.rows)
     for row in resumed.rows:

@@ -46,7 +46,8 @@ def test_collective_follows_the_protocol_and_a_delta_its_inner_protocol():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine can run NCCL")
 def test_nccl_without_cuda_is_refused_with_a_hint():
     problem = sync_problem(plan("nccl", "nccl"))
-    assert "needs CUDA GPUs" in problem and "via gloo()" in problem, problem
+    assert "sends over nccl, which this machine (platform cpu) lacks" in problem and "via gloo()" in problem, problem
+    assert sync_problem(plan("nccl", "nccl"), nccl_elsewhere=True) is None  # a joined cluster says for itself
 
 
 def test_unknown_protocol_and_option_are_named():

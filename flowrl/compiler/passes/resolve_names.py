@@ -230,8 +230,8 @@ class _Resolver:
                                   f"this calls the built-in op; to call the flow, import it with an alias "
                                   f"(`import ... as algo`) and write `algo.{n.op}(...)`")
                 continue
-            if n.op == "resync":
-                self.errors.error("E110", "`resync` is inserted by the compiler, not written in a flow",
+            if n.op in OPS and OPS[n.op].kind == OpKind.RESYNC:
+                self.errors.error("E110", f"`{n.op}` is inserted by the compiler, not written in a flow",
                                   n.span, "remove it; to choose how weights travel write "
                                           "`resync MODEL via PROTOCOL(...)` in a schedule")
                 continue

@@ -11,7 +11,7 @@ estimated time, and the resharding plan from the train layout to the rollout lay
 
 Chosen protocols: the record chosen for the route (colocated engines -> ``inplace``;
 disaggregated -> ``nccl`` on GPUs, ``gloo`` on a CPU cluster), overlapped with the next
-generation. A written protocol is checked against its record (E432-E435, E443): see
+generation. A written protocol is checked against its record (E432-E435, E443, E445): see
 :mod:`flowrl.compiler.schedule.sync`.
 
 >>> from flowrl.compiler.pipeline import compile_text

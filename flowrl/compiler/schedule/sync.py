@@ -14,7 +14,8 @@ route it is chosen for when a schedule names none (``chosen_for``). From these:
 * what makes a written protocol impossible: a route it cannot connect (E432: only
   colocated engines; E433: not across nodes), ``overlap`` between engines that take turns
   on the same GPUs (E434), a disk protocol across nodes without a shared ``dir`` (E435), a
-  platform it does not run on (E443).
+  platform it does not run on (E443), a transport the platform lacks (E445: what it sends over
+  there is not among :data:`~flowrl.catalog.platforms.TRANSPORTS`).
 
 >>> from flowrl.catalog.hardware import PROFILES
 >>> choose_protocol("inter-node", PROFILES["H100"])[0]
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 
 from flowrl.catalog.models import ModelFacts
+from flowrl.catalog.platforms import PLATFORMS, TRANSPORTS
 from flowrl.catalog.protocols import PROTOCOLS, ROUTES, chosen_protocol
 from flowrl.compiler.reshard import reshard_plan
 from flowrl.compiler.sched import ResyncSpec, SchedState
@@ -117,6 +119,8 @@ def protocol_problems(protocol: str, opts: dict, route: str, train: EnginePlan, 
                                    f"(cluster gpu = \"{hw.name}\")", span,
                            (sup.why or f"`{protocol}` runs on {', '.join(sorted(p.platforms))}")
                            + f"; for this placement ({route}) the compiler would choose `{instead}`")]
+    if p.transport_on(hw.platform) is None:
+        return [_transport_lacking(p, model, route, span, hw)]
     where = f"`{model}.rollout` is on pool `{rollout.pool}` (GPUs {ranges(rollout.gpus)}) and `{model}.train` " \
             f"on pool `{train.pool}` (GPUs {ranges(train.gpus)})"
     if route not in p.routes:
@@ -140,6 +144,19 @@ def protocol_problems(protocol: str, opts: dict, route: str, train: EnginePlan, 
                                    f"every node sees, but `dir` is empty", span,
                            f'give a shared directory: `{protocol}(dir = "/shared/ckpt")`')]
     return []
+
+
+def _transport_lacking(p, model: str, route: str, span: Span, hw: Profile) -> Diagnostic:
+    """E445: ``p`` runs on the platform, but what it sends over there is not a transport the platform has."""
+    sent = p.transport.get(hw.platform)
+    instead = chosen_protocol(route, platform_kind(hw)).name
+    elsewhere = [pl for pl in PLATFORMS if p.transport_on(pl)]
+    other = 'declare `gpu = "cpu"`' if "cpu" in elsewhere else f"target a cluster of {' or '.join(elsewhere)} GPUs"
+    what = f"sends over {sent}" if sent else "names no transport"
+    return Diagnostic("E445", f"`{p.name}` resync of `{model}` {what} on {hw.platform} (cluster gpu = \"{hw.name}\"), "
+                              f"which has only {', '.join(sorted(TRANSPORTS[hw.platform]))}", span,
+                      f"schedule `resync {model} via {instead}()` (what the compiler chooses for this placement, "
+                      f"{route})" + (f", or {other}" if elsewhere else ""))
 
 
 __all__ = ["sync_plan", "route_of", "choose_protocol", "protocol_problems", "platform_kind", "CHECKPOINT_SHARD_BYTES"]

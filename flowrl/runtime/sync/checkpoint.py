@@ -33,7 +33,7 @@ from typing import ClassVar, Iterator, NamedTuple
 import torch
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version, raw_bytes
-from flowrl.runtime.weight_sync import WeightSyncError, crc32
+from flowrl.runtime.weight_sync import CorruptedWeights, WeightSyncError, crc32
 
 FORMAT = "flowrl-weights/1"
 """``format`` field of every manifest; a reader refuses others."""
@@ -280,5 +280,5 @@ def _verify(entry: dict, tensor: torch.Tensor, file: Path) -> None:
                               "to this manifest")
     got = crc32(raw)
     if got != entry["crc32"]:
-        raise WeightSyncError(f"checkpoint: tensor {entry['name']!r} in {file} is corrupted: crc32 {got:#010x}, "
+        raise CorruptedWeights(f"checkpoint: tensor {entry['name']!r} in {file} is corrupted: crc32 {got:#010x}, "
                               f"expected {entry['crc32']:#010x}; hint: the file was damaged on disk or in transit")

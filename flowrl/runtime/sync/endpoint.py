@@ -60,7 +60,7 @@ def _node_address() -> str:
 
 # ---- sending ---------------------------------------------------------------------------------------
 def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], version: int,
-                 corrupt: bool = False) -> tuple[dict, Any]:
+                 corrupt: bool = False, fresh: bool = False) -> tuple[dict, Any]:
     """Ship ``weights`` as ``version``; returns (the sender's ProtocolStats as a dict, the handoff).
 
     Args:
@@ -68,12 +68,18 @@ def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], 
         weights: ``(hf_name, tensor)`` pairs (any shape, CPU or GPU).
         version: policy version, an int >= 0.
         corrupt: flip one byte of the first bucket/file after checksumming (tests).
+        fresh: forget what earlier syncs sent first (a ``delta`` sends every tensor, and its
+            receivers accept the sync whatever they hold): the resend after a receiver found
+            damage, whose delta history may be half updated.
 
     Returns:
         ``(stats, handoff)``: ``handoff`` is what the driver forwards to each
         receiver (None for collectives).
     """
     hooks = _fault_hooks(_transport(sync)) if corrupt else _NO_FAULT
+    reset = getattr(sync, "reset", None)  # only protocols with a history have one (delta)
+    if fresh and reset is not None:
+        reset()
     undo = hooks.before(_transport(sync))
     try:
         stats = sync.send(weights, version)

@@ -18,14 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import torch.distributed as dist
-
+from flowrl.catalog.platforms import TRANSPORTS
 from flowrl.runtime.sync import options_from_schedule
-from flowrl.runtime.sync.broadcast import BroadcastSync, default_backend
+from flowrl.runtime.sync.broadcast import BroadcastSync
 from flowrl.runtime.sync.checkpoint import CheckpointSync
 from flowrl.runtime.sync.delta import DeltaSync
 from flowrl.runtime.sync.inplace import InPlaceSync
-from flowrl.runtime.sync.registry import delta_carrier, is_collective, protocol_class, sync_kwargs
+from flowrl.runtime.sync.registry import delta_carrier, is_collective, machine_platform, protocol_class, \
+    sync_kwargs
 from flowrl.runtime.weight_sync import WeightSyncError
 
 
@@ -77,20 +77,28 @@ def collective(plan, options: dict) -> bool:
 def sync_problem(plan, nccl_elsewhere: bool = False) -> str | None:
     """Why this machine cannot run ``plan``'s protocol (one line with a hint), or None.
 
-    ``nccl_elsewhere``: the ends run on another cluster's nodes, which may have NCCL even if this
-    machine has not (they say so themselves when they open their ends)."""
+    The compiler checked the protocol, its options and its transport against the schedule's
+    platform (E432-E435, E443, E445); what it cannot know is the machine the run starts on. A
+    plan for GPUs sends over ``nccl``, which a CPU machine lacks: the plan's transport must be one
+    of this machine's platform's :data:`~flowrl.catalog.platforms.TRANSPORTS`.
+    ``nccl_elsewhere``: the ends run on another cluster's nodes (``--ray``/``RAY_ADDRESS``), whose
+    processes say whether they have it when they open their ends. Options are checked again here
+    for a plan that was written by hand (a compiled plan's options are the catalogue's)."""
     try:
         options = sync_options(plan, Path("."))
-        backends = [sync_kwargs(plan.protocol, options).get("backend")]
-        if options.get("inner"):
-            backends.append(sync_kwargs(options["inner"], {k: v for k, v in options.items()
-                                                           if k not in ("inner", "threshold")}).get("backend"))
+        sync_kwargs(plan.protocol, options)
+        if options.get("inner"):  # a delta hands the rest of its options to the protocol carrying it
+            sync_kwargs(options["inner"], {k: v for k, v in options.items() if k not in ("inner", "threshold")})
     except WeightSyncError as error:
         return str(error)
-    if dist.Backend.NCCL in backends and default_backend() != dist.Backend.NCCL and not nccl_elsewhere:
-        return (f"resync of `{plan.model}` via `{plan.protocol}` sends over NCCL, which needs CUDA GPUs; this "
-                "machine has none; hint: schedule `resync ... via gloo()` (or declare the cluster's "
-                "`gpu = \"cpu\"`, so `broadcast` runs over gloo)")
+    machine = machine_platform()
+    if plan.transport and plan.transport not in TRANSPORTS[machine] and not nccl_elsewhere:
+        having = [p for p in TRANSPORTS if plan.transport in TRANSPORTS[p]]
+        made_for = f"a {' or '.join(having)} cluster" if having else "no platform flowrl knows"
+        return (f"resync of `{plan.model}` via `{plan.protocol}` sends over {plan.transport}, which this machine "
+                f"(platform {machine}) lacks: the plan was made for {made_for}; hint: run it "
+                f"on such a cluster (or join one with --ray), or schedule `resync ... via gloo()`, or declare the "
+                f"cluster's `gpu = \"{machine}\"` so the compiler plans for this machine")
     return None
 
 

@@ -1,0 +1,181 @@
+"""The watchdog: an engine call that never returns stops the run, named, instead of hanging it.
+
+The driver waits on Ray for every engine call (a generate, a forward, a train step, a weight
+sync, a memory hand-over, a checkpoint save). Each wait gets a deadline derived from what the
+run measured so far for the same engine and call (``policy.rollout`` + ``generate``):
+
+* while no such call has completed: ``first`` seconds (default 1800 s = 30 min: the first call
+  warms the engine up: CUDA graphs, ``torch.compile``, NCCL communicators, a large model's
+  first allocation);
+* afterwards: ``max(floor, factor x the slowest completed call so far)`` (defaults 600 s and
+  10x). The floor is torch.distributed's default collective timeout (10 min), the factor lets
+  responses grow ten times longer than the longest yet before a generate counts as hung.
+
+A call that passes its deadline raises :class:`EngineHung`: one line naming the engine (model,
+role, replica), the call, the op (id and source position, added by the pipeline), the step, how
+long the driver waited and the measured times, and the resume command. Finished steps keep their
+metrics (the driver's clean-up runs as after any error).
+
+The numbers are set by the environment variable ``FLOWRL_WATCHDOG`` (read once per run):
+``first=1800,floor=600,factor=10`` (any subset), or ``off``.
+
+>>> d = Deadlines(WatchdogSettings(first_s=60, floor_s=5, factor=4))
+>>> d.deadline("policy.rollout", "generate")
+60.0
+>>> d.record("policy.rollout", "generate", 0.5); d.deadline("policy.rollout", "generate")
+5.0
+>>> d.record("policy.rollout", "generate", 3.0); d.record("policy.rollout", "generate", 2.0)
+>>> d.deadline("policy.rollout", "generate"), d.measured("policy.rollout", "generate")
+(12.0, '3 earlier call(s), the slowest 3.0 s')
+>>> WatchdogSettings.parse("floor=2,factor=3")
+WatchdogSettings(first_s=1800.0, floor_s=2.0, factor=3.0, enabled=True)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from flowrl.runtime.errors import RuntimeFlowError
+
+ENV_VAR = "FLOWRL_WATCHDOG"
+"""The environment variable that sets the watchdog's numbers (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """The deadline rule's numbers (seconds, and a factor)."""
+
+    first_s: float = 1800.0
+    """Deadline of an engine's first call of a kind (warm-up, compilation), seconds."""
+    floor_s: float = 600.0
+    """The shortest deadline once a call of that kind has completed, seconds."""
+    factor: float = 10.0
+    """Deadline = ``factor`` x the slowest completed call of the same engine and kind (at least ``floor_s``)."""
+    enabled: bool = True
+    """False (``FLOWRL_WATCHDOG=off``): waits have no deadline."""
+
+    @classmethod
+    def parse(cls, text: str | None) -> WatchdogSettings:
+        """Settings from ``FLOWRL_WATCHDOG``'s value (None or empty: the defaults); a bad value is an error."""
+        text = (text or "").strip()
+        if not text:
+            return cls()
+        if text.lower() == "off":
+            return cls(enabled=False)
+        names = {"first": "first_s", "floor": "floor_s", "factor": "factor"}
+        values: dict[str, float] = {}
+        for part in text.split(","):
+            key, sep, value = part.strip().partition("=")
+            try:
+                number = float(value) if sep else -1.0
+            except ValueError:
+                number = -1.0
+            if key not in names or not number > 0:
+                raise RuntimeFlowError(f"{ENV_VAR}={text!r}: cannot read {part.strip()!r}; hint: write "
+                                       f"`first=1800,floor=600,factor=10` (any of them, positive numbers) or `off`")
+            values[names[key]] = number
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls) -> WatchdogSettings:
+        return cls.parse(os.environ.get(ENV_VAR))
+
+    def describe(self) -> str:
+        return f"first={self.first_s:g},floor={self.floor_s:g},factor={self.factor:g}"
+
+
+class Deadlines:
+    """The measured times of each engine's calls, and the deadline of the next one (the module's rule)."""
+
+    def __init__(self, settings: WatchdogSettings | None = None):
+        self.settings = settings or WatchdogSettings()
+        self.slowest: dict[tuple[str, str], float] = {}
+        """(engine, call) -> the slowest completed call, seconds."""
+        self.count: dict[tuple[str, str], int] = {}
+
+    def deadline(self, engine: str, call: str) -> float | None:
+        """Seconds the next ``call`` of ``engine`` may take; None: no deadline (the watchdog is off)."""
+        s = self.settings
+        if not s.enabled:
+            return None
+        slowest = self.slowest.get((engine, call))
+        return float(s.first_s) if slowest is None else max(float(s.floor_s), s.factor * slowest)
+
+    def record(self, engine: str, call: str, seconds: float) -> None:
+        """A ``call`` of ``engine`` completed in ``seconds``."""
+        key = (engine, call)
+        self.slowest[key] = max(self.slowest.get(key, 0.0), float(seconds))
+        self.count[key] = self.count.get(key, 0) + 1
+
+    def measured(self, engine: str, call: str) -> str:
+        """What the deadline was derived from, in words."""
+        key = (engine, call)
+        if key not in self.slowest:
+            return "no earlier call (the first call's deadline)"
+        return f"{self.count[key]} earlier call(s), the slowest {self.slowest[key]:.1f} s"
+
+
+class EngineHung(RuntimeFlowError):
+    """An engine call passed its deadline (see the module docstring); :meth:`during` adds the op."""
+
+    def __init__(self, engine: str, who: str, call: str, step: int, waited: float, rule: str, measured: str,
+                 resume: str, op: str | None = None):
+        self.fields = dict(engine=engine, who=who, call=call, step=step, waited=waited, rule=rule,
+                           measured=measured, resume=resume, op=op)
+        during = f" of op {op}" if op else ""
+        super().__init__(
+            f"watchdog: engine `{engine}` ({who}) did not finish `{call}`{during} at step {step + 1} within "
+            f"{waited:.1f} s ({rule}; measured: {measured}); the engine hangs (a stuck collective, a deadlock, "
+            f"a lost device), so the run stopped and the steps before it keep their metrics; {resume}; "
+            f"hint: if the engine is only slow, raise the deadline with {ENV_VAR}=first=...,floor=...,factor=...")
+
+    def during(self, op: Any) -> EngineHung:
+        """The same failure naming ``op`` (an OpPlan: its id and source position)."""
+        if self.fields["op"]:
+            return self
+        return EngineHung(**{**self.fields, "op": f"`{op.id}` ({op.origin})"})
+
+
+class Watchdog:
+    """Waits on Ray object refs with the deadline of :class:`Deadlines`; records the completed calls' times."""
+
+    def __init__(self, settings: WatchdogSettings | None = None):
+        self.deadlines = Deadlines(settings)
+
+    def rule(self, engine: str, call: str) -> str:
+        """The deadline's derivation, in words (for the message)."""
+        s = self.deadlines.settings
+        if (engine, call) not in self.deadlines.slowest:
+            return f"the first call's deadline, first={s.first_s:g} s"
+        return f"the deadline max(floor={s.floor_s:g} s, factor={s.factor:g} x the slowest earlier call)"
+
+    def wait(self, refs: Sequence, engine: str, call: str, step: int, who: Sequence[str],
+             resume: str) -> list:
+        """``ray.get(refs)`` (in order), raising :class:`EngineHung` when the deadline passes first.
+
+        ``who[i]`` names the actor of ``refs[i]`` (``replica 1``); an actor's own error is raised
+        as soon as its call fails (not after the others). The wall time of the whole wait is
+        recorded as one call of ``engine``'s ``call``.
+        """
+        import ray
+
+        refs = list(refs)
+        deadline = self.deadlines.deadline(engine, call)
+        t0 = time.monotonic()
+        pending = list(refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - (time.monotonic() - t0))
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                names = ", ".join(who[refs.index(r)] for r in pending)
+                raise EngineHung(engine, names, call, step, time.monotonic() - t0, self.rule(engine, call),
+                                 self.deadlines.measured(engine, call), resume)
+            ray.get(ready)  # an actor's error now, not after the slowest replica
+        self.deadlines.record(engine, call, time.monotonic() - t0)
+        return ray.get(refs)
+
+
+__all__ = ["ENV_VAR", "WatchdogSettings", "Deadlines", "EngineHung", "Watchdog"]
