@@ -565,6 +565,14 @@ class Fleet:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        # Rollout engines stop their own processes and files first (vLLM's engine core and cache
+        # directory, SGLang's scheduler): ray.kill ends an actor without running its clean-up.
+        live = [a for rec in self.models.values() for a in rec.rollout if id(a) not in self.hung]
+        try:
+            ray.get([a.shutdown.remote() for a in live], timeout=30)
+        except Exception as error:  # shutting down after a failure: the run's own error matters more
+            self.log(f"warning: stopping the rollout engines failed: {type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else ''}")
         for rec in self.models.values():
             for actor in ([rec.train] if rec.train else []) + rec.rollout:
                 ray.kill(actor)
