@@ -238,23 +238,20 @@ _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handl
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
+_DATASET_KWARGS = {
+    "prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
+    "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
+    "chat": _CHAT,
+    "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
+                       doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt too long for "
+                           "the rollout engine: refused naming file and row, or skipped and counted (data/rows_skipped)"),
+}
+"""The options every dataset format takes (one file format per record, the same fields)."""
 _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".jsonl",
-           kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
-                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
-                   "chat": _CHAT,
-                   "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
-                                      doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt "
-                                          "too long for the rollout engine: refused naming file and row, or "
-                                          "skipped and counted (data/rows_skipped)")},
+           kwargs=_DATASET_KWARGS,
            doc="A local JSON-lines dataset with a prompt field and an answer field."))
 _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".parquet",
-           kwargs={"prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
-                   "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
-                   "chat": _CHAT,
-                   "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
-                                      doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt "
-                                          "too long for the rollout engine: refused naming file and row, or "
-                                          "skipped and counted (data/rows_skipped)")},
+           kwargs=_DATASET_KWARGS,
            doc="A local parquet dataset with a prompt column and an answer column."))
 VERIFIER_NAMES = ("math", "exact", "code")
 """The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""

@@ -203,3 +203,28 @@ class SyncHost:
 
     def close(self, key: str) -> None:
         self.syncs.pop(key).close()
+
+
+def broadcast_receiver(rendezvous, times: int) -> tuple:
+    """A broadcast receiver (rank 1, gloo) in a thread taking ``times`` sends: ``(thread, out)``, where
+    ``out[i]`` becomes ``(digest, version)`` of the i-th send, or the WeightSyncError it raised."""
+    import threading
+
+    from flowrl.runtime.sync import WeightSyncError
+    from flowrl.runtime.sync.endpoint import open_end, receive_weights
+
+    out: dict = {}
+
+    def receive() -> None:
+        receiver, _ = open_end("broadcast", "receiver", {"rendezvous": rendezvous, "rank": 1, "backend": "gloo"})
+        for i in range(times):
+            try:
+                pairs, stats = receive_weights(receiver)
+                out[i] = (digest(pairs), stats["version"])
+            except WeightSyncError as error:
+                out[i] = error
+        receiver.close()
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    return thread, out

@@ -2,14 +2,13 @@
 raises CorruptedWeights (so the driver knows a resend may cure it) and loaded nothing; the same version
 sent once more with ``fresh=True`` arrives exact, and the syncs after it work as before."""
 
-import threading
 
 import pytest
 
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
 from flowrl.runtime.weight_sync import CorruptedWeights
-from sync_testkit import digest, model_weights
+from sync_testkit import broadcast_receiver, digest, model_weights
 
 
 def _options(name: str, tmp_path) -> dict:
@@ -55,20 +54,7 @@ def test_a_delta_resent_without_fresh_is_refused():
 def test_broadcast_resend_after_damage_keeps_the_group_in_step():
     sender, rdzv = open_end("broadcast", "sender", {"world_size": 2, "bucket_bytes": 700, "timeout_s": 60,
                                                     "backend": "gloo"})
-    out: dict = {}
-
-    def receive(times: int) -> None:
-        receiver, _ = open_end("broadcast", "receiver", {"rendezvous": rdzv, "rank": 1, "backend": "gloo"})
-        for i in range(times):
-            try:
-                pairs, stats = receive_weights(receiver)
-                out[i] = (digest(pairs), stats["version"])
-            except WeightSyncError as error:
-                out[i] = error
-        receiver.close()
-
-    thread = threading.Thread(target=receive, args=(3,))
-    thread.start()
+    thread, out = broadcast_receiver(rdzv, 3)
     send_weights(sender, model_weights(1), 1, corrupt=True)
     send_weights(sender, model_weights(1), 1, fresh=True)
     send_weights(sender, model_weights(2), 2)

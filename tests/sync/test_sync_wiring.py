@@ -1,6 +1,5 @@
 """How the driver and workers use the protocols: plan -> options, the worker ends, fault injection, metrics."""
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ from flowrl.plan import ResyncPlan
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
 from flowrl.runtime.sync.from_plan import collective, sync_metrics, sync_options, sync_problem
-from sync_testkit import digest, model_weights
+from sync_testkit import broadcast_receiver, digest, model_weights
 
 RUN = Path("/runs/r1")
 
@@ -90,24 +89,11 @@ def test_broadcast_ends_in_two_threads_deliver_and_a_fault_is_named():
     sender, rdzv = open_end("broadcast", "sender", {"world_size": 2, "bucket_bytes": 700, "timeout_s": 60,
                                                     "backend": "gloo"})
     assert rdzv.host == "127.0.0.1" and rdzv.world_size == 2  # outside Ray: loopback
-    out: dict = {}
-
-    def receive(times: int) -> None:
-        receiver, _ = open_end("broadcast", "receiver", {"rendezvous": rdzv, "rank": 1, "backend": "gloo"})
-        for i in range(times):
-            try:
-                pairs, stats = receive_weights(receiver)
-                out[i] = (digest(pairs), stats["version"])
-            except WeightSyncError as error:
-                out[i] = str(error)
-        receiver.close()
-
-    thread = threading.Thread(target=receive, args=(2,))
-    thread.start()
+    thread, out = broadcast_receiver(rdzv, 2)
     send_weights(sender, model_weights(1), 1)
     send_weights(sender, model_weights(2), 2, corrupt=True)
     thread.join(timeout=60)
     sender.close()
     assert out[0] == (digest(model_weights(1)), 1)
-    assert "in bucket 0 is corrupted: crc32" in out[1], out[1]
+    assert "in bucket 0 is corrupted: crc32" in str(out[1]), out[1]
     assert sender.tamper is None  # the fault is armed for one send only
