@@ -282,60 +282,59 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     rt = Runtime(plan, out, ray_address=ray_address, faults=faults, log=progress.message)
     rt.timeline = Timeline(plan.flow)
     start, before, pipe, log, trackers, finished = 0, None, None, None, None, False
-    guard = SigtermGuard(note=lambda message: rt.log(message))  # preemption: stop at a step boundary
-    try:
-        guard.__enter__()
-        trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
-        ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
-        rt.setup()
-        guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once
-        inflight = []
-        if ckpt is not None:
-            start, inflight = rt.restore(ckpt)
-            progress.message(f"resumed from {ckpt} after step {start}")
-        log = MetricsLog(out / "metrics.jsonl", resume_after_step=start if resume else None)
-        before = next((r.get("eval/accuracy") for r in log.rows() if r["step"] == 0), None)
-        if start == 0 and plan.run.eval_every:  # `eval_every = 0`: no held-out evaluation at all
-            with rt.timeline.span("eval", "driver", SETUP_STEP):
-                ev = rt.greedy_eval(0)
-            if ev:
-                log.log(0, ev)
-                trackers.log(0, ev)
-            before = ev.get("eval/accuracy")
-            if before is not None:
-                progress.message(f"held-out accuracy before RL: {100 * before:.1f}%")
-        progress = Progress(plan.run.steps, stream=stream, start_step=start)
-        rt.log = progress.message
-        pipe = StepPipeline(plan, rt.context, depth=producer_depth(plan))
-        pipe.start(start, inflight)
-        for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
-            number = step + 1
-            if guard.requested:  # SIGTERM before this process finished a step: the checkpoint it began from stays
-                raise Preempted(out, step, plan.run.steps, checkpoint=False)
-            ctx = _run_step(rt, pipe, step, plan.run.steps)
-            if rt.data.rows_skipped:
-                ctx.metrics["data/rows_skipped"] = rt.data.rows_skipped
-            if plan.run.eval_every and (number % plan.run.eval_every == 0 or number == plan.run.steps):
-                with rt.timeline.span("eval", "driver", step):
-                    ctx.metrics.update(rt.greedy_eval(step))
-            log.log(number, ctx.metrics)
-            trackers.log(number, ctx.metrics,
-                         step_samples(plan, ctx.values, number) if trackers.wants_samples(number) else None)
-            progress.update(number, ctx.metrics)
-            if faults is not None and faults.sigterm_after_step == step:
-                os.kill(os.getpid(), signal.SIGTERM)
-            saved = bool(plan.run.save_every and number % plan.run.save_every == 0)
-            if saved or (guard.requested and number < plan.run.steps):
-                rt.save(number, pipe.completed_inflight())
-            if guard.requested and number < plan.run.steps:
-                raise Preempted(out, number, plan.run.steps, checkpoint=True)
-            if faults is not None and faults.stop_after_step == step:
-                raise SystemExit(f"fault injection: stopped after step {step}")
-        if start < plan.run.steps and not (plan.run.save_every and plan.run.steps % plan.run.save_every == 0):
-            rt.save(plan.run.steps, pipe.completed_inflight())  # the final weights: `flowrl eval --from`, `--resume`
-        finished = True
-    finally:
-        try:  # a SIGTERM during the clean-up only asks for what is happening anyway
+    # preemption: the first SIGTERM stops the run at a step boundary (also while it cleans up)
+    with SigtermGuard(note=lambda message: rt.log(message)) as guard:
+        try:
+            trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
+            ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
+            rt.setup()
+            guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once
+            inflight = []
+            if ckpt is not None:
+                start, inflight = rt.restore(ckpt)
+                progress.message(f"resumed from {ckpt} after step {start}")
+            log = MetricsLog(out / "metrics.jsonl", resume_after_step=start if resume else None)
+            before = next((r.get("eval/accuracy") for r in log.rows() if r["step"] == 0), None)
+            if start == 0 and plan.run.eval_every:  # `eval_every = 0`: no held-out evaluation at all
+                with rt.timeline.span("eval", "driver", SETUP_STEP):
+                    ev = rt.greedy_eval(0)
+                if ev:
+                    log.log(0, ev)
+                    trackers.log(0, ev)
+                before = ev.get("eval/accuracy")
+                if before is not None:
+                    progress.message(f"held-out accuracy before RL: {100 * before:.1f}%")
+            progress = Progress(plan.run.steps, stream=stream, start_step=start)
+            rt.log = progress.message
+            pipe = StepPipeline(plan, rt.context, depth=producer_depth(plan))
+            pipe.start(start, inflight)
+            for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
+                number = step + 1
+                if guard.requested:  # SIGTERM before this process finished a step: the checkpoint it began from stays
+                    raise Preempted(out, step, plan.run.steps, checkpoint=False)
+                ctx = _run_step(rt, pipe, step, plan.run.steps)
+                if rt.data.rows_skipped:
+                    ctx.metrics["data/rows_skipped"] = rt.data.rows_skipped
+                if plan.run.eval_every and (number % plan.run.eval_every == 0 or number == plan.run.steps):
+                    with rt.timeline.span("eval", "driver", step):
+                        ctx.metrics.update(rt.greedy_eval(step))
+                log.log(number, ctx.metrics)
+                trackers.log(number, ctx.metrics,
+                             step_samples(plan, ctx.values, number) if trackers.wants_samples(number) else None)
+                progress.update(number, ctx.metrics)
+                if faults is not None and faults.sigterm_after_step == step:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                saved = bool(plan.run.save_every and number % plan.run.save_every == 0)
+                if saved or (guard.requested and number < plan.run.steps):
+                    rt.save(number, pipe.completed_inflight())
+                if guard.requested and number < plan.run.steps:
+                    raise Preempted(out, number, plan.run.steps, checkpoint=True)
+                if faults is not None and faults.stop_after_step == step:
+                    raise SystemExit(f"fault injection: stopped after step {step}")
+            if start < plan.run.steps and not (plan.run.save_every and plan.run.steps % plan.run.save_every == 0):
+                rt.save(plan.run.steps, pipe.completed_inflight())  # the final weights: `flowrl eval --from`, `--resume`
+            finished = True
+        finally:
             rows = log.rows() if log is not None else []
             try:
                 if pipe is not None:
@@ -356,8 +355,6 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 progress.close()
             else:
                 progress.stopped()
-        finally:
-            guard.__exit__(None, None, None)
     steps = [r for r in rows if r["step"] >= 1]  # row 0 (before RL) is `before`
     after = next((r["eval/accuracy"] for r in reversed(steps) if "eval/accuracy" in r), None)
     return RunResult(out, plan.run.steps, before, after, steps)
