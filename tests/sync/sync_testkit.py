@@ -205,7 +205,7 @@ class SyncHost:
         self.syncs.pop(key).close()
 
 
-def broadcast_receiver(rendezvous, times: int) -> tuple:
+def broadcast_receiver_thread(rendezvous, times: int) -> tuple:
     """A broadcast receiver (rank 1, gloo) in a thread taking ``times`` sends: ``(thread, out)``, where
     ``out[i]`` becomes ``(digest, version)`` of the i-th send, or the WeightSyncError it raised."""
     import threading

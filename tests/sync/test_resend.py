@@ -8,7 +8,7 @@ import pytest
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
 from flowrl.runtime.weight_sync import CorruptedWeights
-from sync_testkit import broadcast_receiver, digest, model_weights
+from sync_testkit import broadcast_receiver_thread, digest, model_weights
 
 
 def _options(name: str, tmp_path) -> dict:
@@ -54,7 +54,7 @@ def test_a_delta_resent_without_fresh_is_refused():
 def test_broadcast_resend_after_damage_keeps_the_group_in_step():
     sender, rdzv = open_end("broadcast", "sender", {"world_size": 2, "bucket_bytes": 700, "timeout_s": 60,
                                                     "backend": "gloo"})
-    thread, out = broadcast_receiver(rdzv, 3)
+    thread, out = broadcast_receiver_thread(rdzv, 3)
     send_weights(sender, model_weights(1), 1, corrupt=True)
     send_weights(sender, model_weights(1), 1, fresh=True)
     send_weights(sender, model_weights(2), 2)

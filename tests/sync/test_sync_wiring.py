@@ -9,7 +9,7 @@ from flowrl.plan import ResyncPlan
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
 from flowrl.runtime.sync.from_plan import collective, sync_metrics, sync_options, sync_problem
-from sync_testkit import broadcast_receiver, digest, model_weights
+from sync_testkit import broadcast_receiver_thread, digest, model_weights
 
 RUN = Path("/runs/r1")
 
@@ -89,7 +89,7 @@ def test_broadcast_ends_in_two_threads_deliver_and_a_fault_is_named():
     sender, rdzv = open_end("broadcast", "sender", {"world_size": 2, "bucket_bytes": 700, "timeout_s": 60,
                                                     "backend": "gloo"})
     assert rdzv.host == "127.0.0.1" and rdzv.world_size == 2  # outside Ray: loopback
-    thread, out = broadcast_receiver(rdzv, 2)
+    thread, out = broadcast_receiver_thread(rdzv, 2)
     send_weights(sender, model_weights(1), 1)
     send_weights(sender, model_weights(2), 2, corrupt=True)
     thread.join(timeout=60)
