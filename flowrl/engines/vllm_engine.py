@@ -16,10 +16,7 @@ KV blocks computed with the old weights must not be reused.
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -272,35 +269,17 @@ class VLLMRolloutEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-            _drop_own_cache_root()
 
 
 def _prepare_environment(options: VLLMOptions) -> None:
-    """Environment vLLM reads at start-up: small CPU KV cache, a private cache dir."""
+    """Environment vLLM reads at start-up: a small CPU KV cache.
+
+    vLLM's cache directory (``VLLM_CACHE_ROOT``, by default ``~/.cache/vllm``) is left as vLLM
+    has it: shared between runs, as vLLM users expect. It holds what vLLM learned about a model
+    class (``modelinfos/``, written atomically) and compiled graphs; without it every engine
+    start inspects the architecture again in a subprocess (about 20 s on 2 CPU cores).
+    """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.kv_cache_space_gib))
-    if "VLLM_CACHE_ROOT" not in os.environ:
-        # The default ~/.cache/vllm is shared between runs; a temp dir keeps runs independent,
-        # and goes when this process does (one per engine process, not one per run left in /tmp).
-        root = tempfile.mkdtemp(prefix="flowrl-vllm-")
-        os.environ["VLLM_CACHE_ROOT"] = _OWN_CACHE["root"] = root
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-    if os.environ["VLLM_CACHE_ROOT"] == _OWN_CACHE["root"]:
-        _OWN_CACHE["engines"] += 1
-
-
-_OWN_CACHE: dict = {"root": None, "engines": 0}
-"""The VLLM_CACHE_ROOT this process made and how many live engines use it: removed when the
-last of them shuts down (or at exit, for engines killed before that)."""
-
-
-def _drop_own_cache_root() -> None:
-    if _OWN_CACHE["root"] is None or os.environ.get("VLLM_CACHE_ROOT") != _OWN_CACHE["root"]:
-        return
-    _OWN_CACHE["engines"] -= 1
-    if _OWN_CACHE["engines"] <= 0:
-        root, _OWN_CACHE["root"], _OWN_CACHE["engines"] = _OWN_CACHE["root"], None, 0
-        del os.environ["VLLM_CACHE_ROOT"]
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _forget_cached_environment() -> None:
