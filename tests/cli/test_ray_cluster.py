@@ -64,7 +64,7 @@ def start_node(args: list[str], log: Path) -> subprocess.Popen:
 
 def stop_node(proc: subprocess.Popen) -> None:
     """SIGTERM to the node's process group (`ray start --block` stops its daemons), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
