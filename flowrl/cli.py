@@ -523,6 +523,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="with --resume: continue from step N's checkpoint rather than the newest (e.g. when "
                         "--resume reports the newest damaged)")
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="when an engine dies, hangs or loses its node, restart the engines from the last "
+                        "checkpoint, up to N times (default 0: stop and say how to resume)")
     p.add_argument("--log", metavar="NAMES",
                    help=f"experiment trackers, comma-separated: {', '.join(LOGGERS)} (default: the flow's `log` "
                         "setting, else none); each writes into the run directory, W&B offline")
@@ -552,7 +555,8 @@ def run_run(args: argparse.Namespace) -> int:
     try:
         result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
                           resume=args.resume, save_every=args.save_every, overwrite=args.overwrite, log=args.log,
-                          log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step)
+                          log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step,
+                          restarts=args.restarts)
     except FlowError:
         raise
     except Preempted as preempted:  # SIGTERM from a scheduler: stopped cleanly at a step boundary
@@ -581,6 +585,7 @@ register(Command(
     "flowrl run flows/arith_grpo.flow --steps 10 --set lr=3e-4\n"
     "flowrl run flows/arith_grpo.flow --save-every 10 --out runs/a\n"
     "flowrl run --resume runs/a --steps 20                        # continue from the latest checkpoint\n"
+    "flowrl run flows/arith_grpo.flow --save-every 10 --restarts 2  # a dead engine: restart from the checkpoint\n"
     "flowrl run flows/arith_grpo.flow --log tensorboard,wandb,mlflow --log-samples 10\n"
     "RAY_ADDRESS=127.0.0.1:6379 flowrl run flows/arith_grpo.flow  # a cluster started by `ray start`",
     _run_args, run_run))

@@ -26,6 +26,7 @@ from flowrl.compiler.pipeline import compile_file
 from flowrl.diagnostics import report_warnings
 from flowrl.plan import ExecutionPlan
 from flowrl.runtime.checkpoints import CheckpointError, complete_checkpoints, step_of, verify_checkpoint
+from flowrl.runtime.errors import EngineFault
 from flowrl.runtime.preemption import Preempted
 
 
@@ -389,7 +390,8 @@ def run_plan(plan: ExecutionPlan, out: Path, **kwargs):
 def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = None, steps: int | None = None,
              out: str | None = None, resume: str | None = None, save_every: int | None = None,
              overwrite: bool = False, log: str | None = None, log_samples: int | None = None,
-             ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None):
+             ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None,
+             restarts: int = 0):
     """``flowrl run``: compile and run a flow into a new run directory, or continue one (``resume``).
 
     Returns the driver's ``RunResult`` (or a :class:`FinishedRun` when ``resume`` names a run that
@@ -397,7 +399,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     its newest (whose damage ``--resume`` reports). Refuses, before anything starts: an ``out`` that holds something
     (unless it is a run and ``overwrite``), options a resumed run cannot honour, missing packages.
     A fresh run that fails before its first step leaves nothing behind; one that fails later keeps
-    its directory (metrics, summary, plots) and says how to resume it.
+    its directory (metrics, summary, plots) and says how to resume it. ``restarts``: see :func:`run_built`.
     """
     stream = stream or sys.stderr
     if steps is not None and steps < 1:
@@ -426,15 +428,43 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
         plan = build_plan(path, flow=flow, sets=sets, steps=steps, save_every=save_every, run=run)
         out_dir = Path(out) if out else default_out(path)
     return run_built(plan, out_dir, resume=bool(resume), overwrite=overwrite, ray_address=ray_address,
-                     faults=faults, stream=stream, resume_step=resume_step)
+                     faults=faults, stream=stream, resume_step=resume_step, restarts=restarts)
 
 
 def run_built(plan: ExecutionPlan, out_dir: Path, *, resume: bool = False, overwrite: bool = False,
-              ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None):
+              ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None,
+              restarts: int = 0):
     """Run a plan (of a file, or of a :mod:`flowrl.builder` flow) into ``out_dir``, as ``flowrl run`` does:
     refuses a taken ``out_dir`` and missing packages first; a fresh run that fails before its first
-    step leaves nothing behind."""
+    step leaves nothing behind.
+
+    ``restarts``: when an engine fails under the run (an :class:`~flowrl.runtime.errors.EngineFault`:
+    it died, hung, or went with its node), stop every engine and start them again from the run's last
+    checkpoint (from the beginning while there is none), up to ``restarts`` times, saying so on
+    ``stream``. The runs are deterministic, so the metrics are those of an undisturbed run. ``faults``
+    (injected by tests) are injected into the first attempt only.
+    """
+    if restarts < 0:
+        raise RunError(f"--restarts {restarts}: give how many times the engines may be restarted (0: never)")
     stream = stream or sys.stderr
+    attempt = 0
+    while True:
+        try:
+            return _run_attempt(plan, out_dir, resume=resume, overwrite=overwrite, ray_address=ray_address,
+                                faults=faults if attempt == 0 else None, stream=stream, resume_step=resume_step)
+        except EngineFault as fault:
+            if attempt == restarts:
+                raise
+            attempt += 1
+            ckpt = latest_checkpoint_step(out_dir)
+            resume, overwrite, resume_step = ckpt is not None, True, None
+            where = f"from its checkpoint of step {ckpt}" if resume else "from the beginning (no checkpoint yet)"
+            print(f"flowrl: restart {attempt} of {restarts}: {fault}; the engines start again {where}", file=stream)
+
+
+def _run_attempt(plan: ExecutionPlan, out_dir: Path, *, resume: bool, overwrite: bool, ray_address: str | None,
+                 faults, stream, resume_step: int | None):
+    """One attempt of :func:`run_built`."""
     check_installed()
     check_loggers(plan.run.log)
     umask = no_world_write()

@@ -292,6 +292,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             inflight = []
             if ckpt is not None:
                 start, inflight = rt.restore(ckpt)
+                trackers.resume_after(start)
                 progress.message(f"resumed from {ckpt} after step {start}")
             log = MetricsLog(out / "metrics.jsonl", resume_after_step=start if resume else None)
             before = next((r.get("eval/accuracy") for r in log.rows() if r["step"] == 0), None)

@@ -7,6 +7,25 @@ class RuntimeFlowError(RuntimeError):
     """A failure the user can act on, raised with the op's (or resource's) source position."""
 
 
+class EngineFault(RuntimeFlowError):
+    """An engine's process failed under the run (it hung, died, or went with its node): nothing in
+    the flow is wrong, so restarting the engines from the last checkpoint may cure it, which
+    ``flowrl run --restarts N`` does by itself.
+
+    A subclass keeps its constructor's keyword arguments in ``fields`` (``op`` among them: the op
+    whose engine call failed), so that :meth:`during` can rebuild it naming the op.
+    """
+
+    fields: dict
+
+    def during(self, op) -> EngineFault:
+        """The same failure naming ``op`` (an OpPlan: its id and source position); the pipeline knows the
+        op, the engine calls do not."""
+        if self.fields.get("op"):
+            return self
+        return type(self)(**{**self.fields, "op": f"`{op.id}` ({op.origin})"})
+
+
 def _user_error_types() -> tuple[type, ...]:
     types: list[type] = [RuntimeFlowError]
     for mod, names in (("flowrl.engines.base", ("EngineError",)),

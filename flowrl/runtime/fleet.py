@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
                                       slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
-from flowrl.runtime.watchdog import EngineHung, Watchdog, WatchdogSettings
+from flowrl.runtime.watchdog import EngineDied, EngineHung, Watchdog, WatchdogSettings, died_cause
 
 ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
              "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
@@ -57,6 +58,23 @@ class Faults:
     """Exit (as if killed) right after this step finished and was checkpointed."""
     sigterm_after_step: int | None = None
     """Send this process SIGTERM (a scheduler's preemption) right after this step's metrics are logged."""
+    kill_at_step: int | None = None
+    """SIGKILL (``kill -9``) the first actor of :attr:`kill_engine` while its call of this step runs."""
+    kill_engine: str = "policy.rollout"
+    """The engine (``model.rollout`` or ``model.train``) :attr:`kill_at_step` kills."""
+    at_generate: Callable[[int], None] | None = None
+    """Called with the step right after each generate is sent: a harness's own fault (``bench/chaos.py``
+    removes a Ray node there)."""
+
+
+SETTLE_S = 60.0
+"""How long the driver asks Ray about an actor it called unavailable before naming it with that word
+(Ray marks a node dead after its health checks fail: seconds)."""
+
+
+def _alive(actor_self) -> bool:
+    """Run inside an actor (``__ray_call__``): it answers."""
+    return True
 
 
 HANG_S = 3600.0
@@ -201,8 +219,10 @@ class Fleet:
         self.gpus_per_node = int(plan.cluster["gpus_per_node"])
         self.watchdog = Watchdog(WatchdogSettings.from_env())
         """Every wait on an engine call has a deadline (:mod:`flowrl.runtime.watchdog`)."""
-        self.hung: set = set()
-        """Actors whose call passed its deadline: shutdown does not wait on them (it kills them)."""
+        self.lost: set = set()
+        """Actors that hung (a call passed its deadline) or died: shutdown does not wait on them."""
+        self.placed: dict[int, dict] = {}
+        """Each actor's row of ``placement.json`` (by ``id(actor)``): where an engine that died ran."""
 
     @property
     def external(self) -> bool:
@@ -316,8 +336,10 @@ class Fleet:
                                  "target_node_id": self.node_targets[node],
                                  "bundle_node_id": bundle_nodes[node].get(bundle)})
                     calls.append((actor, actor.__ray_call__.remote(actor_location), f"{m.id}.{role} rank {i * step}"))
-        for row, (node_id, gpu_ids) in zip(rows, self._wait(calls, "every engine", "report its location", 0)):
+        for row, (node_id, gpu_ids, pid), (actor, _, _) in zip(rows, self._wait(calls, "every engine",
+                                                                                  "report its location", 0), calls):
             row.update(node_id=node_id, gpu_ids=gpu_ids)
+            self.placed[id(actor)] = {**row, "pid": pid}
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
         return rows
 
@@ -355,8 +377,50 @@ class Fleet:
             return self.watchdog.wait([ref for _, ref, _ in calls], engine, call, step,
                                       [who for _, _, who in calls], self._resume_hint())
         except EngineHung:
-            self.hung.update(id(actor) for actor, _, _ in calls)
+            self.lost.update(id(actor) for actor, _, _ in calls)
             raise
+        except EngineDied as died:
+            dead = [actor for actor, _, who in calls if who in died.fields["who"].split(", ")]
+            self.lost.update(id(actor) for actor in dead)
+            cause = self._settled(dead[0], died.__cause__, died.fields["cause"]) if dead else died.fields["cause"]
+            raise EngineDied(**{**died.fields, "cause": cause, "node": self._where(dead[0]) if dead else None}) \
+                from died.__cause__
+
+    def _settled(self, actor, error: BaseException | None, cause: str) -> str:
+        """Ray's last word on an actor it called *unavailable* (a socket closed: its node may be going, and
+        Ray decides within seconds): ping it until Ray says it died (and why), up to :data:`SETTLE_S`."""
+        import ray
+
+        if not isinstance(error, ray.exceptions.ActorUnavailableError):
+            return cause
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_call__.remote(_alive), timeout=max(1.0, deadline - time.monotonic()))
+                return f"{cause} (it answers again: the call was lost on the way)"
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(1.0)
+            except ray.exceptions.RayActorError as final:
+                return died_cause(final)
+            except ray.exceptions.GetTimeoutError:
+                break
+        return cause
+
+    def _kill_injected(self, engine: str, step: int, actors: list) -> None:
+        """:attr:`Faults.kill_at_step`: ``kill -9`` of ``engine``'s first actor while its call of ``step`` runs."""
+        if self.faults.kill_at_step == step and self.faults.kill_engine == engine and actors:
+            os.kill(self.placed[id(actors[0])]["pid"], signal.SIGKILL)
+
+    def _where(self, actor) -> str | None:
+        """Where ``actor`` ran, in words, and which other engines ran on that Ray node (they are gone too
+        when the node is): ``plan node 1 (Ray node 3f2a1c0d, also running policy.train rank 0)``."""
+        row = self.placed.get(id(actor))
+        if row is None:  # died before the engines reported their places
+            return None
+        others = [f"{r['engine']} rank {r['rank']}" for a, r in self.placed.items()
+                  if a != id(actor) and r["node_id"] == row["node_id"]]
+        return (f"plan node {row['node']} (Ray node {str(row['node_id'])[:8]}"
+                + (f", also running {', '.join(others)})" if others else ")"))
 
     def _resume_hint(self) -> str:
         """What continues this run after it stopped: its last complete checkpoint stays."""
@@ -390,6 +454,9 @@ class Fleet:
             version = rec.rollout_version
             calls = [(a, a.generate.remote(chunk, spec, stall), _who("rollout", r))
                      for r, (a, chunk) in enumerate(zip(rec.rollout, chunks)) if chunk]
+        self._kill_injected(f"{model}.rollout", step, rec.rollout)
+        if self.faults.at_generate is not None:
+            self.faults.at_generate(step)
         groups = []
         for rank, (result, t0, t1) in enumerate(self._wait(calls, f"{model}.rollout", "generate", step)):
             self.timeline.add(f"generate[{rank}]", f"{model}.rollout{rank}", step, t0, t1)
@@ -416,6 +483,7 @@ class Fleet:
         o = op.options
         ref = rec.train.train.remote(batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]),
                                      int(o["epochs"]), op_seed(self.plan.run.seed, step, op.id))
+        self._kill_injected(f"{model}.train", step, [rec.train])
         (stats, t0, t1), = self._wait([(rec.train, ref, _who("train", 0))], f"{model}.train", "train", step)
         self.timeline.add(f"train:{model}", f"{model}.train", step, t0, t1)
         rec.train_version += 1
@@ -548,8 +616,8 @@ class Fleet:
             ends, rec.sync = rec.sync, None
             if ends is None:
                 continue
-            if any(id(a) in self.hung for a in (ends.sender, *ends.receivers)):
-                continue  # a hung actor answers nothing: it is killed with the others, its transport with it
+            if any(id(a) in self.lost for a in (ends.sender, *ends.receivers)):
+                continue  # a hung or dead actor answers nothing: it is killed with the others, its transport too
             try:
                 ray.get([a.close_sync.remote() for a in (ends.sender, *ends.receivers)], timeout=30)
             except Exception as error:  # shutting down after a failure: the run's own error matters more
@@ -567,7 +635,7 @@ class Fleet:
 
         # Rollout engines stop their own processes and files first (vLLM's engine core and cache
         # directory, SGLang's scheduler): ray.kill ends an actor without running its clean-up.
-        live = [a for rec in self.models.values() for a in rec.rollout if id(a) not in self.hung]
+        live = [a for rec in self.models.values() for a in rec.rollout if id(a) not in self.lost]
         try:
             ray.get([a.shutdown.remote() for a in live], timeout=30)
         except Exception as error:  # shutting down after a failure: the run's own error matters more

@@ -77,7 +77,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash leaves either the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -222,7 +222,7 @@ class Timeline:
         from flowrl.runtime.secrets import redact
 
         doc = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
-        _atomic_write_text(Path(path), redact(json.dumps(doc, separators=(",", ":"))) + "\n")  # no tokens in traces
+        atomic_write_text(Path(path), redact(json.dumps(doc, separators=(",", ":"))) + "\n")  # no tokens in traces
 
 
 # --------------------------------------------------------------------------- MetricsLog
@@ -293,7 +293,7 @@ class MetricsLog:
             resume_after_step = _check_step(resume_after_step, f"MetricsLog({str(self.path)!r}) resume_after_step")
             self._rows = [r for r in self._read_existing() if r["step"] <= resume_after_step]
         text = "".join(self._line(r) for r in self._rows)
-        _atomic_write_text(self.path, text)
+        atomic_write_text(self.path, text)
 
     def _read_existing(self) -> list[dict[str, Any]]:
         if not self.path.exists():

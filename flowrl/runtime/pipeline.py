@@ -37,9 +37,9 @@ from typing import Callable
 from flowrl.catalog.ops import PRODUCER_KINDS, OpKind
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.episodes import run_region, units
+from flowrl.runtime.errors import EngineFault
 from flowrl.runtime.handlers import handler_of
 from flowrl.runtime.step import StepContext, check_fields
-from flowrl.runtime.watchdog import EngineHung
 
 
 def split_stages(plan: ExecutionPlan) -> tuple[list[OpPlan], list[OpPlan]]:
@@ -75,8 +75,8 @@ def _run_op(op: OpPlan, ctx: StepContext) -> None:
     with ctx.services.timeline.span(op.id, op.engine or "driver", ctx.step):
         try:
             value = handler(op, ctx)
-        except EngineHung as hung:  # the engines know the call, not the op that made it
-            raise hung.during(op) from None
+        except EngineFault as fault:  # the engines know the call, not the op that made it
+            raise fault.during(op) from None
     check_fields(op, value)
     ctx.values[op.id] = value
     key = f"time/{op.id}"

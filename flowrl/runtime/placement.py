@@ -110,12 +110,15 @@ def _is_ready(pg) -> bool:
     return placement_group_table(pg).get("state") == "CREATED"
 
 
-def actor_location(actor_self) -> tuple[str, list]:
-    """Run inside an actor (``__ray_call__``): its Ray node id and the logical GPU ids it was given."""
+def actor_location(actor_self) -> tuple[str, list, int]:
+    """Run inside an actor (``__ray_call__``): its Ray node id, the logical GPU ids it was given and its
+    process id."""
+    import os
+
     import ray
 
     ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
+    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], os.getpid()
 
 
 def node_of(plan: ExecutionPlan, engine, rank: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from flowrl.catalog.loggers import LOGGERS
 from flowrl.catalog.ops import OpKind
+from flowrl.runtime.observe import atomic_write_text
 
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
 """The columns of a samples table, in order."""
@@ -216,6 +217,22 @@ class Trackers:
         except BaseException:
             self.close()
             raise
+
+    def resume_after(self, step: int) -> None:
+        """A run resumed from the checkpoint of ``step`` does the later steps again: the sample rows the
+        stopped run wrote for them go (as their ``metrics.jsonl`` rows do), and a torn last line with them."""
+        path = self.out / "samples.jsonl"
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                row_step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a crash mid-write: its step is done again
+            if row_step <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        atomic_write_text(path, "".join(kept))
 
     def wants_samples(self, step: int) -> bool:
         """Whether step ``step`` (1-based) logs a samples table."""

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from flowrl.runtime.errors import RuntimeFlowError
+from flowrl.runtime.errors import EngineFault, RuntimeFlowError
 
 ENV_VAR = "FLOWRL_WATCHDOG"
 """The environment variable that sets the watchdog's numbers (see the module docstring)."""
@@ -118,8 +118,14 @@ class Deadlines:
         return f"{self.count[key]} earlier call(s), the slowest {self.slowest[key]:.1f} s"
 
 
-class EngineHung(RuntimeFlowError):
-    """An engine call passed its deadline (see the module docstring); :meth:`during` adds the op."""
+_RAY_PREAMBLE = "The actor died unexpectedly before finishing"
+"""The first line of every ``ActorDiedError`` (Ray's ``BASE_ERROR_MSG``): the reason comes after it."""
+
+RESTARTS_HINT = "`flowrl run --restarts N` restarts the engines from the last checkpoint by itself"
+
+
+class EngineHung(EngineFault):
+    """An engine call passed its deadline (see the module docstring)."""
 
     def __init__(self, engine: str, who: str, call: str, step: int, waited: float, rule: str, measured: str,
                  resume: str, op: str | None = None):
@@ -130,13 +136,40 @@ class EngineHung(RuntimeFlowError):
             f"watchdog: engine `{engine}` ({who}) did not finish `{call}`{during} at step {step + 1} within "
             f"{waited:.1f} s ({rule}; measured: {measured}); the engine hangs (a stuck collective, a deadlock, "
             f"a lost device), so the run stopped and the steps before it keep their metrics; {resume}; "
-            f"hint: if the engine is only slow, raise the deadline with {ENV_VAR}=first=...,floor=...,factor=...")
+            f"hint: if the engine is only slow, raise the deadline with {ENV_VAR}=first=...,floor=...,factor=...; "
+            f"{RESTARTS_HINT}")
 
-    def during(self, op: Any) -> EngineHung:
-        """The same failure naming ``op`` (an OpPlan: its id and source position)."""
-        if self.fields["op"]:
-            return self
-        return EngineHung(**{**self.fields, "op": f"`{op.id}` ({op.origin})"})
+
+class EngineDied(EngineFault):
+    """An engine's actor process died during a call (killed, crashed, out of memory, its node lost).
+
+    ``cause``: Ray's own reason, in one line; ``node``: where the actor ran and what else ran there,
+    in words (added by the fleet, which knows the placement; None before the engines were placed).
+    """
+
+    def __init__(self, engine: str, who: str, call: str, step: int, cause: str, resume: str,
+                 node: str | None = None, op: str | None = None):
+        self.fields = dict(engine=engine, who=who, call=call, step=step, cause=cause, resume=resume, node=node,
+                           op=op)
+        during = f" of op {op}" if op else ""
+        where = f" on {node}" if node else ""
+        super().__init__(
+            f"engine `{engine}` ({who}){where} died during `{call}`{during} at step {step + 1}: {cause}; the run "
+            f"stopped and the steps before it keep their metrics; {resume}; {RESTARTS_HINT}")
+
+
+def died_cause(error: BaseException) -> str:
+    """Ray's reason for an actor's death in one line (its attribute lines and final period dropped), at most
+    300 characters.
+
+    >>> died_cause(RuntimeError("The actor died unexpectedly before finishing this task.\\n\\tpid: 7\\n"
+    ...                          "The actor died because its node has died. Node Id: ab12"))
+    'The actor died because its node has died. Node Id: ab12'
+    """
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    reasons = [line.strip() for line in lines if not line.startswith("\t") and not line.startswith(_RAY_PREAMBLE)]
+    text = (reasons or [line.strip() for line in lines] or [type(error).__name__])[0].rstrip(".")
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class Watchdog:
@@ -173,9 +206,37 @@ class Watchdog:
                 names = ", ".join(who[refs.index(r)] for r in pending)
                 raise EngineHung(engine, names, call, step, time.monotonic() - t0, self.rule(engine, call),
                                  self.deadlines.measured(engine, call), resume)
-            ray.get(ready)  # an actor's error now, not after the slowest replica
+            self._get(ready, refs, engine, call, step, who, resume)  # an actor's error now, not after the slowest
         self.deadlines.record(engine, call, time.monotonic() - t0)
-        return ray.get(refs)
+        return self._get(refs, refs, engine, call, step, who, resume)
+
+    @staticmethod
+    def _get(ready: list, refs: list, engine: str, call: str, step: int, who: Sequence[str], resume: str) -> list:
+        """``ray.get(ready)``; an actor that died (not one whose constructor raised: that error is the
+        user's, and stays as it is) is :class:`EngineDied`, naming it from ``who``."""
+        import ray
+
+        try:
+            return ray.get(ready)
+        except ray.exceptions.RayActorError as error:
+            if error.actor_init_failed:
+                raise
+            dead = [r for r in ready if _died(r)] or ready
+            raise EngineDied(engine, ", ".join(who[refs.index(r)] for r in dead), call, step, died_cause(error),
+                             resume) from error
 
 
-__all__ = ["ENV_VAR", "WatchdogSettings", "Deadlines", "EngineHung", "Watchdog"]
+def _died(ref) -> bool:
+    """Whether ``ref`` (a finished call) failed because its actor died."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:  # another failure (or not finished): not this actor's death
+        return False
+    return False
+
+
+__all__ = ["ENV_VAR", "WatchdogSettings", "Deadlines", "EngineHung", "EngineDied", "Watchdog", "died_cause"]

@@ -100,6 +100,20 @@ def test_samples_jsonl(tracked):
     assert rows == SAMPLES
 
 
+def test_a_resumed_run_drops_the_samples_of_the_steps_it_does_again(tmp_path):
+    """Resuming from step 2's checkpoint: step 3's rows (and a line a crash cut) go; steps 1..2 stay."""
+    from flowrl.runtime.tracking import Trackers
+
+    rows = [{"step": s, "prompt": f"{s}+1=", "completion": str(s + 1), "reward": 1.0} for s in (1, 2, 3)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "pro')
+    trackers = Trackers(tmp_path, (), "resumed", {}, samples_every=1)
+    trackers.resume_after(2)
+    trackers.log(3, {"reward/mean": 0.5}, [{**rows[2], "completion": "again"}])
+    trackers.close()
+    kept = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["completion"]) for r in kept] == [(1, "2"), (2, "3"), (3, "again")]
+
+
 def test_unknown_logger_names_the_known_ones():
     assert parse_loggers("TensorBoard, wandb,tensorboard") == ("tensorboard", "wandb")
     with pytest.raises(UnknownLoggerError, match=r"unknown logger `tensorbord`: the known loggers are "

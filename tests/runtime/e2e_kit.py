@@ -61,8 +61,8 @@ def resume_copy(run_dir: Path, into: Path, step: int, **kwargs):
     (``--resume-step``); returns the resumed run's result.
 
     A run killed after ``step`` and before its next checkpoint resumes from exactly that checkpoint
-    (the runs are deterministic), so the resume tests skip running the killed run; the kill itself is
-    tested once (tests/runtime/test_e2e.py::test_kill_and_resume_reproduces_metrics).
+    (the runs are deterministic), so the resume tests skip running the killed run; a kill itself is
+    tested once (tests/runtime/test_e2e.py::test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint).
     """
     import shutil
 

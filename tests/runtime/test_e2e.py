@@ -41,7 +41,8 @@ GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr =
 @pytest.fixture(scope="module")
 def grpo_run(workdir):
     """6 steps; step 2's resync arrives damaged once (and is sent again): nothing else may differ from an
-    undisturbed run (test_kill_and_resume_reproduces_metrics compares it with one)."""
+    undisturbed run (test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint compares it
+    with a run killed and restarted from step 3's checkpoint)."""
     path = _flow(workdir, GRPO, steps=6)
     return run_file(str(path), out=str(workdir / "grpo"), save_every=3,
                     faults=Faults(corrupt_bucket_at_step=1, corrupt_sends=1))
@@ -76,14 +77,22 @@ def test_run_directory(grpo_run):
     assert (out / "checkpoints" / "step_000006" / "driver.json").is_file()
 
 
-def test_kill_and_resume_reproduces_metrics(workdir, grpo_run):
+def test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint(workdir, grpo_run):
+    """``kill -9`` of the vLLM actor while it generates step 5: the run names the engine, its node and the
+    op, restarts the engines from step 3's checkpoint by itself (``--restarts 1``) and ends with the
+    undisturbed run's metrics: no sample lost or seen twice (the data cursor is in the checkpoint)."""
+    import io
+
     path = _flow(workdir, GRPO, steps=6)
-    out = workdir / "resumed"
-    with pytest.raises(SystemExit):
-        run_file(str(path), out=str(out), save_every=3, faults=Faults(stop_after_step=3))
-    # step 4 (index 3) ran but its checkpoint was never written: the resume redoes it
-    resumed = run_file(str(path), resume=str(out))
-    assert _undisturbed(resumed.rows) == _undisturbed(grpo_run.rows)  # grpo_run survived a damaged resync
+    said = io.StringIO()
+    result = run_file(str(path), out=str(workdir / "killed"), save_every=3, restarts=1, stream=said,
+                      faults=Faults(kill_at_step=4, kill_engine="policy.rollout"))
+    assert _undisturbed(result.rows) == _undisturbed(grpo_run.rows)
+    restart = next(line for line in said.getvalue().splitlines() if line.startswith("flowrl: restart"))
+    assert restart.startswith("flowrl: restart 1 of 1: engine `policy.rollout` (replica 0) on plan node 0 (Ray node "), restart
+    assert "also running policy.train rank 0)" in restart and "died during `generate` of op `grpo.rollouts` (" in restart
+    assert "at step 5: The actor is dead because its worker process has died" in restart, restart
+    assert restart.endswith("the engines start again from its checkpoint of step 3"), restart
 
 
 def test_a_resync_damaged_once_is_sent_again_and_the_run_goes_on(grpo_run):

