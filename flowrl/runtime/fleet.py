@@ -223,11 +223,9 @@ class Fleet:
         """Actors that hung (a call passed its deadline) or died: shutdown does not wait on them."""
         self.placed: dict[int, dict] = {}
         """Each actor's row of ``placement.json`` (by ``id(actor)``): where an engine that died ran."""
-
-    @property
-    def external(self) -> bool:
-        """The run joins a Ray cluster that outlives it."""
-        return bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
+        self.started_ray = False
+        """This run called ``ray.init`` (shutdown disconnects again); a Ray session the caller had already
+        started (a notebook's, a test's shared instance) is left running."""
 
     # ---- start -------------------------------------------------------------------------------
     def start(self, model_paths: dict[str, Path]) -> None:
@@ -244,6 +242,7 @@ class Fleet:
         address = self.ray_address or os.environ.get("RAY_ADDRESS")
         gpus = int(self.plan.cluster["nodes"]) * self.gpus_per_node
         if not ray.is_initialized():
+            self.started_ray = True
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
@@ -598,14 +597,14 @@ class Fleet:
 
     # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Close the syncs (while the actors live), stop the actors, free the placement groups; a local
-        Ray instance is shut down too."""
+        """Close the syncs (while the actors live), stop the actors, free the placement groups; a Ray
+        session this run started is ended (a local instance stops; a cluster it joined goes on)."""
         import ray
 
         if ray.is_initialized():
             self._close_syncs()
             self._release_placement()
-            if not self.external:
+            if self.started_ray:
                 ray.shutdown()
 
     def _close_syncs(self) -> None:

@@ -47,20 +47,17 @@ def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
 
 
 def test_tp2_on_cpu_runs_the_multiprocessing_executor_and_updates_weights_in_place(tiny_model_dir):
-    """`tensor_parallel_size = 2` on CPU: two worker processes (gloo between them), the same greedy
-    tokens as one, and a weight update (safetensors bytes to every worker) both shards follow."""
+    """`tensor_parallel_size = 2` on CPU: two worker processes (gloo between them) whose greedy samples
+    carry the unsharded model's log-probs (the trainer's, to fp32 tolerance), and a weight update
+    (safetensors bytes to every worker) both shards follow."""
     spec = SamplingSpec(temperature=0.0, max_tokens=10)
-    one = VLLMRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=64)
-    try:
-        reference = one.generate(contract.prompts(), spec)
-    finally:
-        one.shutdown()
     engine = VLLMRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=64, tensor_parallel_size=2)
     try:
         assert engine.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "mp"
         assert not engine._direct_weights  # tensors cannot cross to the workers as RPC arguments
         before = engine.generate(contract.prompts(), spec)
-        assert [g[0].response_ids for g in before] == [g[0].response_ids for g in reference]
+        batch = completions_batch(before)
+        assert max_logprob_gap(before, make_trainer(tiny_model_dir).forward(batch)["logprobs"], batch) < contract.TOL
         _update_and_follow(engine, tiny_model_dir, spec, before)  # both tp shards hold the new weights
     finally:
         engine.shutdown()

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, resume_copy, stable, write_flow  # noqa: E402
+from e2e_kit import local_ray, make_workdir, resume_copy, stable, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
@@ -31,6 +31,12 @@ def _flow(tmp: Path, body: str, steps: int) -> Path:
 
 
 @pytest.fixture(scope="module")
+def ray_address():
+    """One local Ray instance for the module's runs (each would start and stop its own: 8-10 s)."""
+    yield from local_ray()
+
+
+@pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return make_workdir(tmp_path_factory.mktemp("e2e"))
 
@@ -39,12 +45,12 @@ GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr =
 
 
 @pytest.fixture(scope="module")
-def grpo_run(workdir):
+def grpo_run(workdir, ray_address):
     """6 steps; step 2's resync arrives damaged once (and is sent again): nothing else may differ from an
     undisturbed run (test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint compares it
     with a run killed and restarted from step 3's checkpoint)."""
     path = _flow(workdir, GRPO, steps=6)
-    return run_file(str(path), out=str(workdir / "grpo"), save_every=3,
+    return run_file(str(path), out=str(workdir / "grpo"), save_every=3, ray_address=ray_address,
                     faults=Faults(corrupt_bucket_at_step=1, corrupt_sends=1))
 
 
@@ -77,7 +83,7 @@ def test_run_directory(grpo_run):
     assert (out / "checkpoints" / "step_000006" / "driver.json").is_file()
 
 
-def test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint(workdir, grpo_run):
+def test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint(workdir, grpo_run, ray_address):
     """``kill -9`` of the vLLM actor while it generates step 5: the run names the engine, its node and the
     op, restarts the engines from step 3's checkpoint by itself (``--restarts 1``) and ends with the
     undisturbed run's metrics: no sample lost or seen twice (the data cursor is in the checkpoint)."""
@@ -85,7 +91,7 @@ def test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint(workd
 
     path = _flow(workdir, GRPO, steps=6)
     said = io.StringIO()
-    result = run_file(str(path), out=str(workdir / "killed"), save_every=3, restarts=1, stream=said,
+    result = run_file(str(path), out=str(workdir / "killed"), save_every=3, restarts=1, stream=said, ray_address=ray_address,
                       faults=Faults(kill_at_step=4, kill_engine="policy.rollout"))
     assert _undisturbed(result.rows) == _undisturbed(grpo_run.rows)
     restart = next(line for line in said.getvalue().splitlines() if line.startswith("flowrl: restart"))
@@ -102,18 +108,18 @@ def test_a_resync_damaged_once_is_sent_again_and_the_run_goes_on(grpo_run):
     assert grpo_run.rows[2]["mismatch/abs_max"] < 1e-4
 
 
-def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir):
+def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir, ray_address):
     """Every send of step 1's resync is damaged (the resend too): the run stops naming the tensor."""
     path = _flow(workdir, GRPO, steps=2)
     with pytest.raises(Exception) as info:
-        run_file(str(path), out=str(workdir / "corrupt"), faults=Faults(corrupt_bucket_at_step=0))
+        run_file(str(path), out=str(workdir / "corrupt"), faults=Faults(corrupt_bucket_at_step=0), ray_address=ray_address)
     message = user_error(info.value)
     assert message is not None and "corrupted" in message and "crc32" in message, message
     assert "tensor 'model." in message  # names the tensor
     assert "arrived damaged twice" in message, message  # it was sent once more first
 
 
-def test_ppo_runs_with_critic(workdir):
+def test_ppo_runs_with_critic(workdir, ray_address):
     """Run through the Python builder (flowrl.builder): the same program as the text flow, the same plan."""
     from flowrl import Flow
     from flowrl.launch import build_plan
@@ -127,7 +133,7 @@ def test_ppo_runs_with_critic(workdir):
     text_plan = build_plan(str(_flow(workdir, body, steps=3)))
     assert [(o.id, o.op, o.inputs, o.options) for o in f.plan().ops] == \
         [(o.id, o.op, o.inputs, o.options) for o in text_plan.ops]
-    result = f.run(out=workdir / "ppo")
+    result = f.run(out=workdir / "ppo", ray_address=ray_address)
     row = result.rows[-1]
     assert any(k.startswith("train/ppo.critic/") for k in row), sorted(row)
     assert all(r["mismatch/abs_max"] < 1e-4 for r in result.rows)
@@ -143,10 +149,10 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {
 
 
 @pytest.fixture(scope="module")
-def async_run(workdir):
+def async_run(workdir, ray_address):
     path = _flow(workdir, GRPO, steps=5)
     path.write_text(path.read_text() + ASYNC_SCHEDULE)
-    return path, run_file(str(path), out=str(workdir / "async"), save_every=2)
+    return path, run_file(str(path), out=str(workdir / "async"), save_every=2, ray_address=ray_address)
 
 
 def test_one_step_off_keeps_the_staleness_bound(async_run):
@@ -161,19 +167,19 @@ def test_one_step_off_keeps_the_staleness_bound(async_run):
     assert "mismatch/abs_max" not in rows[1]  # trainer is a version ahead: no like-for-like comparison
 
 
-def test_one_step_off_preempted_by_sigterm_resumes_exactly(workdir, async_run):
+def test_one_step_off_preempted_by_sigterm_resumes_exactly(workdir, async_run, ray_address):
     """SIGTERM (a scheduler's preemption) after step 3, between the checkpoints of steps 2 and 4: the
     run writes step 3's checkpoint (with the rollout generated ahead for step 4) and stops cleanly;
     the resume reproduces the uninterrupted run."""
     path, uninterrupted = async_run
     out = workdir / "async_resumed"
     with pytest.raises(Preempted) as stopped:
-        run_file(str(path), out=str(out), save_every=2, faults=Faults(sigterm_after_step=2))
+        run_file(str(path), out=str(out), save_every=2, faults=Faults(sigterm_after_step=2), ray_address=ray_address)
     assert (stopped.value.step, stopped.value.checkpoint) == (3, True)
     assert f"`flowrl run --resume {out}` continues it" in str(stopped.value)
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
         ["step_000002", "step_000003"]
-    resumed = run_file(str(path), resume=str(out))
+    resumed = run_file(str(path), resume=str(out), ray_address=ray_address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
     for row in resumed.rows:
         assert max(int(k.rsplit("/", 1)[1]) for k in row if k.startswith("staleness/hist/")) <= 1
@@ -190,11 +196,11 @@ schedule main on cluster(nodes = 1, gpus_per_node = 2) {
 
 
 @pytest.fixture(scope="module")
-def megatron_run(workdir):
+def megatron_run(workdir, ray_address):
     pytest.importorskip("megatron.core")
     path = workdir / "megatron.flow"
     path.write_text(_flow(workdir, GRPO, steps=6).read_text() + MEGATRON_SCHEDULE)
-    return path, run_file(str(path), out=str(workdir / "megatron"), save_every=3)
+    return path, run_file(str(path), out=str(workdir / "megatron"), save_every=3, ray_address=ray_address)
 
 
 def test_megatron_tp2_grpo_learns_and_matches_vllm(megatron_run):
@@ -205,9 +211,9 @@ def test_megatron_tp2_grpo_learns_and_matches_vllm(megatron_run):
         assert row["mismatch/abs_max"] < 1e-4, row  # vLLM vs the TP-sharded trainer, after each resync
 
 
-def test_megatron_resume_reproduces_metrics(workdir, megatron_run):
+def test_megatron_resume_reproduces_metrics(workdir, megatron_run, ray_address):
     """Both TP ranks' model and optimizer state come back from step 3's checkpoint: steps 4..6 again,
     the same to the bit."""
     _, uninterrupted = megatron_run
-    resumed = resume_copy(uninterrupted.out, workdir / "megatron_resumed", 3)
+    resumed = resume_copy(uninterrupted.out, workdir / "megatron_resumed", 3, ray_address=ray_address)
     assert len(resumed.rows) == 6 and stable(resumed.rows) == stable(uninterrupted.rows)

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, write_flow  # noqa: E402
+from e2e_kit import local_ray, make_workdir, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
@@ -34,17 +34,8 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ray_address():
-    """One Ray session for every run of the module; 8 logical GPUs (each run places its own group).
-
-    ``address="local"``: a new instance even when another Ray session runs on this machine.
-    """
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    yield ray.get_runtime_context().gcs_address
-    if started:
-        ray.shutdown()
+    """One Ray session for every run of the module; 8 logical GPUs (each run places its own group)."""
+    yield from local_ray()
 
 
 def _run(workdir: Path, ray_address: str, name: str, resync: str, steps: int, faults=None):
