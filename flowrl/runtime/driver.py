@@ -160,10 +160,17 @@ class Runtime:
         self.services: Services | None = None
 
     def check_executable(self) -> None:
-        """:func:`check_executable` of this run's plan (on this machine, or the cluster it joins)."""
+        """:func:`check_executable` of this run's plan (on this machine, or the cluster it joins); on a
+        local Ray instance, also whether the engines fit in this machine's memory
+        (:func:`~flowrl.runtime.placement.check_host_memory`), before any model is prepared."""
         import os
 
-        check_executable(self.plan, external=bool(self.ray_address or os.environ.get("RAY_ADDRESS")))
+        from flowrl.runtime.placement import available_memory_gb, check_host_memory
+
+        external = bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
+        check_executable(self.plan, external=external)
+        if not external:
+            check_host_memory(self.plan, available_memory_gb())
 
     def setup(self) -> None:
         """Check the plan, prepare the models, read the data, build the rewards, start the engines."""

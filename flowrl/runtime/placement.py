@@ -68,6 +68,66 @@ def check_cluster_fits(plan: ExecutionPlan, nodes: list[dict], address: str | No
         "in the schedule")
 
 
+
+def _gb(x: float) -> str:
+    return f"{x:.1f} GB" if x >= 0.95 else f"{x * 1e3:.0f} MB"
+
+
+def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
+    """``(engine, ranks, GB per rank)`` of each engine of a plan for the ``cpu`` platform, by the
+    compiler's memory estimate (``flowrl plan``'s ``memory/GPU`` column: on ``cpu`` a logical GPU's
+    memory is the host's RAM), one process per rank; empty for a plan for GPUs (device memory,
+    which the compiler checks per GPU)."""
+    gpu = str(plan.cluster.get("gpu", "cpu"))
+    if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
+        return []
+    rows = []
+    for m in plan.models:
+        for e in (m.train_engine, m.rollout_engine):
+            if e is not None and e.memory is not None:
+                rows.append((f"{m.id}.{e.role} ({e.kind})", e.world_size, float(e.memory.total_gb)))
+    return rows
+
+
+def check_host_memory(plan: ExecutionPlan, available_gb: float | None) -> None:
+    """Refuse at once a plan for the ``cpu`` platform whose engines cannot fit in this machine's memory.
+
+    On a local Ray instance every logical GPU of every plan node is a process of this machine, so
+    the plan's engines need the sum of their estimated memory per rank over all their ranks
+    (:func:`host_memory_need`); ``available_gb`` is what the machine has free
+    (:func:`available_memory_gb`; None: unknown, nothing is refused). A cluster the run joins
+    (``RAY_ADDRESS``, ``--ray``) spreads the engines over its nodes: not checked here.
+    """
+    rows = host_memory_need(plan)
+    need = sum(ranks * gb for _k, ranks, gb in rows)
+    if available_gb is None or need <= available_gb:
+        return
+    c = plan.cluster
+    parts = ", ".join(f"{ranks} x {key} {_gb(gb)}" for key, ranks, gb in sorted(rows, key=lambda r: -r[1] * r[2]))
+    raise PlacementError(
+        f"host memory: the plan's engines need {_gb(need)} of this machine's memory on a local Ray instance "
+        f"({parts}: `flowrl plan`'s memory/GPU times the ranks), but it has {_gb(available_gb)} available; "
+        f"nothing was started. hint: run it on a Ray cluster (RAY_ADDRESS=ADDRESS or `flowrl run --ray ADDRESS`), "
+        f"or declare a smaller cluster in the schedule (this one: cluster(nodes = {c['nodes']}, gpus_per_node = "
+        f"{c['gpus_per_node']}))")
+
+
+def available_memory_gb() -> float | None:
+    """This machine's available memory in GB (1e9 bytes): ``MemAvailable`` of ``/proc/meminfo``, else
+    psutil's, else None (unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available / 1e9
+
 def node_targets(plan: ExecutionPlan, nodes: list[dict]) -> list[str | None]:
     """The Ray node id each plan node is pinned to, or None each (one plan node, or too few Ray nodes).
 

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from flowrl.runtime.placement import PlacementError, check_cluster_fits, node_targets, slot_resource
+from flowrl.plan import Memory
+from flowrl.runtime.placement import (PlacementError, available_memory_gb, check_cluster_fits, check_host_memory,
+                                      host_memory_need, node_targets, slot_resource)
 
 
 def plan(gpu: str = "cpu", nodes: int = 2, per: int = 1):
@@ -45,3 +47,43 @@ def test_too_few_cores_for_the_plans_gpus_is_refused_naming_the_node():
 def test_dead_nodes_do_not_count():
     with pytest.raises(PlacementError, match="room for 1"):
         check_cluster_fits(plan(per=2), [node(2), node(8, alive=False)], None)
+
+
+def engine(kind: str, role: str, ranks: int, gb: float):
+    return SimpleNamespace(kind=kind, role=role, world_size=ranks, memory=Memory(gb))
+
+
+def memory_plan(gpu: str = "cpu", nodes: int = 8, per: int = 8, replicas: int = 56):
+    policy = SimpleNamespace(id="policy", train_engine=engine("torch", "train", 8, 0.03),
+                             rollout_engine=engine("vllm", "rollout", replicas, 1.0))
+    ref = SimpleNamespace(id="ref", train_engine=engine("torch", "train", 8, 0.004), rollout_engine=None)
+    return SimpleNamespace(cluster={"gpu": gpu, "nodes": nodes, "gpus_per_node": per}, pools=[], models=[policy, ref])
+
+
+def test_host_memory_is_the_sum_over_every_rank_of_every_engine():
+    rows = host_memory_need(memory_plan())
+    assert ("policy.rollout (vllm)", 56, 1.0) in rows
+    assert sum(r * gb for _k, r, gb in rows) == pytest.approx(56 + 8 * 0.034)
+
+
+def test_a_plan_larger_than_the_machines_memory_is_refused_naming_the_need_and_the_way_out():
+    with pytest.raises(PlacementError) as e:
+        check_host_memory(memory_plan(), available_gb=22.0)
+    msg = str(e.value)
+    assert "need 56.3 GB" in msg and "56 x policy.rollout (vllm) 1.0 GB" in msg and "22.0 GB available" in msg
+    assert "RAY_ADDRESS" in msg and "--ray" in msg and "cluster(nodes = 8, gpus_per_node = 8)" in msg
+
+
+def test_a_plan_that_fits_or_an_unknown_memory_passes():
+    check_host_memory(memory_plan(replicas=8), available_gb=22.0)
+    check_host_memory(memory_plan(), available_gb=None)
+
+
+def test_a_plan_for_gpus_is_not_checked_against_host_memory():
+    assert host_memory_need(memory_plan("H100")) == []
+    check_host_memory(memory_plan("H100"), available_gb=1.0)
+
+
+def test_available_memory_is_read_from_this_machine():
+    gb = available_memory_gb()
+    assert gb is None or gb > 0
