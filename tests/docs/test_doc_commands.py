@@ -1,8 +1,9 @@
-"""Docs that run: every `flowrl ...` command of README.md, docs/*.md and the `--help` examples
-runs against the shipped files.
+"""Docs that run: every `flowrl ...` command of README.md, docs/*.md, the `--help` examples and
+the "Run:" lines of each flows/*.flow header comment runs against the shipped files.
 
-Commands come from fenced code blocks (and inline code spans that name a file), with their
-trailing `# comments` removed; synopsis lines (`FILE`, `[--flag]`, `...`) are not commands.
+Commands come from fenced code blocks (and inline code spans that name a file), or from a flow
+file's leading `#` comment lines, with their trailing `# comments` removed; synopsis lines
+(`FILE`, `[--flag]`, `...`) are not commands.
 Each source runs in a fresh work directory holding copies of `flows/`, `stdlib/` and `data/`,
 in the order the source shows them, so that a command can read what an earlier one wrote
 (`--out runs/a`, then `--resume runs/a`), and the shipped files are never rewritten (`fmt -w`).
@@ -12,7 +13,8 @@ e.g. `profile --calibrate` needs steps after the warm-up one). To stay within CI
 are grouped: one real run per distinct flow file (the one whose run directory a later command
 reads, else the first); the other runs of that flow go through everything `flowrl run` checks
 before engines start (compile, `--set`, run directories, resume rules, trackers installed) with
-the driver's run loop replaced by one that writes what a run leaves behind. The warm-start
+the driver's run loop replaced by one that writes what a run leaves behind (every run of a flow
+header's commands does: tests/docs/test_shipped_flows.py trains each shipped flow). The warm-start
 cache is shared (the user's, as `make run` uses it). Commands that need something this machine
 lacks are listed in :data:`NEEDS` with the test that covers them.
 """
@@ -33,6 +35,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FLOW_SOURCES = sorted((ROOT / "flows").glob("*.flow"))
+"""Shipped flows whose header comment (the leading ``#`` lines) shows commands under ``Run:``."""
 
 PREFIX = re.compile(r"^(?:(?:[A-Z_][A-Z0-9_]*=\S+)\s+)*(?:\.venv/bin/)?flowrl\s+[a-z]")
 """A command line: optional environment assignments, then `flowrl SUBCOMMAND` (or `.venv/bin/flowrl`)."""
@@ -97,6 +101,14 @@ def doc_commands() -> dict[str, list[DocCommand]]:
                 text = text.replace(".venv/bin/flowrl", "flowrl")
                 if is_command(text):
                     found.setdefault(rel, []).append(DocCommand(f"{rel}:{number}", text))
+    for flow in FLOW_SOURCES:
+        rel = flow.relative_to(ROOT).as_posix()
+        for number, line in enumerate(flow.read_text().splitlines(), start=1):
+            if not line.startswith("#"):
+                break  # the header comment ends at the first line of code (or blank line)
+            text = strip_comment(line[1:])
+            if is_command(text):
+                found.setdefault(rel, []).append(DocCommand(f"{rel}:{number}", text))
     # `run`'s examples first: `plan --measured` and `profile --calibrate` read the runs they write.
     for cmd in sorted(COMMANDS.values(), key=lambda c: c.name != "run"):
         for line in cmd.examples.splitlines():
@@ -110,6 +122,11 @@ def test_the_extractor_finds_the_commands_and_skips_synopses():
     found = doc_commands()
     every = [c.text for cmds in found.values() for c in cmds]
     assert "flowrl check flows/arith_grpo.flow" in every
+    # every shipped flow's header says how to check and run it
+    for flow in FLOW_SOURCE_NAMES:
+        argvs = [c.argv for c in found.get(flow, [])]
+        assert ["check", flow] in argvs and any(a[:2] == ["run", flow] for a in argvs), (flow, argvs)
+    assert any(c.text == "flowrl run flows/family_gpt2.flow --steps 4" for c in found["flows/family_gpt2.flow"])
     assert "flowrl graph flows/arith_grpo.flow -o g.svg" in every  # README, `.venv/bin/` dropped
     assert not any("FILE" in t or "[" in t for t in every)
     assert {"README.md", "docs/cli.md", "--help"} <= set(found)
@@ -228,9 +245,15 @@ LONG_SOURCES = ("--help", "docs/cli.md", "README.md")
 """Sources whose real runs take 3-7 minutes each on 2 cores: marked ``long`` (``make test-long``),
 outside ``make test``'s budget until their runs are shared; the other sources run in ``make test``."""
 
+FLOW_SOURCE_NAMES = {f.relative_to(ROOT).as_posix() for f in FLOW_SOURCES}
+"""The shipped flows' headers: marked ``long``. Their `flowrl run` commands go through everything
+`run` checks before engines start, never for real: tests/docs/test_shipped_flows.py trains each
+shipped flow for one step (or asserts why this machine refuses it)."""
+
 
 def _source_param(source: str):
-    return pytest.param(source, marks=pytest.mark.long) if source in LONG_SOURCES else source
+    long = source in LONG_SOURCES or source in FLOW_SOURCE_NAMES
+    return pytest.param(source, marks=pytest.mark.long) if long else source
 
 
 @pytest.mark.slow
@@ -244,7 +267,7 @@ def test_documented_commands_run(source, tmp_path, monkeypatch):
     workdir = workdir_for(tmp_path / "work")
     monkeypatch.chdir(workdir)
     cmds = doc_commands()[source]
-    real, real_dirs = real_runs(cmds, workdir), set()
+    real, real_dirs = (set() if source in FLOW_SOURCE_NAMES else real_runs(cmds, workdir)), set()
     failures, skipped = [], []
     for i, c in enumerate(cmds):
         if any(key in c.text for key in NEEDS) or (needs_graphviz(c) and shutil.which("dot") is None):
