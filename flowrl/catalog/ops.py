@@ -19,6 +19,7 @@ from flowrl.catalog.architectures import TINY_ARCHS
 from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
 from flowrl.catalog.platforms import PLATFORMS
 from flowrl.catalog.spec import RUNS, ArgSpec, KwSpec, Support, unsupported
+from flowrl.tasks import TASKS
 
 
 FIELDS: dict[str, str] = {
@@ -225,7 +226,9 @@ _op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_fro
            kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16"))},
            doc="A transformers checkpoint: a local directory or a hub id."))
 _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTIONS,
-           kwargs={"task": KwSpec("str", "arith"), "hidden": KwSpec("int", 128, min=32),
+           kwargs={"task": KwSpec("str", "arith", choices=tuple(TASKS),
+                                   doc="a task of flowrl.tasks: its rows, verifier and tokenizer characters"),
+                   "hidden": KwSpec("int", 128, min=32),
                    "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
                    "kv_heads": KwSpec("int", 2, min=1),
                    "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),

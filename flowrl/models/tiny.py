@@ -6,9 +6,14 @@ a transformers causal LM of one of the tiny families (``LlamaForCausalLM`` by de
 weights, saved with ``save_pretrained`` next to a ``tokenizers``-backed tokenizer. The
 directory loads in transformers and in vLLM (CPU build).
 
-Constraints that come from vLLM's CPU backend:
+The shape and charset rules (``hidden`` divides by ``heads``, ``heads`` by ``kv_heads``, heads of
+at least 32 channels for vLLM's CPU attention, qwen2's printable-ASCII charset) are stated
+once, in :func:`flowrl.catalog.models.tiny_shape_problems` and
+:func:`~flowrl.catalog.models.tiny_charset_problems`: the builder raises the first problem
+they find, ``flowrl check`` reports them at the flow's ``tiny(...)`` options (E611).
 
-* ``head_dim = hidden / heads`` must be >= 32 ("Unsupported CPU attention configuration").
+Another constraint from vLLM:
+
 * Untied embeddings (``tie_word_embeddings=False``, except GPT-2, tied by design): every parameter then has its own
   tensor in the checkpoint, so streaming weights into a running engine needs no special
   case for the shared ``lm_head``.
@@ -23,23 +28,16 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from flowrl.catalog.architectures import TINY_ARCHS
+from flowrl.catalog.models import tiny_charset_problems, tiny_shape_problems
 from flowrl.models.families import family_config, model_class
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 """Special tokens; their ids are 0..3 in this order."""
 
-MIN_HEAD_DIM = 32
-"""vLLM's CPU attention kernels reject smaller heads."""
-
 
 class TinyModelError(ValueError):
     """A tiny-model request that cannot be built (bad shape, unknown arch, bad charset)."""
-
-
-_ARCHS = TINY_ARCHS
-"""Families a tiny model can be (``tiny(arch = ...)``): :mod:`flowrl.models.families` builds their configs."""
 
 
 def build_tokenizer(chars: str) -> PreTrainedTokenizerFast:
@@ -50,11 +48,8 @@ def build_tokenizer(chars: str) -> PreTrainedTokenizerFast:
     transformers build the same prompt ids); decoding concatenates characters with no
     separator. No chat template is set: prompts are used verbatim.
     """
-    if not chars:
-        raise TinyModelError("build_tokenizer: empty charset; pass the characters the task uses, e.g. '0123456789+-='")
-    dupes = sorted({c for c in chars if chars.count(c) > 1})
-    if dupes:
-        raise TinyModelError(f"build_tokenizer: charset {chars!r} repeats {dupes}; list each character once")
+    for problem in tiny_charset_problems(chars):
+        raise TinyModelError(f"build_tokenizer: {problem}")
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for c in chars:
         vocab[c] = len(vocab)
@@ -84,17 +79,8 @@ def tiny_config(
 ):
     """The transformers config of a tiny model (fp32, specials 0..3; embeddings untied unless the
     family ties them: GPT-2)."""
-    if arch not in _ARCHS:
-        raise TinyModelError(f"unknown tiny model arch {arch!r}; choose one of {sorted(_ARCHS)}")
-    if hidden % heads or heads % kv_heads:
-        raise TinyModelError(
-            f"hidden={hidden}, heads={heads}, kv_heads={kv_heads}: hidden must divide by heads and heads by kv_heads"
-        )
-    if hidden // heads < MIN_HEAD_DIM:
-        raise TinyModelError(
-            f"head_dim = hidden/heads = {hidden}/{heads} = {hidden // heads} < {MIN_HEAD_DIM}; "
-            f"vLLM's CPU attention needs >= {MIN_HEAD_DIM}: use fewer heads or a larger hidden size"
-        )
+    for problem in tiny_shape_problems(arch, hidden, heads, kv_heads):
+        raise TinyModelError(str(problem))
     return family_config(
         arch, vocab_size=vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
         intermediate=intermediate, max_position=max_position,
@@ -142,22 +128,10 @@ def build_tiny_model(
 
 
 def _check_charset_for_arch(chars: str, arch: str) -> None:
-    """Reject charsets that a qwen2 checkpoint would silently mangle.
-
-    transformers 5 (and vLLM, which loads tokenizers through ``AutoTokenizer``) ignores
-    the saved tokenizer class for ``model_type == "qwen2"`` and rebuilds it as a
-    byte-level BPE (``Qwen2Tokenizer``) over the saved vocabulary. For printable
-    non-space ASCII that gives exactly the character-level ids; a space or a non-ASCII
-    character would be dropped without an error.
-    """
-    if arch != "qwen2":
-        return
-    bad = sorted({c for c in chars if not 33 <= ord(c) <= 126})
-    if bad:
-        raise TinyModelError(
-            f"arch='qwen2' cannot use characters {bad!r} in charset {chars!r}: transformers re-tokenizes qwen2 "
-            "checkpoints byte-level and drops them; use arch='llama' or printable non-space ASCII only"
-        )
+    """Reject charsets that a qwen2 checkpoint would silently mangle
+    (:func:`~flowrl.catalog.models.tiny_charset_problems`)."""
+    for problem in tiny_charset_problems(chars, arch):
+        raise TinyModelError(str(problem))
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerFast:

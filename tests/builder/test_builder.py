@@ -41,7 +41,7 @@ def assert_round_trip(f: Flow, path: str = "<builder-text>") -> str:
 
 MAIN_TEXT = """
 import stdlib.grpo as g
-model policy = tiny(task = "arith", hidden = 64)
+model policy = tiny(task = "arith", hidden = 64, heads = 2)
 dataset arith = jsonl("data/arith/train.jsonl", prompt = "prompt", answer = "answer")
 reward exact = verifier("math")
 flow main(group: int = 4, lr: float = 1e-4) {
@@ -53,7 +53,7 @@ flow main(group: int = 4, lr: float = 1e-4) {
 def build_main() -> Flow:
     f = Flow("main", params=[("group", "int", 4), ("lr", "float", 1e-4)])
     g = f.import_("stdlib.grpo", alias="g")
-    policy = f.declare("model", "policy", "tiny", task="arith", hidden=64)
+    policy = f.declare("model", "policy", "tiny", task="arith", hidden=64, heads=2)
     arith = f.declare("dataset", "arith", "jsonl", "data/arith/train.jsonl", prompt="prompt", answer="answer")
     exact = f.declare("reward", "exact", "verifier", "math")
     group, lr = f.params
@@ -71,7 +71,7 @@ def test_imports_declarations_and_flow_calls_match_text():
 
 def test_call_flow_by_name_equals_the_import_handle():
     f = Flow("main", params=[("group", "int", 4), ("lr", "float", 1e-4)], imports=[("stdlib.grpo", "g")])
-    policy = f.declare("model", "policy", "tiny", task="arith", hidden=64)
+    policy = f.declare("model", "policy", "tiny", task="arith", hidden=64, heads=2)
     arith = f.declare("dataset", "arith", "jsonl", "data/arith/train.jsonl", prompt="prompt", answer="answer")
     exact = f.declare("reward", "exact", "verifier", "math")
     group, lr = f.params

@@ -11,7 +11,7 @@ from flowrl.compiler.pipeline import compile_text
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = f"""import stdlib.ppo
 import stdlib.grpo
-model policy = tiny(task = "arith", hidden = 64)
+model policy = tiny(task = "arith", hidden = 64, heads = 2)
 model big = hf("Qwen/Qwen2.5-0.5B")
 dataset arith = jsonl("{ROOT}/data/arith/train.jsonl")
 reward exact = verifier("exact")

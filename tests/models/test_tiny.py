@@ -61,8 +61,10 @@ def test_building_does_not_disturb_the_global_rng(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, pattern",
     [
-        ({"hidden": 64, "heads": 4}, r"head_dim = hidden/heads = 64/4 = 16 < 32"),
-        ({"hidden": 128, "heads": 3}, "hidden must divide by heads"),
+        ({"hidden": 64, "heads": 4}, r"head size hidden / heads = 64 / 4 = 16, which vLLM's CPU attention has no kernel"),
+        ({"hidden": 160, "heads": 4}, r"head size hidden / heads = 160 / 4 = 40, which"),
+        ({"hidden": 128, "heads": 3}, "hidden = 128 does not divide by heads = 3"),
+        ({"heads": 4, "kv_heads": 3}, "heads = 4 does not divide by kv_heads = 3"),
         ({"arch": "gpt3"}, r"unknown tiny model arch 'gpt3'; choose one of \['gpt2', 'llama', 'llama3', 'mistral', 'qwen2', 'qwen3'\]"),
         ({"arch": "qwen2", "chars": "0 1"}, r"arch='qwen2' cannot use characters \[' '\]"),
     ],
@@ -70,6 +72,12 @@ def test_building_does_not_disturb_the_global_rng(tmp_path):
 def test_bad_shapes_are_refused(tmp_path, kwargs, pattern):
     with pytest.raises(TinyModelError, match=pattern):
         build_tiny_model(tmp_path / "m", **kwargs)
+
+
+def test_kv_heads_do_not_constrain_a_family_without_them(tmp_path):
+    """GPT-2 has no grouped-query attention: its config ignores ``kv_heads`` (tiny_shape_problems)."""
+    out = build_tiny_model(tmp_path / "m", arch="gpt2", hidden=96, heads=3, kv_heads=2, layers=1)
+    assert (out / "config.json").is_file()
 
 
 def test_loads_in_vllm_with_matching_logprobs(tiny_llama_dir, tmp_path, monkeypatch):

@@ -5,6 +5,12 @@ check_resources (the files read here exist and parse).
 
 Guarantees, for each model whose facts are known (``config.json``, preset or ``tiny``):
 
+* a ``tiny(...)`` model's options make a model the builder builds and vLLM serves, by the
+  rules :func:`~flowrl.catalog.models.tiny_problems` states once for both (the builder raises
+  the same reasons): ``hidden`` divides by ``heads``, ``heads`` by ``kv_heads`` (families with
+  grouped-query attention), a head size vLLM's CPU attention has kernels for
+  (:data:`~flowrl.catalog.models.CPU_HEAD_SIZES`), a task charset the family's tokenizer keeps
+  (E611, at the option as written);
 * its architecture (``config.json``'s ``architectures``) is one every engine it runs on runs
   (:attr:`~flowrl.catalog.engines.EngineSpec.architectures`, from the records of
   :mod:`flowrl.catalog.architectures`), and an engine that converts weights by family can take
@@ -35,21 +41,25 @@ doc.flow:3:72: error[E609]: `max_tokens = 200` and the prompt (at least 1 token)
 from __future__ import annotations
 
 from flowrl.catalog.engines import ENGINES, EngineSpec
-from flowrl.catalog.models import ModelFacts, default_context
-from flowrl.catalog.ops import OpKind
+from flowrl.catalog.models import ModelFacts, default_context, tiny_problems
+from flowrl.catalog.ops import OPS, FactsFrom, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import checkpoint_dir, prompt_counter
 from flowrl.compiler.resources import checked, first_prompts, prompt_datasets
 from flowrl.compiler.sched import model_of, role_of
 from flowrl.diagnostics import Collector, Span
-from flowrl.ir.graph import Const, FlowGraph, Node
+from flowrl.ir.graph import Const, FlowGraph, Node, plain
 
 
 def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
+    errors = Collector(ctx.sources)
+    for node in graph.nodes():
+        if node.kind == OpKind.MODEL and OPS.get(node.op) and OPS[node.op].facts_from == FactsFrom.OPTIONS:
+            _check_tiny(node, errors)
     st = graph.sched
     if st is None:
+        errors.raise_if_any()
         return graph
-    errors = Collector(ctx.sources)
     reported: set = set()
     # Engines with a layout written first: a frozen model following its base's trainer shares
     # the base's mistake, reported once where the layout was written.
@@ -65,6 +75,16 @@ def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             _check_lengths(graph, ctx, node, st, errors)
     errors.raise_if_any()
     return graph
+
+
+def _check_tiny(node: Node, errors: Collector) -> None:
+    attrs = {k: plain(v) for k, v in node.attrs}
+    if not all(isinstance(v, (int, str)) for v in attrs.values()):
+        return  # an option given by a symbol: the shape is not known here
+    for problem in tiny_problems(attrs):
+        written = [o for o in problem.options if node.key_span(o) is not None]
+        span = node.attr(written[0]).span if written else node.span
+        errors.error("E611", f"`{node.id}` = {node.op}(...) cannot be built: {problem.reason}", span, problem.fix)
 
 
 def _layout_span(graph: FlowGraph, key: str, st) -> Span:
