@@ -252,7 +252,9 @@ class ReshardTensor:
 
 @dataclass(frozen=True)
 class ReshardPlan:
-    """Train layout -> rollout layout of a model's weights, as data the runtime executes."""
+    """Train layout -> rollout layout of a model's weights: which rows of which train rank each
+    rollout rank needs (:mod:`flowrl.compiler.reshard`). Shown by ``flowrl plan``; the runtime
+    does not execute it (a resync sends whole checkpoint tensors, the engines' loaders shard them)."""
 
     src: str
     """Source engine and layout, e.g. ``megatron(tp=2, pp=1)``."""

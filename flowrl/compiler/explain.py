@@ -191,7 +191,9 @@ def _sync(plan: ExecutionPlan) -> list[str]:
             pieces = sum(len(t.pieces) for t in r.reshard.tensors)
             lines.append(f"    reshard {r.reshard.src} -> {r.reshard.dst}: "
                          + ", ".join(f"{a} x{n}" for a, n in sorted(acts.items()))
-                         + f" tensor families; {pieces} pieces to copy (those of layer tensors repeat for every layer)")
+                         + f" tensor families; {pieces} pieces (rows of a train rank that a rollout rank needs, those of "
+                         "layer tensors per layer); not executed: the resync sends whole tensors and the rollout "
+                         "engine shards them")
             for t in r.reshard.tensors:
                 if t.action == "regroup":
                     lines.append(f"      regroup {t.name}: {' + '.join(p.rsplit('.', 2)[-2] for p in t.parts)} "

@@ -21,9 +21,14 @@ torch, ...)    shards are gathered into full tensors first)
 Each layout maps its local rows to rows of the checkpoint (HF) tensors: a list of
 segments. A resharding plan joins the source's segments with the destination's: every
 overlap is a :class:`~flowrl.plan.ReshardPiece` (source rank and rows ->
-destination rank and rows). That is exactly what the runtime copies, with collectives
-between ranks; a test applies the pieces to real tensors and compares with the
-destination layout built directly (tests/schedule/test_reshard.py).
+destination rank and rows). It is the compiler's account of what each rollout rank needs
+from which train rank, recorded in the plan (``ResyncPlan.reshard``) and printed by
+``flowrl plan``. Nothing executes it: a resync sends whole checkpoint tensors, gathered
+from the train ranks (``named_weights``), and each rollout engine's own loader fuses and
+shards them (``update_weights``); the estimated resync time counts those bytes
+(:func:`flowrl.cost.model.gather_s`, ``transfer_s``), not these pieces.
+``tests/schedule/test_reshard_plan.py`` applies the pieces to real tensors and compares
+them with the destination layout built directly, so the account is exact.
 
 >>> from flowrl.catalog.models import tiny_facts
 >>> plan = reshard_plan(tiny_facts({}), "megatron", 2, 1, "vllm", 1)

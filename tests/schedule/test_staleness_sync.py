@@ -127,6 +127,12 @@ schedule main on cluster(nodes = 2, gpus_per_node = 8, gpu = "H100") {
     assert r.seconds == pytest.approx(total / 2 / (450e9 * 0.8) + total / (50e9 * 0.8) + r.buckets * 30e-6,
                                       rel=1e-4)
     assert r.reshard is not None and r.reshard.src == "megatron(tp=2, pp=1)" and r.reshard.dst_tp == 1
+    # `flowrl plan` shows the resharding as what the rollout ranks need, not as a copy the runtime makes
+    from flowrl.compiler.explain import describe_plan
+
+    (line,) = [x for x in describe_plan(plan).splitlines() if x.strip().startswith("reshard ")]
+    assert "rows of a train rank that a rollout rank needs" in line and "not executed" in line
+    assert "to copy" not in line
 
 
 def test_checkpoint_with_a_shared_dir_crosses_nodes(plan_of):
