@@ -102,6 +102,11 @@ EDGE_WRAP = 24
 # ---- what each node looks like (shared by both writers) -----------------------------------
 
 
+STYLES = ("model", "frozen", "critic", "resync", "driver", "elided")
+"""The style classes a node is drawn in (:attr:`Look.style`; the Mermaid CSS classes and the legend
+are named after them). They share words with ops (``frozen``, ``critic``) without being ops."""
+
+
 @dataclass(frozen=True)
 class Look:
     """How one node is drawn: its fill, its text colour and its style class."""
@@ -109,7 +114,7 @@ class Look:
     fill: str
     text: str
     style: str
-    """``model`` | ``frozen`` | ``critic`` | ``resync`` | ``driver`` | ``elided``: the legend/CSS class."""
+    """One of :data:`STYLES`: the legend/CSS class."""
     model: str | None
     """The model whose colour the node takes (None: driver-side / frozen)."""
 

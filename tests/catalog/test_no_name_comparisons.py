@@ -15,7 +15,8 @@ not flagged. Two things share words with the names without being names, and are 
 what they are compared with or keyed by:
 
 * a record field with a vocabulary of its own (:data:`FIELD_VOCABULARIES`): ``role == "critic"``
-  compares a model's role, not the ``critic`` op;
+  compares a model's role, not the ``critic`` op; only constants of that vocabulary are let
+  through (``role == "vllm"`` is still a name dispatch);
 * a dict literal whose keys are all fields of the experience table (``flowrl.catalog.ops.FIELDS``:
   ``logprobs``, ``values``...) is keyed by fields, and a subscript by such a field reads a field.
 
@@ -31,27 +32,41 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.catalog import NAMES
-from flowrl.catalog.ops import FIELDS
+from flowrl.catalog import ENGINES, LOSSES, NAMES, OPS
+from flowrl.catalog.ops import FIELDS, FactsFrom
+from flowrl.catalog.schedule import ROLES
+from flowrl.views import STYLES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flowrl"
 CATALOGUE = PACKAGE / "catalog"
 CATALOGUE_NAMES = frozenset().union(*NAMES.values())
 
-FIELD_VOCABULARIES = {
-    "role": "a model's role (OpSpec.role / Node.role / ModelPlan.role: trainable, frozen, critic); "
-            "`frozen` and `critic` are also the ops that make such models",
-    "model_role": "LossSpec.model_role: the role of the model a loss trains (same vocabulary as `role`)",
-    "needs_old": "LossSpec.needs_old: a field of the experience table (`logprobs`, `values`), not an op",
-    "needs_targets": "LossSpec.needs_targets: a field of the experience table, not an op",
-    "facts_from": "OpSpec.facts_from: where a model resource's facts come from (a `checkpoint` directory, "
-                  "the `tiny` options...), not the `checkpoint` protocol",
-    "style": "Look.style (flowrl/views.py): how a graph view draws a node (model, frozen, critic, resync, "
-             "driver, elided), chosen from the node's kind and role; not an op",
-    "css": "the Mermaid writer's CSS classes (flowrl/views.py), named after Look.style",
+_ROLES = frozenset({s.role for s in OPS.values() if s.role} | {s.serves_model for s in OPS.values() if s.serves_model}
+                   | set(ROLES) | {loss.model_role for loss in LOSSES.values()}
+                   | {r for e in ENGINES.values() for r in e.extra_roles})
+"""Every role the catalogue gives a model or an engine: ``trainable``, ``frozen``, ``critic``
+(OpSpec.role), ``reward`` (OpSpec.serves_model, EngineSpec.extra_roles), ``train``/``rollout``
+(the schedule's engine roles), LossSpec.model_role."""
+
+FIELD_VOCABULARIES: dict[str, tuple[frozenset[str], str]] = {
+    "role": (_ROLES, "a model's or an engine's role (OpSpec.role / Node.role / ModelPlan.role / a train "
+                     "engine's role); `frozen` and `critic` are also the ops that make such models"),
+    "model_role": (_ROLES, "LossSpec.model_role: the role of the model a loss trains"),
+    "needs_old": (frozenset(FIELDS), "LossSpec.needs_old: a field of the experience table (`logprobs`, "
+                                     "`values`), not an op"),
+    "needs_targets": (frozenset(FIELDS), "LossSpec.needs_targets: a field of the experience table, not an op"),
+    "facts_from": (frozenset(f.value for f in FactsFrom),
+                   "OpSpec.facts_from: where a model resource's facts come from (a `checkpoint` directory, "
+                   "the `tiny` options...), not the `checkpoint` protocol"),
+    "style": (frozenset(STYLES), "Look.style (flowrl/views.py): how a graph view draws a node, chosen from "
+                                 "the node's kind and role; not an op"),
+    "css": (frozenset(STYLES), "the Mermaid writer's CSS classes (flowrl/views.py), named after Look.style"),
 }
-"""Record fields whose values are their own vocabulary, which shares words with catalogue names."""
+"""Record fields whose values are a vocabulary of their own that shares words with catalogue names:
+field -> (its vocabulary, read from the catalogue or the module that owns it; what it is). A
+comparison of such a field with a constant of that vocabulary is not a name dispatch; with any
+other constant (``role == "vllm"``) it is."""
 
 ALLOWED: dict[tuple[str, str], str] = {
     ("flowrl/launch.py", "torch"): "REQUIRED is keyed by Python packages `flowrl run` imports (the torch "
@@ -88,10 +103,10 @@ def name_uses(source: str, filename: str = "<source>") -> list[tuple[int, str, s
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             fields = {_field_name(o) for o in operands} & set(FIELD_VOCABULARIES)
-            if fields:
-                continue  # compares a field of its own vocabulary (a role...), not a name
             for operand in operands:
-                out += [(c.lineno, c.value, "comparison") for c in _constants(operand)]
+                # a constant of the compared field's own vocabulary (a role...) is not a name
+                out += [(c.lineno, c.value, "comparison") for c in _constants(operand)
+                        if not any(c.value in FIELD_VOCABULARIES[f][0] for f in fields)]
         elif isinstance(node, ast.Dict):
             keys = [c for k in node.keys if k is not None for c in _constants(k)]
             if keys and all(c.value in FIELDS for c in keys):
@@ -133,9 +148,21 @@ def _hits() -> dict[str, list[tuple[int, str, str]]]:
     'spec = ENGINES["sglang"]',
     'elided = loss.name != "value_clip"',
     'if op.kind == "resync": pass',
+    'if role == "vllm": pass',                            # an engine name, whatever the operand is called
+    'if spec.model_role in ("critic", "megatron"): pass',  # `critic` is a role, `megatron` is not
+    'if look.style != "nccl": pass',
+    'if loss.needs_old == "ppo_clip": pass',
 ])
 def test_a_name_dispatch_is_found(code):
     assert name_uses(code), code
+
+
+def test_a_field_of_its_own_vocabulary_hides_only_that_vocabulary():
+    """The comparison is skipped constant by constant: a role is not flagged, an engine name next to it is."""
+    assert name_uses('ok = role in ("critic", "vllm")') == [(1, "vllm", "comparison")]
+    assert name_uses('if n.role == "frozen" and kind == "sglang": pass') == [(1, "sglang", "comparison")]
+    for field, (vocabulary, why) in FIELD_VOCABULARIES.items():
+        assert vocabulary and why.strip(), field
 
 
 @pytest.mark.parametrize("code", [
