@@ -45,7 +45,15 @@ from flowrl.catalog.ops import OpKind
 from flowrl.engines.types import Completion, TokenBatch
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.errors import RuntimeFlowError
+from flowrl.runtime.metric_names import metric_name
 from flowrl.runtime.step import Rollouts, StepContext, StepValue
+
+
+def response_length_name(op: OpPlan, plan: ExecutionPlan) -> str:
+    """``response/length_mean`` of the generate ``op``: per model when the plan generates with several
+    (:func:`~flowrl.runtime.metric_names.metric_name`), so no model's lengths overwrite another's."""
+    generating = {o.model for o in plan.ops if o.kind == OpKind.GENERATE.value}
+    return metric_name("response", "length_mean", op.model, generating)
 
 
 def episode_key(step: int, op: OpPlan, row: int) -> str:
@@ -219,7 +227,7 @@ def continue_episodes(op: OpPlan, ctx: StepContext, src: StepValue,
     fields.pop("observations", None)  # appended to the rows: an env_step's, not the conversation's
     turns = [_turns(m) for _, m, _ in rows]
     ctx.metrics.update({"env/turns_mean": sum(turns) / max(n, 1), "env/turns_max": max(turns, default=0),
-                        "env/truncated": sum(truncated), "response/length_mean":
+                        "env/truncated": sum(truncated), response_length_name(op, ctx.services.plan):
                         float(batch.response_mask.sum()) / max(n, 1)})
     return StepValue(fields, Rollouts(episodes.model, batch, tuple(texts)))
 

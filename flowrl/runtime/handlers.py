@@ -34,7 +34,7 @@ from flowrl.algos.shaping import overlong_penalty as overlong_shaping
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.engines.types import SamplingSpec, TokenBatch
 from flowrl.plan import OpPlan
-from flowrl.runtime.episodes import continue_episodes, env_step
+from flowrl.runtime.episodes import continue_episodes, env_step, response_length_name
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.losses import loss_record
 from flowrl.runtime.metric_names import metric_name, owned_metrics
@@ -134,7 +134,7 @@ def generate(op: OpPlan, ctx: StepContext) -> StepValue:
     n = spec.n
     batch = TokenBatch.from_completions(completions, ctx.services.data.pad_id)
     tokens = sum(len(c.response_ids) for c in completions)
-    ctx.metrics["response/length_mean"] = tokens / max(len(completions), 1)
+    ctx.metrics[response_length_name(op, ctx.services.plan)] = tokens / max(len(completions), 1)
     out = {
         "prompt_ids": [list(c.prompt_ids) for c in completions],
         "response_ids": [list(c.response_ids) for c in completions],
@@ -261,7 +261,7 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
         ref = ctx.input(op, "ref_logprobs")["logprobs"]
         extras["ref_logprobs"] = ref
         if "old_logprobs" in extras:
-            ctx.metrics["kl/ref"] = float(A.masked_mean(kl_k3(extras["old_logprobs"], ref), mask))
+            ctx.metrics[_per_policy("kl_ref", op, ctx)] = float(A.masked_mean(kl_k3(extras["old_logprobs"], ref), mask))
     engines = ctx.services.engines
     trained = engines.train_version(op.model)
     lags = torch.tensor([trained - v for v in roll["version"]]) if op.model == rollouts.model \
@@ -299,25 +299,27 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
         elif key.startswith("mismatch_"):  # measured in the loss when the plan elided the old-logprob
             ctx.metrics[_per_policy(key, op, ctx)] = float(np.mean(vals))  # pass (lower.elide_old_logprobs)
         else:
-            ctx.metrics["kl/ref" if key == "kl_ref" else f"train/{op.model}/{key}"] = float(np.mean(vals))
+            ctx.metrics[_per_policy(key, op, ctx) if key == "kl_ref" else f"train/{op.model}/{key}"] = float(np.mean(vals))
     return StepValue()
 
 
-_PER_POLICY = ("offpolicy", "mismatch", "staleness")
-"""Families measured per trained policy: its behaviour gap, its engines' mismatch, its samples' lags."""
+_PER_POLICY = ("offpolicy", "mismatch", "staleness", "kl")
+"""Families measured per trained policy: its behaviour gap, its engines' mismatch, its samples' lags,
+its divergence from the reference."""
 
 
-def _per_policy(key: str, op: OpPlan, ctx: StepContext) -> str:
+def _per_policy(key: str, op: OpPlan, ctx: StepContext, model: str | None = None) -> str:
     """``offpolicy_ratio_mean`` (a statistic of :func:`~flowrl.algos.mismatch.importance_correction`,
     or of :func:`~flowrl.algos.mismatch.mismatch_metrics`, or the update's ``staleness_*``) ->
     ``offpolicy/ratio_mean``, or ``offpolicy/<model>/ratio_mean`` when the plan trains several
-    policies (:func:`~flowrl.runtime.metric_names.metric_name`)."""
+    policies (:func:`~flowrl.runtime.metric_names.metric_name`). ``model``: the policy measured, when
+    it is not ``op``'s own model (an advantage op's: the model of its rollouts)."""
     family, _, rest = key.partition("_")
     if family not in _PER_POLICY:
         raise RuntimeFlowError(f"{op.origin}: `{key}` is not a per-policy metric ({', '.join(_PER_POLICY)})")
     policies = {o.model for o in ctx.services.plan.ops
                 if o.kind == OpKind.UPDATE and loss_record(o.options["loss"], o.origin).model_role == "trainable"}
-    return metric_name(family, rest, op.model, policies)
+    return metric_name(family, rest, model or op.model, policies)
 
 
 def _same_ops(op: OpPlan, ctx: StepContext) -> list[str]:
@@ -430,7 +432,8 @@ def kl_penalty(op: OpPlan, ctx: StepContext) -> StepValue:
     ref = ctx.input(op, "ref_logprobs")["logprobs"]
     tok = kl_penalty_in_reward(_token_rewards(scores, mask), lp, ref, mask, float(op.options["coef"]),
                                op.options["kind"])
-    ctx.metrics["kl/ref"] = float(A.masked_mean(lp - ref, mask))
+    policy = _rollouts(op, ctx.input(op, "rollouts")).model
+    ctx.metrics[_per_policy("kl_ref", op, ctx, policy)] = float(A.masked_mean(lp - ref, mask))
     return StepValue({"rewards": (tok * mask).sum(-1), "token_rewards": tok})
 
 

@@ -2,7 +2,8 @@
 
 Some metric families are written by one op or one model of the plan each: ``reward/*``
 (a score op), ``filter/*`` (a dynamic-sampling op), ``adv/*`` (an advantage op), and per
-trained policy ``staleness/*``, ``mismatch/*`` and ``offpolicy/*``. A flow with two trained
+trained policy ``staleness/*``, ``mismatch/*``, ``offpolicy/*`` and ``kl/*``, per generating model
+``response/*``. A flow with two trained
 models, or two score ops, has two producers of the same family: :func:`metric_name` gives
 each its own name, so that neither overwrites the other in a step's row of ``metrics.jsonl``.
 With a single producer the name stays plain (``reward/mean``: what the docs, the progress
@@ -57,7 +58,7 @@ def unowned_name(name: str, plain: Collection[str]) -> str | None:
     return None
 
 
-OWNED_FAMILIES = frozenset({"reward", "filter", "adv", "staleness", "mismatch", "offpolicy"})
+OWNED_FAMILIES = frozenset({"reward", "filter", "adv", "staleness", "mismatch", "offpolicy", "kl", "response"})
 """The families named by :func:`metric_name`: each written per op or per trained model."""
 
 

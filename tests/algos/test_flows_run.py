@@ -93,12 +93,15 @@ def test_every_step_trains_further_behind(rows):
 
 
 def test_each_policy_and_score_op_logs_under_its_own_name(rows):
-    """Four policies, four score ops: ``staleness/<model>/*`` and ``reward/<op id>/*``, never the plain
-    names that all four would overwrite; the one filter op keeps ``filter/*`` (test_dapo_...)."""
+    """Four policies, four score ops: ``staleness/<model>/*``, ``response/<model>/*``, ``kl/<model>/*`` and
+    ``reward/<op id>/*``, never the plain names that all four would overwrite; the one filter op keeps ``filter/*`` (test_dapo_...)."""
     for row in rows:
-        assert not [k for k in row if k.startswith(("staleness/hist/", "reward/mean", "offpolicy/ratio"))], sorted(row)
+        assert not [k for k in row if k.startswith(("staleness/hist/", "reward/mean", "offpolicy/ratio", "kl/ref",
+                                                     "response/length_mean"))], sorted(row)
         for algo in ALGOS:
             assert 0.0 <= row[f"reward/{algo}.scores/mean"] <= 1.0, (algo, sorted(row))
+            assert 0 < row[f"response/{algo}_policy/length_mean"] <= 6, (algo, sorted(row))
+        assert row["kl/reinforce_pp_baseline_policy/ref"] >= 0.0  # the one policy with a KL term (k3 >= 0)
 
 
 def _ratios_ok(row: dict, model: str) -> None:
