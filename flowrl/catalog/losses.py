@@ -12,9 +12,10 @@ records; the runtime builds the loss from them; an unknown name is an error ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from flowrl.catalog.spec import KwSpec
+from flowrl.catalog.platforms import PLATFORMS
+from flowrl.catalog.spec import RUNS, KwSpec, Support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 """How per-token losses become one number (veRL's ``loss_agg_mode``): the mean over every
@@ -41,6 +42,13 @@ class LossSpec:
     doc: str = ""
     fn: str = ""
     """The runtime's loss function for it, by name (the runtime's ``LOSS_FUNCTIONS``)."""
+    platforms: dict = field(default_factory=lambda: dict.fromkeys(PLATFORMS, RUNS))
+    """Platform (:data:`~flowrl.catalog.platforms.PLATFORMS`) -> :class:`Support`: every platform
+    unless the record says otherwise (a loss is torch code run by the train engine). ``flowrl check``
+    refuses a loss on a platform it does not run on (E444)."""
+
+    def support(self, platform: str) -> Support:
+        return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
 
 
 ConfigSpec = LossSpec

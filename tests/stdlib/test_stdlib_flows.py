@@ -527,10 +527,16 @@ def test_generated_tables_list_every_op_loss_and_engine():
     from flowrl.catalog.ops import LOSSES, OPS
     from flowrl.catalog.engines import ENGINES
     from flowrl.catalog.protocols import PROTOCOLS
+    from flowrl.catalog.schedule import STATEMENTS
 
     block = _gen_ops_table().generate()
-    for name in list(OPS) + list(LOSSES) + list(ENGINES) + list(PROTOCOLS):
+    for name in list(OPS) + list(LOSSES) + list(ENGINES) + list(PROTOCOLS) + list(STATEMENTS):
         assert f"| `{name}` |" in block, name
+    # a platforms column for every kind of record that has platforms
+    for header in ("| constructor | declares | platforms |", "| op | kind | runs on | platforms |",
+                   "| loss | platforms |", "| engine | serves | platforms |", "| protocol (`resync M via P(...)`) | platforms |",
+                   "| statement | written | in | platforms |"):
+        assert header in block, header
     # a `|` inside a cell would split it: every table row has its header's column count
     for table in block.split("\n\n"):
         rows = [r for r in table.splitlines() if r.startswith("|")]
