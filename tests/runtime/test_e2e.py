@@ -165,6 +165,11 @@ def test_one_step_off_keeps_the_staleness_bound(async_run):
         assert not any(k.startswith("staleness/hist/") and int(k.rsplit("/", 1)[1]) > 1 for k in row)
         assert "staleness/dropped" not in row
     assert "mismatch/abs_max" not in rows[1]  # trainer is a version ahead: no like-for-like comparison
+    # the behaviour-vs-current ratio is measured at every step whatever the staleness: exactly 1 while
+    # both engines hold the same weights (step 1), off 1 once the samples are a version behind
+    assert rows[0]["offpolicy/ratio_mean"] == rows[0]["offpolicy/ratio_max"] == 1.0
+    for row in rows[1:]:
+        assert row["offpolicy/ratio_min"] < 1.0 < row["offpolicy/ratio_max"] and row["offpolicy/kl"] > 0, row
 
 
 def test_one_step_off_preempted_by_sigterm_resumes_exactly(workdir, async_run, ray_address):
