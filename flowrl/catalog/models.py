@@ -250,6 +250,18 @@ def default_context(positions: int) -> int:
     return min(int(positions), CONTEXT_CAP)
 
 
+def checkpoint_context(model_dir: str | Path) -> int:
+    """The context a rollout engine gets for the checkpoint in ``model_dir`` when the schedule sets
+    none: :func:`default_context` of the maximum positions its ``config.json`` names, under
+    whichever key (GPT-2: ``n_positions``), else of :data:`DEFAULT_MAX_LEN`. The runtime starts
+    engines with it and reads prompts against it (``flowrl check`` checks flows against the same
+    number from the facts).
+
+    :class:`ConfigError` if the config cannot be read.
+    """
+    return default_context(max_positions(read_config(Path(model_dir) / "config.json")) or DEFAULT_MAX_LEN)
+
+
 def tiny_prompt_tokens(prompt: str) -> int:
     """Tokens of ``prompt`` under a tiny model's tokenizer: ``<bos>`` and one per character
     (:func:`flowrl.models.tiny.build_tokenizer`)."""
@@ -393,5 +405,6 @@ def tiny_problems(attrs: dict) -> list[TinyProblem]:
 
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
            "tiny_facts", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
+           "checkpoint_context",
            "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "TinyProblem",
            "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

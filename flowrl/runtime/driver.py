@@ -181,9 +181,9 @@ class Runtime:
 
         self.check_executable()
         paths = materialize_models(self.plan, self.log)
-        from flowrl.runtime.workers import _max_positions
+        from flowrl.catalog.models import checkpoint_context
 
-        contexts = {m.id: _max_positions(str(paths[m.id])) for m in self.plan.models
+        contexts = {m.id: checkpoint_context(paths[m.id]) for m in self.plan.models
                     if m.rollout_engine is not None and m.id in paths}
         self.data = RunData(self.plan, load_tokenizer_for(self.plan, paths), self.plan.run.seed, contexts)
         for d in self.plan.datasets:

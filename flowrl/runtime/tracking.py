@@ -266,16 +266,14 @@ def step_samples(plan, values: dict, step: int, limit: int = 16) -> list[dict]:
     op of the plan, the prompts and texts of the rollouts it scored, and their rewards.
 
     ``values`` are the step's op values (op id -> the fields it produced; a ``generate``'s
-    texts are its ``response_text`` field or its rollouts record's ``texts``).
+    texts are its rollouts record's ``texts``: decoded text is not a field of the experience table).
     """
     rows: list[dict] = []
     for op in plan.ops:
         if op.kind != OpKind.SCORE or op.id not in values or op.inputs.get("rollouts") not in values:
             continue
         roll, scored = values[op.inputs["rollouts"]], values[op.id]
-        texts = _field(roll, "response_text")
-        if texts is None:
-            texts = getattr(getattr(roll, "rollouts", None), "texts", None)
+        texts = getattr(getattr(roll, "rollouts", None), "texts", None)
         prompts = _field(roll, "prompt_text")
         rewards = _field(scored, "rewards")
         if texts is None or rewards is None:

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 import numpy as np
-from pathlib import Path
+
+from flowrl.catalog.models import checkpoint_context
 
 
 def batch_to_numpy(batch) -> dict:
@@ -50,16 +51,6 @@ def _threads(n: int | None, share: int = 1) -> int:
     n = n or int(os.environ.get("FLOWRL_THREADS") or 0) or (os.cpu_count() or 1) // max(1, share)
     torch.set_num_threads(max(1, n))
     return max(1, n)
-
-
-def _max_positions(model_path: str) -> int:
-    """The context a rollout engine gets when the schedule sets none: the checkpoint's maximum
-    positions under whichever key its config names them (GPT-2: ``n_positions``), capped
-    (:func:`flowrl.catalog.models.default_context`; vLLM refuses a ``max_model_len`` above
-    them). ``flowrl check`` checks flows against the same number."""
-    from flowrl.catalog.models import DEFAULT_MAX_LEN, default_context, max_positions, read_config
-
-    return default_context(max_positions(read_config(Path(model_path) / "config.json")) or DEFAULT_MAX_LEN)
 
 
 def layout_of(engine) -> dict:
@@ -183,7 +174,7 @@ class RolloutWorker:
             # environment: together they get this replica's share of the cores.
             os.environ["OMP_NUM_THREADS"] = str(max(1, n // engine.tp))
         self.engine = build_engine(engine_record(engine.kind, "rollout"), layout_of(engine), model_path=model_path,
-                                   seed=seed, dtype=dtype, max_model_len=_max_positions(model_path))
+                                   seed=seed, dtype=dtype, max_model_len=checkpoint_context(model_path))
 
     def ready(self) -> bool:
         return True

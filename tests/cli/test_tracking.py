@@ -155,3 +155,18 @@ def test_a_bad_run_setting_in_the_flow_is_a_positioned_error(write_flow, capsys)
     assert "bad.flow:1:38: error[E511]: unknown logger `comet`: the known loggers are tensorboard, wandb, mlflow" in err
     assert "error[E510]: run setting `seed` must be declared `int`, not `float`" in err
     assert "= hint: write `seed: int = 0`" in err
+
+
+def test_step_samples_reads_texts_from_the_rollouts_record():
+    """A completion's text is the rollouts record's (decoded text is not a field of the step value)."""
+    from types import SimpleNamespace
+
+    from flowrl.catalog.ops import OpKind
+    from flowrl.runtime.step import Rollouts, StepValue
+    from flowrl.runtime.tracking import step_samples
+
+    plan = SimpleNamespace(ops=[SimpleNamespace(id="s", kind=OpKind.SCORE, inputs={"rollouts": "g"})])
+    values = {"g": StepValue({"prompt_text": ["1+2=", "2+2="]}, Rollouts("m", None, ("3", "5"))),
+              "s": StepValue({"rewards": [1.0, 0.0]})}
+    assert step_samples(plan, values, 2) == [{"step": 2, "prompt": "1+2=", "completion": "3", "reward": 1.0},
+                                             {"step": 2, "prompt": "2+2=", "completion": "5", "reward": 0.0}]

@@ -438,15 +438,15 @@ def test_shipped_flows_check_clean_from_any_directory():
 
 
 def test_runtime_context_reads_n_positions(gpt2, tmp):
-    from flowrl.runtime.workers import _max_positions
+    from flowrl.catalog.models import checkpoint_context
 
-    assert _max_positions(str(gpt2)) == 64
+    assert checkpoint_context(gpt2) == 64
     (tmp / "llama").mkdir()
     (tmp / "llama" / "config.json").write_text(json.dumps({"max_position_embeddings": 131072}))
-    assert _max_positions(str(tmp / "llama")) == 4096
+    assert checkpoint_context(str(tmp / "llama")) == 4096
     (tmp / "none").mkdir()
     (tmp / "none" / "config.json").write_text("{}")
-    assert _max_positions(str(tmp / "none")) == 4096
+    assert checkpoint_context(tmp / "none") == 4096
 
 
 def test_runtime_missing_dataset_names_the_flow_folder(tmp):
