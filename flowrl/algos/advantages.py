@@ -161,8 +161,18 @@ def group_advantages(
 def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | int) -> torch.Tensor:
     """REINFORCE Leave-One-Out: each reward minus the mean of the *other* rewards in its group.
 
-    ``A_i = r_i - (sum_j r_j - r_i) / (n - 1)`` for a group of ``n`` completions, an
-    unbiased baseline because it does not depend on sample ``i``.
+    Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning
+    from Human Feedback in LLMs" (arXiv:2402.14740v2), Sec. 2.3: the RLOO estimator, an
+    unnumbered display there (an instance of the baseline subtraction of their Eq. (7)), whose
+    baseline for sample ``i`` of ``k`` is the mean reward of the other ``k - 1`` samples (the
+    estimator itself is credited to Kool et al. 2019). This function returns that advantage::
+
+        A_i = r_i - (sum_j r_j - r_i) / (n - 1)      (n = size of i's group)
+
+    an unbiased baseline because it does not depend on sample ``i``. The paper's ``r`` already
+    holds the KL penalty (Sec. 2.2, Eq. (3)-(4)); here the caller folds it into ``rewards``.
+    Equal to TRL 1.16's ``RLOOTrainer`` advantages (``normalize_advantages=False``,
+    ``beta=0``) to 1e-6: ``tests/algos/test_vs_trl.py::test_rloo_advantages_match_trl``.
 
     Args:
         rewards: ``[N]`` one scalar reward per completion.
@@ -267,6 +277,20 @@ def reinforce_pp_advantages(
 ) -> torch.Tensor:
     """REINFORCE++ advantages: per-token discounted return, whitened over the whole batch.
 
+    Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global
+    Normalization" (arXiv:2501.03262v9), Sec. 3.1, the ``k >= 1`` variant:
+
+    * Eq. (4): ``A_t = r(o, q) - beta * sum_{i >= t} KL(i)``, the return from token ``t`` of a
+      reward made of the outcome reward and a per-token k1 KL penalty (``KL(i) = log
+      pi_old(o_i) - log pi_ref(o_i)``). Here the caller builds those token rewards
+      (:func:`sequence_reward_to_tokens` then :func:`flowrl.algos.kl.kl_penalty_in_reward`,
+      ``kind="k1"``) and this function sums them from ``t`` to the end,
+      ``G_t = sum_{i >= t} gamma^(i - t) r_i``, which is Eq. (4) exactly when ``gamma = 1`` (the
+      paper has no discount; ``gamma < 1`` is a flowrl generalisation);
+    * Eq. (5): ``A_norm = (A - mean_batch A) / (std_batch A + eps)``, mean and std over every
+      response token of the batch (each token's ``G_t`` is one element), the std Bessel-corrected,
+      ``eps = 1e-8``; ``whiten=False`` skips this step (not in the paper).
+
     Args:
         rewards: ``[B, T]`` token rewards (e.g. outcome reward on the last token minus a
             per-token KL penalty), or ``[B]`` per-sequence rewards, which are placed on
@@ -294,12 +318,22 @@ def reinforce_pp_baseline_advantages(
 ) -> torch.Tensor:
     """REINFORCE++-baseline: each reward minus its group's mean, then whitened over the batch.
 
-    Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Prompt and
-    Reward Normalization" (arXiv:2501.03262), the "-baseline" variant for k > 1 samples per
-    prompt: ``A'_i = r_i - mean_{j in group(i)} r_j`` (the group mean as the baseline, without
-    GRPO's division by the group std), then ``A = (A' - mean_batch A') / std_batch A'`` over
-    every response token of the batch (the paper's global advantage normalisation; veRL's
-    ``compute_reinforce_plus_plus_baseline_outcome_advantage``, which it matches).
+    Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global
+    Normalization" (arXiv:2501.03262v9; earlier versions had other titles and numbering),
+    Sec. 3.2, "REINFORCE++ w/ Baseline" for k > 1 samples per prompt:
+
+    * Eq. (6): ``A'_i = r_i - mean_{j in group(i)} r_j`` (the group mean as the baseline, without
+      GRPO's division by the group std);
+    * Eq. (7): ``A = (A' - mean_batch A') / (std_batch A' + eps)``, over every response token of
+      the batch (row ``i``'s ``A'_i`` counted once per response token, so longer responses weigh
+      more in the statistics), the std Bessel-corrected, ``eps = 1e-8``.
+
+    This is veRL's ``compute_reinforce_plus_plus_baseline_outcome_advantage``, which it matches.
+    Deviations from the paper: ``[B, T]`` token rewards are summed per row, so a KL penalty put in
+    them enters the reward, whereas the paper's variant keeps the reward KL-free and adds a k2 KL
+    loss instead (Eq. (8): ``0.5 * (log pi / pi_ref)^2``, :func:`flowrl.algos.losses.kl_loss`
+    with ``kind="k2"``); a singleton group (undefined in the paper, which assumes k > 1) keeps
+    its reward as ``A'`` (baseline 0, veRL's convention).
 
     Args:
         rewards: ``[B]`` one reward per completion, or ``[B, T]`` token rewards (e.g. with a

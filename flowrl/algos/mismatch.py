@@ -7,13 +7,17 @@ tokens, so the policy gradient is off-policy by the ratio ``rho = pi_train / pi_
 (behaviour = the rollout engine, current = the trainer's weights at update time); these
 functions measure that ratio and correct for it:
 
-* **TIS** (truncated IS): weight ``min(rho, cap)`` (Ionides 2008; Yao et al. 2025, "Your
-  efficient RL framework secretly brings you off-policy RL training");
+* **TIS** (truncated IS): weight ``min(rho, cap)`` (Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training", a blog post with no numbered
+  equations and no arXiv version; see :func:`tis_weights`);
 * **MIS** (masked IS): weight 0 where ``rho`` leaves the band ``[low, high]``, ``rho`` inside
-  it (Liu et al. 2025, "When speed kills stability"; veRL's ``rollout_is_mode="mask"``);
+  it: IcePop's masking function, Ling Team 2025, arXiv:2510.18855v2, Sec. 2.3.2, Eq. (2)
+  (veRL's ``rollout_is_mode="mask"``; see :func:`importance_correction`);
 * at three **levels** (veRL's ``rollout_is_level``): per ``token``; per ``sequence``, the
-  product of the row's token ratios ``prod_t rho_t`` (the true sequence likelihood ratio);
-  ``geometric``, its length-normalised form ``exp(mean_t log rho_t)`` (GSPO's ratio).
+  product of the row's token ratios ``prod_t rho_t`` (the true sequence likelihood ratio;
+  Seq-TIS / Seq-MIS of Liu, Li et al. 2025, "When speed kills stability", a blog post with no
+  numbered equations); ``geometric``, its length-normalised form ``exp(mean_t log rho_t)``
+  (the form of GSPO's ratio, arXiv:2507.18071v2, Eq. (7)).
 
 Tensors are ``[B, T]`` log-probs of the sampled tokens, aligned with ``input_ids``
 (see ``flowrl/engines/types.py``); only positions where ``response_mask`` is 1 count.
@@ -88,8 +92,22 @@ def tis_weights(
 ) -> torch.Tensor:
     """Token-level truncated importance weights ``min(pi_train / pi_rollout, cap)``.
 
-    Truncation bounds the variance the correction adds (Ionides 2008; "Your efficient
-    RL framework secretly brings you off-policy RL training", Yao et al. 2025).
+    Yao, Liu, Zhang, Dong, Shang, Gao 2025, "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training" (blog post, fengyao.notion.site/off-policy-rl, first published
+    2025-08-05; its workshop version, "On the Rollout-Training Mismatch in Modern RL Systems",
+    NeurIPS 2025 workshop, is not on arXiv). The blog numbers no equations; the formula
+    implemented is its TIS-for-PPO estimator, which multiplies the PPO-clip gradient of each
+    sampled token by::
+
+        w_t = min( pi_train(y_t; theta_old) / pi_rollout(y_t; theta_old), C )
+
+    with ``pi_train(theta_old)`` the training engine's recomputation of the rollout's tokens
+    (``train_logprobs``, usually ``old_logprobs``), ``pi_rollout`` the inference engine's
+    probabilities (``rollout_logprobs``) and ``C = cap``. Computed in log space as
+    ``exp(min(train - rollout, log C))``, which equals it without overflowing. The truncation
+    is one-sided, as in the blog (ratios below 1 are kept as they are). Truncating IS weights
+    to bound their variance goes back to Ionides 2008, who truncates at a sample-size-dependent
+    level rather than at a fixed ``C``.
     Pass the result as ``ppo_clip_loss(..., is_weights=...)``.
 
     Args:
@@ -133,11 +151,27 @@ def importance_correction(
 
     * MIS (``mis > 0``): ``w = 0`` where ``w > mis`` or ``w < mis_low`` (``mis_low = 0``:
       ``1 / mis`` when ``mis > 1``, veRL's default lower threshold, else no lower bound);
-      inside the band ``w`` is kept (TRL's
-      ``token_mask`` / ``sequence_mask``, veRL's ``mask`` mode);
-    * TIS (``tis > 0``): ``w = min(w, tis)`` (TRL's ``token_truncate`` without a lower clip).
+      inside the band ``w`` is kept (TRL's ``token_mask`` / ``sequence_mask``, veRL's ``mask``
+      mode). At token level this is IcePop's masking function, Ling Team 2025, "Every Step
+      Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model"
+      (arXiv:2510.18855v2), Sec. 2.3.2, Eq. (2): ``M(k) = k if alpha <= k <= beta else 0`` with
+      ``k = pi_train(theta_old) / pi_infer(theta_old)``, ``alpha = mis_low``, ``beta = mis``
+      (the paper's run: ``alpha = 0.5``, ``beta = 5``; pass ``mis_low`` for an ``alpha`` other
+      than ``1 / mis``), multiplying the PPO-clip term as in its Eq. (1) once the weights go to
+      ``ppo_clip_loss(..., is_weights=...)``. At sequence level it is Seq-MIS (Liu, Li et al.
+      2025, "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference
+      Mismatch", a blog post with no numbered equations: ``1[rho(y) <= C] * rho(y)``) plus a
+      lower bound, which that blog does not have. At geometric level the kept weight is the
+      geometric ratio itself, as in veRL (that blog series' Geo-Mask keeps weight 1 instead);
+    * TIS (``tis > 0``): ``w = min(w, tis)``: Yao et al.'s truncation (see :func:`tis_weights`)
+      at token level, Seq-TIS ``min(rho(y), C)`` at sequence level; TRL's ``token_truncate``
+      without a lower clip.
 
     With neither the weights are ``None`` (no correction) and only the statistics come back.
+    Every per-token log-ratio is clamped to ``+-20`` before ``exp`` and before a row's sum, and
+    the sum (or mean) again (:data:`_MAX_LOG_RATIO`); veRL clamps only the row's sum (or mean),
+    so sequence and geometric weights differ from veRL's on rows holding a token whose ratio is
+    beyond ``e^20`` (about ``5e8``) or below ``e^-20``.
 
     Args:
         train_logprobs: ``[B, T]`` the trainer's log-probs of the sampled tokens (the old

@@ -14,7 +14,12 @@ Pairs compared (TRL ``loss_type`` / setting -> flowrl):
 * ``importance_sampling_level = "sequence"`` (GSPO) -> ``gspo_loss``;
 * ``cispo`` (``epsilon_high`` = the largest weight) -> ``cispo_loss(clip_high = epsilon_high - 1)``;
 * ``beta > 0`` (k3 KL in the loss) -> ``+ beta * kl_loss(kind = "k3")``;
-* vLLM importance sampling (TRL multiplies the policy term by its ratio) -> ``is_weights``.
+* vLLM importance sampling (TRL multiplies the policy term by its ratio) -> ``is_weights``;
+* ``RLOOTrainer``'s advantages (``_generate_and_score_completions``, the only place TRL computes
+  them: no standalone function exists) -> ``rloo_advantages``, with TRL's sequence-level k1 KL in
+  the reward -> ``sequence_reward_to_tokens`` + ``kl_penalty_in_reward`` summed per row. That
+  method is called on a stand-in whose generation, reward functions and log-prob forward return
+  fixed tensors, so what runs is TRL's own reward-to-advantage code.
 
 Skipped when TRL is not installed (it is the ``bench`` extra's dependency).
 """
@@ -29,13 +34,17 @@ import pytest
 import torch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL (the bench extra) is not installed")
+trl_rloo = pytest.importorskip("trl.trainer.rloo_trainer", reason="TRL (the bench extra) is not installed")
 
 from flowrl.algos import (  # noqa: E402
     cispo_loss,
     gspo_loss,
     importance_correction,
     kl_loss,
+    kl_penalty_in_reward,
     ppo_clip_loss,
+    rloo_advantages,
+    sequence_reward_to_tokens,
 )
 
 B, T, MAX_LEN = 6, 5, 8
@@ -154,3 +163,72 @@ def test_importance_weights_enter_the_loss_as_trl_applies_them(level, tis, mis):
     trl = _trl_loss(_trainer("dapo", logps, beta=0.04, use_is=True), logps, old, ref, adv, mask, is_ratio=weights)
     pg, _ = ppo_clip_loss(logps, old, adv, mask, agg="token-mean", is_weights=weights)
     _same(trl, pg + 0.04 * kl_loss(logps, ref, mask, kind="k3"), logps)
+
+
+def _trl_rloo_advantages(rewards, k, *, beta=0.0, old=None, ref=None, lengths=None):
+    """``RLOOTrainer._generate_and_score_completions`` on a stand-in: ``[N]`` TRL advantages and its mask.
+
+    The stand-in's ``_generate`` returns completions of ``lengths`` tokens, its one reward
+    function returns ``rewards`` and its log-prob forward returns ``ref`` for the reference
+    model and ``old`` for the policy; everything after that is TRL's code.
+    """
+    n = rewards.shape[0]
+    lengths = lengths or [T] * n
+    reference = types.SimpleNamespace()
+
+    def generate(prompts):
+        return [[1, 2]] * len(prompts), [[3] * m for m in lengths], ["c"] * len(prompts)
+
+    def logps(model, *args, **kwargs):
+        return (ref if model is reference else old), None, None
+
+    self = types.SimpleNamespace(
+        accelerator=types.SimpleNamespace(device=torch.device("cpu"), process_index=0,
+                                          reduce=lambda x, reduction="sum": x, gather=lambda x: x),
+        model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False), ref_model=reference,
+        args=types.SimpleNamespace(per_device_train_batch_size=n, gradient_checkpointing_kwargs=None),
+        _tokenizer=types.SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None, mask_truncated_completions=False,
+        beta=beta, num_generations=k, reward_weights=torch.ones(1, dtype=torch.float64), reward_clip_range=None,
+        normalize_advantages=False, reward_func_names=["r"], log_multimodal=False,
+        _metrics={"train": collections.defaultdict(list)}, _pending_extra_logs={}, _pending_metrics={},
+        _logs={"prompt": [], "completion": [], "advantages": [], "images": [],
+               "rewards": collections.defaultdict(list), "extra": collections.defaultdict(list)},
+        _generate=generate, _calculate_rewards=lambda *a: rewards[:, None], _get_per_token_logps_and_entropies=logps)
+    if old is None:
+        old = ref = torch.zeros(n, max(lengths), dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = trl_rloo.RLOOTrainer._generate_and_score_completions(self, [{"prompt": "p"}] * n)
+    return out["advantages"], out["completion_mask"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_rloo_advantages_match_trl(seed, k):
+    """RLOO's leave-one-out baseline (Ahmadian et al. 2024, Sec. 2.3) is TRL's, on random rewards."""
+    g = torch.Generator().manual_seed(seed)
+    n = 4 * k
+    rewards = torch.randn(n, generator=g, dtype=torch.float64) * 2.0 + 0.5
+    trl, _ = _trl_rloo_advantages(rewards, k)
+    for group_ids in (k, torch.arange(n) // k):  # a group size, or explicit ids in TRL's block order
+        ours = rloo_advantages(rewards, group_ids)
+        torch.testing.assert_close(ours.double(), trl, atol=1e-6, rtol=0)
+    assert trl.abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rloo_with_kl_in_the_reward_matches_trl(seed):
+    """TRL's RLOO subtracts ``beta * sum_t (old - ref)`` from each reward: flowrl's k1 KL in the reward, summed."""
+    g = torch.Generator().manual_seed(seed)
+    k, lengths = 3, [5, 3, 1, 4, 2, 5]
+    n = len(lengths)
+    rewards = torch.randn(n, generator=g, dtype=torch.float64)
+    old = torch.randn(n, T, generator=g, dtype=torch.float64) * 0.5 - 1.0
+    ref = old + torch.randn(n, T, generator=g, dtype=torch.float64) * 0.3
+    trl, mask = _trl_rloo_advantages(rewards, k, beta=0.05, old=old, ref=ref, lengths=lengths)
+    assert mask.sum(dim=1).tolist() == lengths
+    token_rewards = kl_penalty_in_reward(sequence_reward_to_tokens(rewards, mask), old, ref, mask, coef=0.05)
+    ours = rloo_advantages(token_rewards.sum(dim=1), k)
+    torch.testing.assert_close(ours.double(), trl, atol=1e-6, rtol=0)
+    # the penalty changed the advantages: the comparison is not of the KL-free ones
+    assert (rloo_advantages(rewards, k).double() - trl).abs().max() > 1e-3
