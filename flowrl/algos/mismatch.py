@@ -37,8 +37,10 @@ IS_LEVELS = ("token", "sequence", "geometric")
 ``update(is_level = ...)`` choices (:data:`flowrl.catalog.ops.IS_LEVELS`)."""
 
 _MAX_LOG_RATIO = 20.0
-"""Log-ratios (a sequence's sum included) are clamped to +-20 before ``exp`` (veRL's bound):
-``e^20 ~ 5e8`` is beyond any cap or band, so no weight changes, and nothing overflows."""
+"""Log-ratios are clamped to +-20 before ``exp`` (veRL's bound), each token's and a sequence's
+sum (or mean) again, so nothing overflows. A token's weight never changes (``e^20 ~ 5e8`` is
+beyond any cap or band); a sequence's or geometric weight can, on a row holding a token beyond
+the bound, whose clamped log-ratio then enters the sum (veRL clamps only the sum)."""
 
 
 @torch.no_grad()
