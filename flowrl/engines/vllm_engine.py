@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from flowrl.catalog.engines import ENGINES
 from flowrl.engines.base import (
     EngineConfigError,
     EngineError,
@@ -63,8 +64,9 @@ class VLLMOptions:
     """Run the engine core in this process; default True on CPU."""
     distributed_executor_backend: str | None = None
     """vLLM executor; default "uni" for one device, vLLM's choice otherwise."""
-    kv_cache_space_gib: int = 1
-    """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""
+    kv_cache_space_gib: int = ENGINES["vllm"].cpu_kv_cache_gib
+    """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set; the catalogue's
+    figure, which the compiler's memory model of the ``cpu`` platform counts."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (the n samples of a GRPO group)."""
     enable_sleep_mode: bool | None = None

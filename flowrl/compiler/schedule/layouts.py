@@ -271,6 +271,12 @@ def memory_problems(key: str, kind: str, role: str, plan: EnginePlan, mem: Memor
     label = _label(kind, {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp}, plan.dp)
     if role == "rollout":
         reserved = spec.memory_model.kv_cache == "reserved"
+        fixed_kv = reserved and hw.platform == "cpu" and spec.cpu_kv_cache_gib is not None
+        if fixed_kv:  # its KV cache is a fixed size in host memory (the record's cpu_kv_cache_gib)
+            if mem.total_gb > cap:
+                return [_too_big(key, label, mem, hw, span, "raise tp (it shards the weights; the KV cache is "
+                                                            f"{spec.cpu_kv_cache_gib} GiB per rank on cpu)")]
+            reserved = False  # the KV check below, with a hint that does not name the memory option
         if reserved and mem.weights_gb + mem.other_gb > mem.reserved_gb:
             knob = spec.memory_option
             share = plan.options.get(knob, spec.options[knob].default)
@@ -278,15 +284,16 @@ def memory_problems(key: str, kind: str, role: str, plan: EnginePlan, mem: Memor
                 "E428", f"`{key}` = {label} needs {mem.weights_gb:.1f} GB of weights + {mem.other_gb:.1f} GB "
                         f"workspace per GPU, more than {knob} {share:g} x {cap:g} GB = {mem.reserved_gb:.1f} GB",
                 span, f"raise tp (tp = {_min_tp(facts, hw, mem, plan)} would fit) or {knob}")]
-        if not reserved and mem.total_gb > cap:
+        if not reserved and not fixed_kv and mem.total_gb > cap:
             return [_too_big(key, label, mem, hw, span, "raise dp (fewer requests per replica) or lower max_tokens")]
         max_tokens = work.max_tokens.get(model_of(key)) or _base_max_tokens(work)
         seq = seq_len(facts, max_tokens)
-        if reserved and mem.kv_tokens < seq:
+        if (reserved or fixed_kv) and mem.kv_tokens < seq:
+            raise_ = "tp" if fixed_kv else f"{spec.memory_option} or tp"
             return [Diagnostic(
                 "E430", f"the KV cache of `{key}` = {label} holds {mem.kv_tokens} tokens per GPU, less than one "
                         f"sequence of {seq} tokens (prompt {prompt_tokens(facts)} + max_tokens {max_tokens})", span,
-                f"raise {spec.memory_option} or tp, or lower max_tokens")]
+                f"raise {raise_}, or lower max_tokens")]
         return []
     if mem.total_gb > cap:
         hint = ("shard more: raise tp or pp, use fsdp (shards everything by dp), fsdp(offload = true), "

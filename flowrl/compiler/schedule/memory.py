@@ -122,9 +122,9 @@ def pool_problems(m: PoolMemory, engines: dict[str, EnginePlan], hw: Profile, sp
                "option, or place the engines on separate pools"
     else:
         when = f"resident together on {hw.platform}"
-        hint = ("on the cpu platform colocated engines do not take turns: " if hw.kind != "gpu" else
-                "these engines cannot free their memory for each other: ") + \
-            "place them on separate pools, lower the rollout engine's memory option, or shard them more"
+        hint = ("on the cpu platform colocated engines do not take turns: place them on separate pools or "
+                "shard them more" if hw.kind != "gpu" else "these engines cannot free their memory for each other: "
+                "place them on separate pools, lower the rollout engine's memory option, or shard them more")
     return [Diagnostic("E439", f"the engines on pool `{m.pool}` need {m.peak_gb:.1f} GB per GPU {when} "
                                f"({' + '.join(parts)}), but a GPU of the cluster (gpu = \"{hw.name}\") has "
                                f"{m.capacity_gb:g} GB", span, hint)]
