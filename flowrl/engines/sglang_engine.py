@@ -5,7 +5,8 @@ SGLang's plain-torch paths (``attention_backend="torch_native"``,
 ``sampling_backend="pytorch"``, no overlap schedule) and a fixed KV pool
 (``max_total_tokens``). The CPU install itself is the Makefile's (``sglang`` without
 its CUDA-only dependencies, plus ``cpu_shims/``); nothing here is CPU-specific
-beyond those defaults.
+beyond those defaults and, with tp > 1, the cores each rank runs on (:func:`cpu_rank_binding`:
+SGLang otherwise wants a NUMA node per rank).
 
 Sampling matches :class:`~flowrl.engines.vllm_engine.VLLMRolloutEngine`:
 
@@ -195,7 +196,12 @@ class SGLangRolloutEngine:
         # it by reference, so SGLang's scheduler imports this module to run it.
         self._processor = custom_processor.to_str.__func__(TopKTopPProcessor)
         threads = options.threads or torch.get_num_threads()
-        with _environment({"OMP_NUM_THREADS": str(threads)} if cpu else {}):
+        env = {"OMP_NUM_THREADS": str(threads)} if cpu else {}
+        if cpu and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+            bind = cpu_rank_binding(options.tensor_parallel_size, _numa_nodes(), sorted(os.sched_getaffinity(0)))
+            if bind is not None:
+                env[_BIND] = bind
+        with _environment(env):
             self.engine = sglang.Engine(**kwargs)
         self._children = list(self.engine.get_all_child_pids())
         # sglang.Engine.shutdown kills *every* child of this process (Ray's included, in a
@@ -331,6 +337,48 @@ def _environment(values: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+"""SGLang's list of each CPU rank's cores (``"0-15|16-31"``, one group per rank)."""
+
+
+def cpu_rank_binding(tp: int, numa_nodes: int, cores: list[int]) -> str | None:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for a CPU engine of ``tp`` ranks, or None to keep SGLang's own.
+
+    Without it SGLang gives each rank a NUMA node of its own and refuses more ranks than nodes
+    (an ``AssertionError`` when the engine starts: a one-node machine ran no ``sglang(tp = 2)``).
+    Here the cores this process may use are cut into ``tp`` contiguous groups, one per rank
+    (ranks share cores when there are fewer cores than ranks), as vLLM's CPU workers are told
+    not to bind (``flowrl.engines.vllm_engine``).
+
+    >>> cpu_rank_binding(2, 1, [0, 1, 2, 3]), cpu_rank_binding(4, 1, [0, 1]), cpu_rank_binding(2, 2, [0, 1])
+    ('0-1|2-3', '0|1|0|1', None)
+    """
+    if tp <= 1 or numa_nodes >= tp or not cores:
+        return None
+    if len(cores) < tp:
+        return "|".join(str(cores[r % len(cores)]) for r in range(tp))
+    per = len(cores) // tp
+    groups = [cores[r * per:(r + 1) * per] for r in range(tp)]
+    return "|".join(_core_ranges(g) for g in groups)
+
+
+def _core_ranges(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    out, start = [], cores[0]
+    for prev, cur in zip(cores, cores[1:] + [None]):
+        if cur is None or cur != prev + 1:  # a run of consecutive cores ends at prev
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = cur
+    return ",".join(out)
+
+
+def _numa_nodes() -> int:
+    """NUMA nodes of this machine, as SGLang counts them."""
+    from sglang.srt.utils import get_cpu_ids_by_node
+
+    return len(get_cpu_ids_by_node()) or 1
 
 
 def _vocab_size(model_path: str) -> int:

@@ -67,6 +67,35 @@ def test_missing_package_names_the_install(monkeypatch, tmp_path):
         make_rollout_engine("sglang", model_path=str(tmp_path))
 
 
+def test_tensor_parallel_ranks_on_cpu_get_cores_of_their_own():
+    """SGLang gives each CPU rank a NUMA node and refuses more ranks than nodes unless told each
+    rank's cores: the adapter tells it when the machine has fewer nodes than ranks."""
+    from flowrl.engines.sglang_engine import cpu_rank_binding
+
+    assert cpu_rank_binding(2, 1, [0, 1]) == "0|1"
+    assert cpu_rank_binding(2, 1, list(range(8))) == "0-3|4-7"
+    assert cpu_rank_binding(3, 1, [0, 1, 2, 3, 4, 5, 6]) == "0-1|2-3|4-5"   # the spare core idles
+    assert cpu_rank_binding(4, 1, [2, 3]) == "2|3|2|3"                    # fewer cores than ranks: shared
+    assert cpu_rank_binding(2, 1, [0, 1, 4, 5]) == "0-1|4-5"
+    assert cpu_rank_binding(1, 1, [0, 1]) is None and cpu_rank_binding(2, 2, [0, 1]) is None  # SGLang's own
+
+
+@needs_sglang
+@pytest.mark.long
+def test_tensor_parallel_engine_runs_on_a_one_node_cpu_machine(tiny_model_dir, monkeypatch):
+    """sglang(tp = 2) on CPU: before the adapter bound the ranks, SGLang refused to start on a machine
+    with one NUMA node (measured: AssertionError from sglang's init_threads_binding)."""
+    from flowrl.engines.sglang_engine import SGLangRolloutEngine
+
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    eng = SGLangRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, tensor_parallel_size=2,
+                              threads=1)
+    try:
+        contract.check_logprobs_match_trainer(eng, tiny_model_dir)  # the two ranks' shards make the model
+    finally:
+        eng.shutdown()
+
+
 # ---- a real SGLang engine -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

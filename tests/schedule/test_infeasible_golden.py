@@ -23,9 +23,9 @@ CASES = sorted((HERE / "infeasible").glob("*.flow"))
 REGEN = os.environ.get("FLOWRL_REGEN") == "1"
 FEASIBILITY_CODES = {f"E{n}" for n in (*range(422, 438), *range(439, 444))}
 """E438 (a sampling option the rollout engine refuses) points at the `generate` in the flow: tests/golden/invalid."""
-NO_PROGRAM = {"E441": "no engine of the catalogue limits a layout on a platform today (vLLM's tensor "
-                      "parallelism on CPU was the last); tests/schedule/test_catalog_engines.py checks it "
-                      "with a record that does"}
+NO_PROGRAM = {"E441": "no engine of the catalogue limits a layout on a platform today (tensor parallelism "
+                      "on CPU was the last: vLLM's and SGLang's run); tests/schedule/test_catalog_engines.py "
+                      "checks it with a record that does"}
 """Feasibility codes no shipped record can trigger, and why."""
 
 
