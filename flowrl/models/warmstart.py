@@ -42,7 +42,8 @@ class TinyModelConfig:
     layers: int = 2
     """Decoder blocks."""
     heads: int = 4
-    """Query heads; hidden / heads >= 32 for vLLM."""
+    """Query heads; the head size hidden / heads must be one vLLM's CPU attention takes
+    (:data:`flowrl.catalog.models.CPU_HEAD_SIZES`)."""
     kv_heads: int = 2
     """Key/value heads (grouped-query attention)."""
     intermediate: int = 256
