@@ -213,16 +213,21 @@ class Watchdog:
     @staticmethod
     def _get(ready: list, refs: list, engine: str, call: str, step: int, who: Sequence[str], resume: str) -> list:
         """``ray.get(ready)``; an actor that died (not one whose constructor raised: that error is the
-        user's, and stays as it is) is :class:`EngineDied`, naming it from ``who``."""
+        user's, and stays as it is), or that Ray's memory monitor killed (``OutOfMemoryError``, not an
+        actor error in Ray's classes), is :class:`EngineDied`, naming it from ``who``."""
         import ray
 
         try:
             return ray.get(ready)
-        except ray.exceptions.RayActorError as error:
-            if error.actor_init_failed:
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as error:
+            if getattr(error, "actor_init_failed", False):
                 raise
             dead = [r for r in ready if _died(r)] or ready
-            raise EngineDied(engine, ", ".join(who[refs.index(r)] for r in dead), call, step, died_cause(error),
+            cause = died_cause(error)
+            if isinstance(error, ray.exceptions.OutOfMemoryError):  # Ray's memory monitor killed the process
+                cause += (" (Ray's memory monitor killed it: this run's engines and the machine's other processes "
+                          "needed more memory than the node has; a smaller cluster(...) or fewer engines need less)")
+            raise EngineDied(engine, ", ".join(who[refs.index(r)] for r in dead), call, step, cause,
                              resume) from error
 
 
@@ -232,7 +237,7 @@ def _died(ref) -> bool:
 
     try:
         ray.get(ref, timeout=0)
-    except ray.exceptions.RayActorError:
+    except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError):
         return True
     except Exception:  # another failure (or not finished): not this actor's death
         return False

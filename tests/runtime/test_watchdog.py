@@ -117,14 +117,27 @@ def test_an_actor_that_died_is_named_and_a_failed_constructor_keeps_its_own_erro
                 raise errors[r]
         return [f"got {r}" for r in refs] if isinstance(refs, list) else None
 
+    class OutOfMemoryError(Exception):  # Ray's: not a RayActorError
+        pass
+
     fake = types.SimpleNamespace(wait=lambda refs, num_returns, timeout: (refs[:1], refs[1:]), get=get,
-                                 exceptions=types.SimpleNamespace(RayActorError=RayActorError))
+                                 exceptions=types.SimpleNamespace(RayActorError=RayActorError,
+                                                                  OutOfMemoryError=OutOfMemoryError))
     monkeypatch.setitem(sys.modules, "ray", fake)
     dog = Watchdog(WatchdogSettings(first_s=5, floor_s=1, factor=3))
     with pytest.raises(EngineDied) as info:
         dog.wait(["r0", "r1"], "policy.rollout", "generate", 3, ["replica 0", "replica 1"], "no checkpoint")
     assert str(info.value).startswith("engine `policy.rollout` (replica 1) died during `generate` at step 4: "
                                       "The actor is dead because its worker process has died; "), str(info.value)
+    # killed by Ray's memory monitor (measured: grpo_megatron_8gpu.flow on a 23 GB machine shared with other runs)
+    errors["r1"] = OutOfMemoryError("2 worker(s) were killed due to the node running low on memory. Memory on the "
+                                    "node (IP: 10.0.0.2, ID: f94b) was 22.42GB used / 23.54GB limit (0.952223)\n"
+                                    "OOM kill reason: Memory usage exceeded threshold")
+    with pytest.raises(EngineDied) as info:
+        dog.wait(["r0", "r1"], "policy.train", "update", 0, ["rank 0", "rank 1"], "no checkpoint")
+    assert str(info.value).startswith("engine `policy.train` (rank 1) died during `update` at step 1: 2 worker(s) "
+                                      "were killed due to the node running low on memory"), str(info.value)
+    assert "Ray's memory monitor killed it" in str(info.value)
     errors["r1"] = RayActorError("The actor died because of an error raised in its creation task", init_failed=True)
     with pytest.raises(RayActorError):
         dog.wait(["r0", "r1"], "policy.rollout", "start", 0, ["replica 0", "replica 1"], "no checkpoint")
