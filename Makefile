@@ -21,8 +21,9 @@ run: $(STAMP) graphviz bubblewrap
 test: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# Tests marked `long` (documented commands of the README, docs/cli.md and --help: real runs,
-# 17 minutes on 2 cores), kept out of `make test`'s CI budget.
+# Tests marked `long` (documented commands of the README, docs/cli.md, --help and the flows/*.flow
+# headers: real runs, 17 minutes on 2 cores; every shipped flow trained one step or refused with
+# its reason, tests/docs/test_shipped_flows.py: 22 minutes), kept out of `make test`'s CI budget.
 test-long: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q -m long $(ARGS)
 
