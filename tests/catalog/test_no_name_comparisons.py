@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.catalog import ENGINES, LOSSES, NAMES, OPS
+from flowrl.catalog import ENGINES, LOSSES, NAMES, OPS, PROTOCOLS
 from flowrl.catalog.ops import FIELDS, FactsFrom
 from flowrl.catalog.schedule import ROLES
 from flowrl.views import STYLES
@@ -141,19 +141,27 @@ def _hits() -> dict[str, list[tuple[int, str, str]]]:
 # ---- the scanner finds what it must ---------------------------------------------------------------------
 
 
+# Names taken from the records (the scanner must flag whichever names the catalogue holds).
+ROLLOUT, OTHER_ROLLOUT = sorted(n for n, e in ENGINES.items() if e.serves == "rollout")[:2]
+TRAIN, OTHER_TRAIN = sorted(n for n, e in ENGINES.items() if e.serves == "train")[:2]
+PROTOCOL = sorted(PROTOCOLS)[0]
+LOSS = sorted(LOSSES)[0]
+OP = sorted(OPS)[0]
+
+
 @pytest.mark.parametrize("code", [
-    'if kind == "vllm": pass',
-    'ok = "nccl" != protocol',
-    'fused = engine in ("megatron", "sglang")',
-    'fused = engine not in {"fsdp", "torch"}',
-    'names = {"megatron": "decoder", "x": 1}',
-    'spec = ENGINES["sglang"]',
-    'elided = loss.name != "value_clip"',
-    'if op.kind == "resync": pass',
-    'if role == "vllm": pass',                            # an engine name, whatever the operand is called
-    'if spec.model_role in ("critic", "megatron"): pass',  # `critic` is a role, `megatron` is not
-    'if look.style != "nccl": pass',
-    'if loss.needs_old == "ppo_clip": pass',
+    f'if kind == "{ROLLOUT}": pass',
+    f'ok = "{PROTOCOL}" != protocol',
+    f'fused = engine in ("{TRAIN}", "{OTHER_ROLLOUT}")',
+    f'fused = engine not in {{"{TRAIN}", "{OTHER_TRAIN}"}}',
+    f'names = {{"{TRAIN}": "decoder", "x": 1}}',
+    f'spec = ENGINES["{OTHER_ROLLOUT}"]',
+    f'elided = loss.name != "{LOSS}"',
+    f'if op.kind == "{OP}": pass',
+    f'if role == "{ROLLOUT}": pass',                      # an engine name, whatever the operand is called
+    f'if spec.model_role in ("critic", "{TRAIN}"): pass',  # `critic` is a role, an engine name is not
+    f'if look.style != "{PROTOCOL}": pass',
+    f'if loss.needs_old == "{LOSS}": pass',
 ])
 def test_a_name_dispatch_is_found(code):
     assert name_uses(code), code
@@ -161,14 +169,15 @@ def test_a_name_dispatch_is_found(code):
 
 def test_a_field_of_its_own_vocabulary_hides_only_that_vocabulary():
     """The comparison is skipped constant by constant: a role is not flagged, an engine name next to it is."""
-    assert name_uses('ok = role in ("critic", "vllm")') == [(1, "vllm", "comparison")]
-    assert name_uses('if n.role == "frozen" and kind == "sglang": pass') == [(1, "sglang", "comparison")]
+    assert name_uses(f'ok = role in ("critic", "{ROLLOUT}")') == [(1, ROLLOUT, "comparison")]
+    assert name_uses(f'if n.role == "frozen" and kind == "{OTHER_ROLLOUT}": pass') == \
+        [(1, OTHER_ROLLOUT, "comparison")]
     for field, (vocabulary, why) in FIELD_VOCABULARIES.items():
         assert vocabulary and why.strip(), field
 
 
 @pytest.mark.parametrize("code", [
-    'DEFAULT = "vllm"',                                   # a value, not a dispatch
+    f'DEFAULT = "{ROLLOUT}"',                             # a value, not a dispatch
     'raise KeyError(f"unknown engine {name!r}")',
     'if n.role == "frozen": pass',                        # a role
     'if role in ("frozen", "critic"): pass',
