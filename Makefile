@@ -23,7 +23,9 @@ test: $(STAMP) graphviz bubblewrap
 
 # Tests marked `long` (documented commands of the README, docs/cli.md, --help and the flows/*.flow
 # headers: real runs, 17 minutes on 2 cores; every shipped flow trained one step or refused with
-# its reason, tests/docs/test_shipped_flows.py: 22 minutes), kept out of `make test`'s CI budget.
+# its reason, tests/docs/test_shipped_flows.py: 22 minutes; and deeper cases of what `make test`
+# already runs once: Megatron shims, CP x TP/PP, Megatron resume, GPT-2 and vLLM tp=2 at engine level),
+# kept out of `make test`'s CI budget.
 test-long: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q -m long $(ARGS)
 

@@ -46,6 +46,7 @@ def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
 # ---- tensor parallelism on CPU: vLLM's multiprocessing executor -------------------------------------------
 
 
+@pytest.mark.long  # make test-long: test_grpo_with_vllm_tp2_on_a_cpu_cluster (make test) runs the same engine
 def test_tp2_on_cpu_runs_the_multiprocessing_executor_and_updates_weights_in_place(tiny_model_dir):
     """`tensor_parallel_size = 2` on CPU: two worker processes (gloo between them) whose greedy samples
     carry the unsharded model's log-probs (the trainer's, to fp32 tolerance), and a weight update

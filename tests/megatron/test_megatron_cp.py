@@ -59,7 +59,9 @@ def test_cp2_on_the_default_case_matches_torch_engine(tiny_dir, torch_reference)
     assert_same_step(run_megatron(tiny_dir, cp=2), torch_reference)
 
 
-@pytest.mark.parametrize("other", [{"tp": 2}, {"pp": 2}, {"dp": 2}], ids=["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("other", [pytest.param({"tp": 2}, marks=pytest.mark.long, id="tp2"),
+                                   pytest.param({"pp": 2}, marks=pytest.mark.long, id="pp2"),
+                                   pytest.param({"dp": 2}, id="dp2")])  # tp2, pp2: 12-14 s each, make test-long
 def test_cp2_combined_with_tp_pp_or_dp_matches_cp1(tiny_dir, cp1, other):
     """4 ranks: tp=2 (one KV head per TP rank), pp=2 (1F1B over CP-sharded activations) or
     dp=2 (distributed optimizer over the dp x cp group of 4), each x cp=2."""
@@ -82,6 +84,7 @@ def test_cp2_critic_matches_cp1_critic(tiny_dir):
     assert_close(w2, w1)
 
 
+@pytest.mark.long  # 20 s; make test runs test_megatron_dp.py's save/load of the same state code
 def test_cp2_save_load_resumes_bit_identically(tiny_dir, tmp_path):
     """Each CP rank writes its own file (its shard of the distributed optimizer over dp x cp)."""
     first, second = padded_batch(), make_batch(seed=5, width=11)

@@ -125,7 +125,7 @@ def test_check_and_plan_never_fail_internally(tmp_path, capsys):
 
 # ---- tier 2: a budgeted sample runs one step on a CPU Ray cluster -----------------------------------
 
-RUNS = 4
+RUNS = 3
 """Flows run for one step (30-100 s each on 2 cores, mostly engine start-up): every engine of the
 catalogue, then as many weight-sync protocols as fit (one resync per flow), then variety (stdlib
 and chains, two nodes, partial rollout, staleness). Sized for CI's budget: every protocol's

@@ -216,6 +216,7 @@ def test_megatron_tp2_grpo_learns_and_matches_vllm(megatron_run):
         assert row["mismatch/abs_max"] < 1e-4, row  # vLLM vs the TP-sharded trainer, after each resync
 
 
+@pytest.mark.long  # 50 s; in make test: Megatron's save/load (tests/megatron) and resume through the runtime
 def test_megatron_resume_reproduces_metrics(workdir, megatron_run, ray_address):
     """Both TP ranks' model and optimizer state come back from step 3's checkpoint: steps 4..6 again,
     the same to the bit."""

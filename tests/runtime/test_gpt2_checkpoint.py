@@ -68,7 +68,8 @@ def test_train_engine_runs_gpt2_without_dropout(gpt2):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.long  # make test-long; in make test: the compiler's facts (tests/compiler/test_check_resources.py)
+@pytest.mark.timeout(900)  # and vLLM on a GPT-2 checkpoint (tests/families/test_family_logprobs.py)
 def test_flowrl_run_one_step_of_gpt2_on_vllm(gpt2, tmp_path):
     pytest.importorskip("vllm")
     pytest.importorskip("ray")

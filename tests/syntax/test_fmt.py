@@ -483,7 +483,7 @@ def programs(draw) -> str:
     return "".join(out)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
+@settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(programs())
 def test_random_programs_round_trip(src: str):
