@@ -425,7 +425,7 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     task = Path(data.path).parent  # data/arith, or another shipped task's folder (data/guess)
     assert task.parent == ROOT / "data" and Path(data.path) == task / "train.jsonl"
     assert Path(data.eval_path) == task / "test.jsonl"
-    expected = (300, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
+    expected = (200, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
 
