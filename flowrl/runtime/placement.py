@@ -73,11 +73,17 @@ def _gb(x: float) -> str:
     return f"{x:.1f} GB" if x >= 0.95 else f"{x * 1e3:.0f} MB"
 
 
+ACTOR_GB = 0.21
+"""Host memory (GB) of one engine actor's Ray worker process with torch imported, before its engine
+starts (proportional set size, measured on 2 cores with Ray 2.x): a cost per actor, not per rank."""
+
+
 def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
-    """``(engine, ranks, GB per rank)`` of each engine of a plan for the ``cpu`` platform, by the
-    compiler's memory estimate (``flowrl plan``'s ``memory/GPU`` column: on ``cpu`` a logical GPU's
-    memory is the host's RAM), one process per rank; empty for a plan for GPUs (device memory,
-    which the compiler checks per GPU)."""
+    """``(engine, ranks, GB per rank)`` of each engine of a plan for the ``cpu`` platform: the compiler's
+    memory estimate (``flowrl plan``'s ``memory/GPU`` column: on ``cpu`` a logical GPU's memory is the
+    host's RAM), plus what each rank's process holds beyond it (the record's ``cpu_rank_gb``) and its
+    share of the actors' own (:data:`ACTOR_GB`: one per replica, or one forking every rank); empty for a
+    plan for GPUs (device memory, which the compiler checks per GPU)."""
     gpu = str(plan.cluster.get("gpu", "cpu"))
     if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
         return []
@@ -85,7 +91,10 @@ def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
     for m in plan.models:
         for e in (m.train_engine, m.rollout_engine):
             if e is not None and e.memory is not None:
-                rows.append((f"{m.id}.{e.role} ({e.kind})", e.world_size, float(e.memory.total_gb)))
+                spec = runs_on(e.kind, e.world_size)
+                actors = e.dp if spec.ranks == "replicas" else 1
+                per_rank = float(e.memory.total_gb) + spec.cpu_rank_gb + ACTOR_GB * actors / e.world_size
+                rows.append((f"{m.id}.{e.role} ({e.kind})", e.world_size, per_rank))
     return rows
 
 
@@ -106,7 +115,8 @@ def check_host_memory(plan: ExecutionPlan, available_gb: float | None) -> None:
     parts = ", ".join(f"{ranks} x {key} {_gb(gb)}" for key, ranks, gb in sorted(rows, key=lambda r: -r[1] * r[2]))
     raise PlacementError(
         f"host memory: the plan's engines need {_gb(need)} of this machine's memory on a local Ray instance "
-        f"({parts}: `flowrl plan`'s memory/GPU times the ranks), but it has {_gb(available_gb)} available; "
+        f"({parts}: `flowrl plan`'s memory/GPU and each rank's process, times the ranks), but it has "
+        f"{_gb(available_gb)} available; "
         f"nothing was started. hint: run it on a Ray cluster (RAY_ADDRESS=ADDRESS or `flowrl run --ray ADDRESS`), "
         f"or declare a smaller cluster in the schedule (this one: cluster(nodes = {c['nodes']}, gpus_per_node = "
         f"{c['gpus_per_node']}))")
