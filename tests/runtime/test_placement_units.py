@@ -70,7 +70,8 @@ def test_host_memory_is_the_sum_over_every_rank_of_every_engine():
     assert rows["policy.rollout (vllm)", 56] == pytest.approx(1.0 + 0.3 + 0.21)
     assert rows["policy.train (torch)", 8] == pytest.approx(0.03 + 0.3 + 0.21 / 8)
     assert rows["ref.train (torch)", 8] == pytest.approx(0.004 + 0.3 + 0.21 / 8)
-    assert sum(r * gb for (_k, r), gb in rows.items()) == pytest.approx(56 * 1.51 + 8 * 0.634 + 2 * 0.21)  # two train actors
+    total = 56 * 1.51 + 8 * 0.634 + 2 * 0.21  # the two train engines' actors
+    assert sum(r * gb for (_k, r), gb in rows.items()) == pytest.approx(total)
 
 
 def test_a_plan_larger_than_the_machines_memory_is_refused_naming_the_need_and_the_way_out():
