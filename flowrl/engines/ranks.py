@@ -54,9 +54,49 @@ def cloudpickle_module() -> Any:
     return cloudpickle
 
 
+OWNER_CHECK_S = 1.0
+"""How often a rank process checks that the process owning its engine still runs."""
+
+
+def exit_with_owner(owner_pid: int, every_s: float = OWNER_CHECK_S) -> None:
+    """Start a daemon thread that ends this process as soon as process ``owner_pid`` is gone.
+
+    A rank waits on its inbox, whose pipe it holds both ends of, or in a collective: neither returns
+    when the engine's process is killed (``kill -9`` of its Ray actor, an OOM kill), so without this
+    its ranks live on as orphans holding their memory. Collectives release the GIL, so the check runs
+    while a rank is blocked in one.
+    """
+    import threading
+
+    def started(pid: int) -> str | None:
+        """The process's start time (``/proc/PID/stat`` field 22): a reused pid has another; None: gone."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            return None
+
+    birth = started(owner_pid)
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(owner_pid, 0)
+            except OSError:  # no such process (or, reused, another user's)
+                os._exit(1)
+            if birth is not None and started(owner_pid) != birth:  # the pid was reused
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()
+
+
 def rank_main(rank: int, world: int, init_method: str, worker_cls: type, options: Any, inbox: Any,
-              outbox: Any) -> None:
-    """Body of a rank process: build ``worker_cls``, then serve ``(method, kwargs)`` until ``shutdown``."""
+              outbox: Any, owner_pid: int | None = None) -> None:
+    """Body of a rank process: build ``worker_cls``, then serve ``(method, kwargs)`` until ``shutdown``;
+    the process ends by itself if ``owner_pid`` (the engine's process) dies (:func:`exit_with_owner`)."""
+    if owner_pid is not None:
+        exit_with_owner(owner_pid)
     cloudpickle = cloudpickle_module()
 
     def answer(call: Any) -> None:
@@ -154,7 +194,7 @@ class RankGroup:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs = [
             ctx.Process(target=rank_main,
-                        args=(r, world, init_method, worker_cls, options, self.inboxes[r], self.outbox),
+                        args=(r, world, init_method, worker_cls, options, self.inboxes[r], self.outbox, os.getpid()),
                         daemon=True, name=f"{name}-rank{r}")
             for r in range(world)
         ]

@@ -1,0 +1,14 @@
+"""A rank worker for :class:`flowrl.engines.ranks.RankGroup` tests: no torch.distributed group, it
+reports its process id."""
+
+from __future__ import annotations
+
+import os
+
+
+class PidWorker:
+    def __init__(self, rank: int, world: int, init_method: str, options: object):
+        self.coords = {"rank": rank, "pid": os.getpid()}
+
+    def shutdown(self) -> None:
+        pass
