@@ -279,12 +279,21 @@ def node_lost(b: Bench) -> Row:
 
     def lose_node(step: int) -> None:  # the driver's producer thread: removing a node works there, adding does not
         if step == 3:
+            import ray
+
             used = {r["node_id"] for r in json.loads((out / "placement.json").read_text())}
             victim = next(n for n in b.cluster.list_all_nodes() if n is not b.cluster.head_node and n.node_id in used)
             b.cluster.remove_node(victim, allow_graceful=False)
+            # Back to the driver once Ray has declared the node dead: step 4's generate, held in flight
+            # (hang_at_step), cannot finish first, and the resume does not see the dead node as alive.
+            deadline = time.monotonic() + 120
+            while any(n["NodeID"] == victim.node_id and n["Alive"] for n in ray.nodes()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Ray did not declare node {victim.node_id} dead within 120 s")
+                time.sleep(0.5)
 
     try:
-        b.run(name, faults=Faults(at_generate=lose_node))
+        b.run(name, faults=Faults(at_generate=lose_node, hang_at_step=3))
         return _row(b, "node of the rollout engine lost (step 4)", name, False, "not stopped", "finished", True)
     except Exception as error:
         message = _error_line(error)
