@@ -352,12 +352,8 @@ def ray_auth_environment(address: str | None) -> None:
     explicitly (``RAY_AUTH_MODE=token``), which is what silences Ray's banner about it on
     every run. For a cluster the user names (``--ray``, ``RAY_ADDRESS``), Ray does not look
     for a token by itself; its CLI enables token mode when one is available (``RAY_AUTH_TOKEN``,
-    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), and so does this. A mode the user set is kept,
-    and so is the mode of a Ray session this process already joined (a notebook's, a test's, a
-    benchmark's: the run uses that session, whose cluster may have no token).
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), and so does this. A mode the user set is kept.
     """
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return
     if not os.environ.get("RAY_AUTH_MODE") and (not (address or os.environ.get("RAY_ADDRESS"))
                                                 or _ray_token_available()):
         os.environ["RAY_AUTH_MODE"] = "token"

@@ -32,18 +32,3 @@ def test_what_the_user_set_is_kept_and_restored_after_a_failure(monkeypatch):
             os.environ["RAY_AUTH_MODE"] = "token"  # whatever happens inside, the caller's values come back
             raise RuntimeError("engine died")
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and os.environ[key] == "mine"
-
-
-def test_a_process_already_connected_to_ray_keeps_its_session_s_mode(monkeypatch):
-    """A run from a process that joined a cluster itself (a notebook, a test's fake cluster) uses that
-    session: a token found on disk must not switch it to token mode (its cluster may have none)."""
-    import sys
-    from types import SimpleNamespace
-
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: True))
-    with run_environment("127.0.0.1:6379"):
-        assert "RAY_AUTH_MODE" not in os.environ
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False))
-    with run_environment(None):  # a local instance of its own: token mode, as Ray's default
-        assert os.environ["RAY_AUTH_MODE"] == "token"
