@@ -189,11 +189,7 @@ def driver_kill(b: Bench) -> Row:
     out = b.work / name
     cmd = [str(Path(sys.executable).parent / "flowrl"), "run", str(b.flow), "--out", str(out), "--save-every", str(SAVE_EVERY),
            "--log-samples", "1", "--ray", b.address]
-    # The fake cluster runs without Ray's token authentication; a client that finds a token
-    # (~/.ray/auth_token, left by any `ray start` on this machine) would use it, as Ray's CLI does, and its
-    # actors would die at start ("all references to the actor were removed"): say so, as a user would.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
         if (out / "metrics.jsonl").is_file() and any(r["step"] >= 3 for r in _rows(out)):

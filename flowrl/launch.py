@@ -17,8 +17,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -133,28 +131,6 @@ def quiet_environment() -> None:
     """Turn the engines' own progress bars and banners down (only where the user set nothing)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
-
-
-@contextmanager
-def run_environment(address: str | None) -> Iterator[None]:
-    """:func:`quiet_environment` and :func:`ray_auth_environment` while a run (or an evaluation) lasts,
-    undone after it: the calling process (a notebook, a test, a benchmark) keeps its own environment,
-    and so do the processes it starts later. (A Ray node started afterwards by the same process would
-    otherwise inherit ``RAY_AUTH_MODE=token`` and refuse a cluster without authentication: its raylet
-    registers but takes no work.)"""
-    keys = (*QUIET_ENV, "RAY_AUTH_MODE")
-    before = {k: os.environ.get(k) for k in keys}
-    quiet_environment()
-    ray_auth_environment(address)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _refresh_ray_config()
 
 
 def describe_plan(plan: ExecutionPlan, explain: bool = False) -> str:
@@ -357,13 +333,7 @@ def ray_auth_environment(address: str | None) -> None:
     if not os.environ.get("RAY_AUTH_MODE") and (not (address or os.environ.get("RAY_ADDRESS"))
                                                 or _ray_token_available()):
         os.environ["RAY_AUTH_MODE"] = "token"
-    _refresh_ray_config()
-
-
-def _refresh_ray_config() -> None:
-    """Ray read ``RAY_AUTH_MODE`` when it was imported: have it read the environment again, as Ray's
-    own set-up does."""
-    if "ray" in sys.modules:
+    if "ray" in sys.modules:  # Ray read the mode when it was imported: refresh it, as Ray's own set-up does
         try:
             from ray._raylet import Config
 
@@ -503,11 +473,12 @@ def _run_attempt(plan: ExecutionPlan, out_dir: Path, *, resume: bool, overwrite:
     except BaseException:
         os.umask(umask)
         raise
+    quiet_environment()
+    ray_auth_environment(ray_address)
     try:
         kwargs = {"resume_step": resume_step} if resume_step is not None else {}
-        with run_environment(ray_address):
-            return run_plan(plan, out_dir, resume=bool(resume), ray_address=ray_address, faults=faults,
-                            stream=stream, **kwargs)
+        return run_plan(plan, out_dir, resume=bool(resume), ray_address=ray_address, faults=faults, stream=stream,
+                        **kwargs)
     except BaseException as error:
         if not resume and not (isinstance(error, Preempted) and error.step):  # a preemption says it all itself
             after_failed_run(out_dir, created, plan.run.steps, stream)
@@ -574,12 +545,13 @@ def eval_file(path: str, *, run_dir: str | None = None, step: int | None = None,
     plan = build_plan(path, flow=flow, sets=sets, steps=1)
     ckpt = checkpoint_of(run_dir, step) if run_dir else None
     check_installed()
+    quiet_environment()
+    ray_auth_environment(ray_address)
     from flowrl.runtime.evaluate import EvalError, evaluate
 
     try:
-        with run_environment(ray_address):
-            return evaluate(plan, ckpt, n=n, ks=ks, temperature=temperature, seed=seed, ray_address=ray_address,
-                            log=lambda message: print(message, file=stream))
+        return evaluate(plan, ckpt, n=n, ks=ks, temperature=temperature, seed=seed, ray_address=ray_address,
+                        log=lambda message: print(message, file=stream))
     except EvalError as e:
         raise RunError(str(e)) from None
     except BaseException as error:

@@ -120,7 +120,7 @@ def test_a_flow_runs_on_a_two_node_cluster_started_by_ray_start(cluster, monkeyp
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # found from the token, as Ray's CLI finds it
     path = write_flow(work / "two_nodes.flow", GRPO, 2, TWO_NODES)
     result = run_file(str(path), out=str(work / "run"))
-    assert "RAY_AUTH_MODE" not in os.environ  # token mode was set for the run only (run_environment)
+    assert os.environ["RAY_AUTH_MODE"] == "token"
     assert [r["step"] for r in result.rows] == [1, 2] and result.rows[-1]["sync/bytes"] > 0
     rows = {r["engine"]: r for r in json.loads((result.out / "placement.json").read_text())}
     train, gen = rows["policy.train"], rows["policy.rollout"]
