@@ -97,6 +97,12 @@ class Bench:
         from flowrl.models.tiny import build_tiny_model
 
         self.work = work
+        # The fake cluster runs without Ray's token authentication, and says so for every process of the
+        # bench: its runs, the `flowrl run` the driver-kill case starts, and the node the node-lost case adds.
+        # (A run that finds a token, ~/.ray/auth_token left by any `ray start` here, would turn token mode on
+        # as Ray's CLI does, and the process environment keeps it: a node added later then registers but
+        # takes no work, and a client's actors die at start.)
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         build_tiny_model(work / "model", seed=0)
         self.flow = work / "chaos.flow"
         self.flow.write_text(FLOW.format(model=work / "model", data=ROOT / "data" / "arith", steps=STEPS))
