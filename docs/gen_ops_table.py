@@ -88,14 +88,16 @@ def _options(specs: dict[str, KwSpec]) -> str:
 
 def _args(spec: OpSpec) -> str:
     parts = []
-    for a in spec.args:
-        text = f"`{a.name}{'?' if a.optional else ''}: {a.type}`"
+    for a in spec.args + ((spec.rest,) if spec.rest is not None else ()):
+        text = f"`{a.name}{'?' if a.optional else ''}: {a.type}{'...' if a is spec.rest else ''}`"
         if a.needs:
             text += " needs " + ", ".join(f"`{f}`" for f in sorted(a.needs))
         if a.choices:
             text += " " + " / ".join(f'"{c}"' for c in a.choices)
         if a.doc:
             text += f" ({cell(a.doc)})"
+        if a is spec.rest:
+            text += " (any number)"
         parts.append(text)
     if spec.variadic:
         parts.append("`...: data` (any number)")

@@ -1307,6 +1307,7 @@ def _op_method(op: str, spec: OpSpec):
         return self._emit(op, args, kwargs, name, options)
 
     sig = ", ".join([f"{a.name}{'?' if a.optional else ''}: {a.type}" for a in spec.args]
+                    + ([f"{spec.rest.name}: {spec.rest.type}..."] if spec.rest is not None else [])
                     + (["..."] if spec.variadic else [])
                     + [f"{k}: {s.type} = {s.default!r}" for k, s in spec.kwargs.items()])
     method.__name__ = method.__qualname__ = op

@@ -18,7 +18,7 @@ from enum import Enum
 from flowrl.catalog.architectures import TINY_ARCHS
 from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
 from flowrl.catalog.platforms import PLATFORMS
-from flowrl.catalog.spec import RUNS, ArgSpec, KwSpec, Support, unsupported
+from flowrl.catalog.spec import RUNS, ArgSpec, KwSpec, Support
 from flowrl.tasks import TASKS
 
 
@@ -116,6 +116,12 @@ class OpSpec:
     """MODEL constructors: the role of the model they make."""
     variadic: bool = False
     """Extra positional data arguments are allowed (user calls)."""
+    rest: ArgSpec | None = None
+    """Any number of further positional arguments after ``args``, each of this spec (the rewards
+    of ``weighted_sum`` after its first)."""
+    per_argument: str | None = None
+    """A list option holding one number per positional argument (``weighted_sum``'s ``weights``):
+    the compiler checks its length and its items, and that no argument is given twice (E220)."""
     doc: str = ""
     handler: str | None = None
     """What serves it at run time, by name: a step op's handler in the runtime's ``HANDLERS``
@@ -143,10 +149,13 @@ class OpSpec:
     ``.parquet``), whatever a file's name; ``flowrl check`` reads each file's first row (or
     footer) with it."""
     serves_model: str | None = None
-    """Resources that run the model in their first argument on an engine of its own: the train-engine
-    role that engine takes (``reward``: a scalar-head scorer, forward only). The compiler plans and
-    places the model's ``train`` engine for it (``flowrl.compiler.sched.engines_needed``); the
-    runtime starts it in that role."""
+    """Resources that run the model in their first argument on an engine of its own: the role that
+    engine takes (``reward``: a scalar-head scorer, forward only; ``judge``: a frozen generator).
+    The compiler plans and places the model's ``serves_engine`` engine for it
+    (``flowrl.compiler.sched.engines_needed``); the runtime starts a train engine in that role."""
+    serves_engine: str = "train"
+    """Which engine of the model a ``serves_model`` resource runs on: ``train`` (a forward) or
+    ``rollout`` (generation; any rollout engine serves, no role of its own)."""
     python_ref: str | None = None
     """Ops naming user code as ``"module:attribute"`` in their first argument: what the attribute
     is (``function``, ``class``). ``flowrl check`` finds the module (the flow file's folder,
@@ -162,6 +171,10 @@ class OpSpec:
     more prompts until the batch is full (DAPO's dynamic sampling): which options say how many
     groups, how many draws at most, and how many groups a draw is expected to keep (the
     workload model's oversampling, :meth:`RedrawSpec.expected_draws`)."""
+
+    def arg_spec(self, i: int) -> ArgSpec | None:
+        """The spec of positional argument ``i``: one of ``args``, else ``rest``, else None."""
+        return self.args[i] if i < len(self.args) else self.rest
 
     def support(self, platform: str) -> Support:
         return self.platforms.get(platform, Support(False, {}, f"`{self.name}` does not run on {platform}"))
@@ -273,15 +286,24 @@ _op(OpSpec("reward_model", OpKind.REWARD_FN, (_a("model", "model"),), serves_mod
            doc="A served reward model: a one-label sequence classifier (its score at the completion's last "
                "token) on the model's own engine, placed by the schedule (`rm.train`); it scores the "
                "rollouts' token ids, batched."))
-_op(OpSpec("llm_judge", OpKind.REWARD_FN, (_a("model", "model"),),
+_op(OpSpec("llm_judge", OpKind.REWARD_FN, (_a("model", "model", doc="the judge, a frozen model"),),
+           serves_model="judge", serves_engine="rollout",
            kwargs={"template": KwSpec("str", "{prompt}{completion}", doc="what the judge reads: `{prompt}` and "
-                                      "`{completion}` are replaced"),
-                   "on_error": KwSpec("float", 0.0, doc="the reward of a judgement whose score cannot be parsed")},
-           platforms=dict.fromkeys(PLATFORMS, unsupported(
-               "not built yet: a generative judge (a frozen model reading a template, its score parsed from its "
-               "output) is being built; score with `reward_model(m)` or `python_reward(...)` meanwhile")),
-           doc="A generative judge: a frozen model on a rollout engine reads the template with the prompt and "
-               "the completion; the number it writes is the reward."))
+                                      "`{completion}` are replaced (and `{answer}`, the row's answer)"),
+                   "max_tokens": KwSpec("int", 8, min=1, doc="the longest judgement, in tokens"),
+                   "on_error": KwSpec("float", 0.0, doc="the reward of a judgement with no number in it "
+                                      "(counted in reward/errors)")},
+           seconds_per_item=0.0,  # its generation runs on the judge's own rollout engine, planned as that engine's
+           doc="A generative judge: the model's rollout engine reads the template with the prompt and the "
+               "completion and writes greedily; the first number it writes is the reward."))
+_op(OpSpec("weighted_sum", OpKind.REWARD_FN, (_a("first", "reward", doc="a declared reward"),),
+           rest=_a("more", "reward", doc="further declared rewards"),
+           kwargs={"weights": KwSpec("list", None, required=True,
+                                     doc="one number per reward, in order: the reward is the sum of weight x score")},
+           per_argument="weights",
+           seconds_per_item=0.0,  # each reward in it is costed (and served) as its own resource
+           doc="Rewards combined: the weighted sum of the scores of the declared rewards it names (each "
+               "served as it is alone); each one's mean is logged as `reward/part/<name>/mean`."))
 _op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),), python_ref="class",
            kwargs={"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call "
                                      "past it ends its episode with an error (0: no limit)"),

@@ -82,8 +82,9 @@ def _envs(graph: FlowGraph) -> tuple[EnvPlan, ...]:
 
 def _models(graph: FlowGraph, st: SchedState, errors: Collector, run: RunPlan) -> tuple[ModelPlan, ...]:
     optims = {n.model: _optim(n, run) for n in graph.nodes() if n.kind == OpKind.UPDATE}
-    served = {n.args[0].target: n for n in graph.nodes()  # models a resource runs (reward_model(m))
-              if OPS.get(n.op) is not None and OPS[n.op].serves_model and n.args and isinstance(n.args[0], Ref)}
+    served = {n.args[0].target: n for n in graph.nodes()  # models a resource runs on a train engine (reward_model(m))
+              if OPS.get(n.op) is not None and OPS[n.op].serves_model and OPS[n.op].serves_engine == "train"
+              and n.args and isinstance(n.args[0], Ref)}
     out = []
     for n in graph.nodes():
         if n.kind != OpKind.MODEL:
@@ -162,6 +163,8 @@ def _resources(graph: FlowGraph, errors: Collector):
             if n.args:
                 arg = n.args[0]
                 opts["target"] = arg.target if isinstance(arg, Ref) else plain(arg)
+            if OPS[n.op].rest is not None:  # weighted_sum: the rewards it combines, in order
+                opts["parts"] = [a.target for a in n.args if isinstance(a, Ref)]
             rewards.append(RewardPlan(n.id, n.op, opts, str(n.span)))
     return tuple(datasets), tuple(rewards)
 

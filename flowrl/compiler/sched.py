@@ -144,7 +144,7 @@ def engines_needed(graph: FlowGraph) -> tuple[str, ...]:
             roles.setdefault(n.model, set()).add("rollout" if n.kind == OpKind.GENERATE else "train")
         spec = OPS.get(n.op)
         if spec is not None and spec.serves_model and n.args and isinstance(n.args[0], Ref):
-            roles.setdefault(n.args[0].target, set()).add("train")  # e.g. reward_model(m): m's scorer
+            roles.setdefault(n.args[0].target, set()).add(spec.serves_engine)  # reward_model(m): m's scorer
     out = []
     for n in graph.nodes():
         if n.kind == OpKind.MODEL:

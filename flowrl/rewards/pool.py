@@ -71,6 +71,11 @@ class RewardError:
     message: str
     """``"ExceptionType: message"`` raised by the reward function (or why its value was rejected)."""
 
+    @classmethod
+    def of(cls, index: int, prompt: str, completion: str, message: str) -> "RewardError":
+        """The error of sample ``index``, its texts truncated to ``MAX_TEXT`` characters."""
+        return cls(index, _truncate(prompt), _truncate(completion), message)
+
     def __str__(self) -> str:
         return f"reward failed on sample {self.index} (prompt {self.prompt!r}, completion {self.completion!r}): {self.message}"
 
@@ -83,6 +88,8 @@ class RewardResult:
     """Length N, one reward per completion (``error_reward`` where it failed)."""
     errors: list[RewardError] = field(default_factory=list)
     """Failed samples, in index order."""
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    """A combined reward's (``weighted_sum``): each reward's own scores, by its name (unweighted)."""
 
 
 def _truncate(text: str, limit: int = MAX_TEXT) -> str:
@@ -194,7 +201,7 @@ class _Chunk:
                       None if self.rows is None else self.rows[i + 1 :])
 
     def error(self, i: int, message: str) -> RewardError:
-        return RewardError(self.start + i, _truncate(self.prompts[i]), _truncate(self.completions[i]), message)
+        return RewardError.of(self.start + i, self.prompts[i], self.completions[i], message)
 
 
 def _message(e: BaseException) -> str:

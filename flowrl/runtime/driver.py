@@ -177,7 +177,7 @@ class Runtime:
         from flowrl.runtime.data import RunData
         from flowrl.runtime.env_pool import env_builder_of
         from flowrl.runtime.materialize import load_tokenizer_for, materialize_models
-        from flowrl.runtime.rewards import build_reward
+        from flowrl.runtime.rewards import build_rewards
 
         self.check_executable()
         paths = materialize_models(self.plan, self.log)
@@ -189,13 +189,13 @@ class Runtime:
         for d in self.plan.datasets:
             if self.data.skipped[d.id]:
                 self.events.bad_rows(d, self.data.skipped[d.id])
-        self.rewards = {r.id: build_reward(r, self.plan) for r in self.plan.rewards}
+        self.rewards = build_rewards(self.plan)
         self.fleet = Fleet(self.plan, self.out, timeline=self.timeline, log=lambda msg: self.log(msg),
                            ray_address=self.ray_address, faults=self.faults)
         self.fleet.start(paths)
-        for reward in self.rewards.values():  # rewards served by a model's engine (reward_model)
+        for reward in self.rewards.values():  # rewards served by a model's engine (reward_model, llm_judge)
             if hasattr(reward, "bind"):
-                reward.bind(self.fleet, self.data)
+                reward.bind(self.fleet, self.data, paths)
         self.envs = {e.id: env_builder_of(e)(e, self.plan) for e in self.plan.envs}  # Ray actors: after the fleet
         self.services = Services(self.plan, self.plan.run.seed, self.data, self.fleet, self.rewards, self.partial,
                                  self.events, self.timeline, self.envs)

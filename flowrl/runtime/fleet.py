@@ -189,7 +189,8 @@ def served_roles(plan: ExecutionPlan) -> dict[str, str]:
     out = {}
     for r in plan.rewards:
         spec = OPS.get(r.kind)
-        if spec is not None and spec.serves_model and isinstance(r.options.get("target"), str):
+        if (spec is not None and spec.serves_model and spec.serves_engine == "train"
+                and isinstance(r.options.get("target"), str)):
             out[r.options["target"]] = spec.serves_model
     return out
 

@@ -40,6 +40,7 @@ from flowrl.runtime.losses import loss_record
 from flowrl.runtime.metric_names import metric_name, owned_metrics
 from flowrl.runtime.nonfinite import apply_nan_policy
 from flowrl.runtime.redraw import gather_rows, replay_ops
+from flowrl.runtime.rewards import ScoreJob, score_rollouts
 from flowrl.runtime.step import Rollouts, StepContext, StepValue, check_fields, op_seed
 
 Handler = Callable[[OpPlan, StepContext], StepValue]
@@ -152,16 +153,16 @@ def generate(op: OpPlan, ctx: StepContext) -> StepValue:
 def score(op: OpPlan, ctx: StepContext) -> StepValue:
     """The reward of every completion (a user's exception costs one sample its reward, reported)."""
     roll = ctx.input(op, "rollouts")
-    texts = list(_rollouts(op, roll).texts)
-    reward = ctx.services.rewards[op.inputs["reward"]]
-    if hasattr(reward, "score_tokens"):  # a served model scores the rollouts' own token rows
-        result = reward.score_tokens(_rollouts(op, roll).batch, ctx.step)
-    else:
-        result = reward.score(texts, roll.get("answers") or [""] * len(texts), roll.get("prompt_text"),
-                              rows=roll.get("rows"))
+    rollouts = _rollouts(op, roll)
+    texts = list(rollouts.texts)
+    result = score_rollouts(ctx.services.rewards[op.inputs["reward"]],
+                            ScoreJob(texts, roll.get("answers") or [""] * len(texts), roll.get("prompt_text"),
+                                     roll.get("rows"), rollouts.batch, ctx.step))
     r = torch.tensor(result.rewards, dtype=torch.float32)
     stats = {"reward/mean": float(r.mean()), "reward/min": float(r.min()), "reward/max": float(r.max()),
              "reward/std": float(r.std(unbiased=False))}  # population std: observe.reward_band
+    for name, scores in result.parts.items():  # a weighted_sum's rewards, each unweighted
+        stats[f"reward/part/{name}/mean"] = sum(scores) / max(len(scores), 1)
     if result.errors:
         stats["reward/errors"] = len(result.errors)
         ctx.services.events.reward_errors(op, ctx.step, result.errors)

@@ -45,8 +45,9 @@ class ModelReward:
         self.engines: Any = None
         self.data: Any = None
 
-    def bind(self, engines: Any, data: Any) -> None:
-        """The run's engine service (the reward engine lives there) and data service (its tokenizer)."""
+    def bind(self, engines: Any, data: Any, paths: Any = None) -> None:
+        """The run's engine service (the reward engine lives there) and data service (its tokenizer);
+        ``paths`` (the prepared checkpoints) are not needed: the policy's tokenizer is the reward model's."""
         self.engines, self.data = engines, data
 
     def score_tokens(self, batch: TokenBatch, step: int):

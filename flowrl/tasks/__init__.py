@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from flowrl.tasks import arith
+from flowrl.tasks import arith, arith_code
 
 DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
 """``<repo>/data``: where the shipped split files live."""
@@ -73,6 +73,20 @@ TASKS: dict[str, Task] = {
             "seed": arith.DEFAULT_SEED,
             "n_train": arith.DEFAULT_TRAIN,
             "n_test": arith.DEFAULT_TEST,
+        },
+    ),
+    "arith_code": Task(
+        name="arith_code",
+        chars=arith_code.CHARS,
+        verifier="code",
+        max_new_tokens=12,  # "print(198)", then EOS, plus one spare
+        make_splits=arith_code.make_splits,
+        spec=lambda: {
+            **arith.spec_dict(),
+            "seed": arith.DEFAULT_SEED,
+            "n_train": arith.DEFAULT_TRAIN,
+            "n_test": arith.DEFAULT_TEST,
+            "program": "print(answer)",
         },
     ),
 }

@@ -61,7 +61,29 @@ def test_shipped_files_equal_the_generator():
 
 
 def test_unknown_task():
-    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith'\]"):
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith', 'arith_code'\]"):
         get_task("algebra")
     with pytest.raises(ValueError, match="has no split 'dev'"):
         get_task("arith").rows("dev")
+
+
+def test_arith_code_rows_are_programs_the_code_verifier_runs():
+    from flowrl.tasks import arith_code
+
+    task = get_task("arith_code")
+    train, test = arith_code.make_splits()
+    arith_train, arith_test = make_splits()
+    for name, rows, plain in (("train", train, arith_train), ("test", test, arith_test)):
+        path = DATA_ROOT / "arith_code" / f"{name}.jsonl"
+        assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+        assert task.rows(name) == rows
+        assert [r["prompt"] for r in rows] == [r["prompt"] for r in plain]  # the same problems
+    assert task.verifier == "code"
+    assert max(len(r["answer"]) for r in train + test) + 1 <= task.max_new_tokens
+    assert set("".join(r["prompt"] + r["answer"] for r in train)) <= set(task.chars)
+    # In the sandbox: the reference program passes, so does any program printing the number; others fail.
+    rows = test[:4]
+    a, b = rows[0]["prompt"].rstrip("=").split("+")
+    completions = [r["answer"] for r in rows] + [f"print({int(a)}+{int(b)})", "print(0)", "print(", "47"]
+    scored = get_verifier("code")(completions, [""] * len(completions), rows=rows + [rows[0]] * 4)
+    assert scored == [1.0] * 4 + [1.0, 0.0, 0.0, 0.0]

@@ -32,22 +32,25 @@ def make_workdir(tmp: Path, rows: int = 120, train: int = 100, seed: int = 7) ->
     return tmp
 
 
-def flow_text(body: str, steps: int, schedule: str = "", imports: tuple[str, ...] = ("grpo",)) -> str:
+def flow_text(body: str, steps: int, schedule: str = "", imports: tuple[str, ...] = ("grpo",),
+              declarations: str = "") -> str:
     """A flow over :func:`make_workdir`'s files: ``body`` (a stdlib call) as ``main``, the
-    ``e2e_rewards:sevens`` reward, then ``schedule`` (a whole schedule block, or nothing)."""
+    ``e2e_rewards:sevens`` reward (and ``declarations``, lines of more), then ``schedule`` (a
+    whole schedule block, or nothing)."""
     head = "".join(f"import stdlib.{name}\n" for name in imports)
     return f"""{head}model policy = hf("model")
 dataset prompts = jsonl("train.jsonl", eval = "test.jsonl")
 reward sevens = python_reward("e2e_rewards:sevens", workers = 1)
-flow main(steps: int = {steps}, eval_every: int = 0) {{
+{declarations}flow main(steps: int = {steps}, eval_every: int = 0) {{
   {body}
 }}
 {schedule}"""
 
 
-def write_flow(path: Path, body: str, steps: int, schedule: str = "", imports: tuple[str, ...] = ("grpo",)) -> Path:
+def write_flow(path: Path, body: str, steps: int, schedule: str = "", imports: tuple[str, ...] = ("grpo",),
+               declarations: str = "") -> Path:
     """:func:`flow_text` written to ``path`` (in the work directory: its paths are relative)."""
-    path.write_text(flow_text(body, steps, schedule, imports))
+    path.write_text(flow_text(body, steps, schedule, imports, declarations))
     return path
 
 

@@ -11,3 +11,8 @@ def flaky(completions, answers, prompts=None):
     if any(c.startswith("1") for c in completions):
         raise ValueError("flaky reward: completion starts with 1")
     return sevens(completions, answers)
+
+
+def short(completions, answers, prompts=None):
+    """1.0 for a completion of at most 4 characters (a length shaping term for ``weighted_sum``)."""
+    return [1.0 if len(c) <= 4 else 0.0 for c in completions]

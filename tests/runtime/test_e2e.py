@@ -119,24 +119,59 @@ def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir, ray_address):
     assert "arrived damaged twice" in message, message  # it was sent once more first
 
 
-def test_ppo_runs_with_critic(workdir, ray_address):
-    """Run through the Python builder (flowrl.builder): the same program as the text flow, the same plan."""
+MIX = ('reward short = python_reward("e2e_rewards:short", workers = 1)\n'
+       'reward mix = weighted_sum(sevens, short, weights = [1.0, 0.5])\n')
+
+
+def test_ppo_runs_with_critic_and_a_weighted_sum_of_rewards(workdir, ray_address):
+    """Run through the Python builder (flowrl.builder): the same program as the text flow, the same plan.
+    Its reward is a weighted sum of two: each logged on its own, the reward their weighted sum."""
     from flowrl import Flow
     from flowrl.launch import build_plan
 
-    body = ("ppo(policy, prompts, sevens, batch = 8, max_tokens = 8, lr = 3e-3, critic_lr = 3e-3, seed = 1)")
+    body = ("ppo(policy, prompts, mix, batch = 8, max_tokens = 8, lr = 3e-3, critic_lr = 3e-3, seed = 1)")
     f = Flow("main", params=[("steps", "int", 3), ("eval_every", "int", 0)], imports=["stdlib.grpo", "stdlib.ppo"])
     policy = f.declare("model", "policy", "hf", str(workdir / "model"))
     prompts = f.declare("dataset", "prompts", "jsonl", str(workdir / "train.jsonl"), eval=str(workdir / "test.jsonl"))
     sevens = f.declare("reward", "sevens", "python_reward", "e2e_rewards:sevens", workers=1)
-    f.call_flow("ppo", policy, prompts, sevens, batch=8, max_tokens=8, lr=3e-3, critic_lr=3e-3, seed=1)
-    text_plan = build_plan(str(_flow(workdir, body, steps=3)))
+    short = f.declare("reward", "short", "python_reward", "e2e_rewards:short", workers=1)
+    mix = f.declare("reward", "mix", "weighted_sum", sevens, short, weights=[1.0, 0.5])
+    f.call_flow("ppo", policy, prompts, mix, batch=8, max_tokens=8, lr=3e-3, critic_lr=3e-3, seed=1)
+    text_plan = build_plan(str(write_flow(workdir / "mix.flow", body, 3, imports=("grpo", "ppo"), declarations=MIX)))
     assert [(o.id, o.op, o.inputs, o.options) for o in f.plan().ops] == \
         [(o.id, o.op, o.inputs, o.options) for o in text_plan.ops]
+    assert {r.id: r.options.get("parts") for r in text_plan.rewards}["mix"] == ["sevens", "short"]
     result = f.run(out=workdir / "ppo", ray_address=ray_address)
     row = result.rows[-1]
     assert any(k.startswith("train/ppo.critic/") for k in row), sorted(row)
     assert all(r["mismatch/abs_max"] < 1e-4 for r in result.rows)
+    for r in result.rows:  # the mean of a weighted sum is the weighted sum of the means
+        want = r["reward/part/sevens/mean"] + 0.5 * r["reward/part/short/mean"]
+        assert abs(r["reward/mean"] - want) < 1e-6, r
+
+
+JUDGE = ('model grader = hf("model")\n'
+         'reward judge = llm_judge(grader, template = "{completion}", max_tokens = 3, on_error = -0.5)\n')
+
+
+def test_a_generative_judge_scores_on_its_own_rollout_engine(workdir, ray_address):
+    """`llm_judge`: the judge model gets a rollout engine of its own (placed, never resynced); every
+    completion is judged and every judgement without a number is counted as an error."""
+    import json
+
+    body = "grpo(policy, prompts, judge, batch = 4, group = 2, max_tokens = 8, lr = 3e-3, kl = 0.0, seed = 1)"
+    path = write_flow(workdir / "judge.flow", body, 2, declarations=JUDGE)
+    result = run_file(str(path), out=str(workdir / "judge"), ray_address=ray_address, log_samples=1)
+    placed = json.loads((workdir / "judge" / "placement.json").read_text())
+    assert {"grader.rollout", "policy.rollout", "policy.train"} <= {row["engine"] for row in placed}, placed
+    assert len(result.rows) == 2
+    samples = [json.loads(line) for line in (workdir / "judge" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 8  # every completion of both steps (4 prompts x 2)
+    # The judge's charset has no `.`: a judgement's number is an integer; -0.5 is on_error, and counted.
+    assert all(s["reward"] == -0.5 or s["reward"] == int(s["reward"]) for s in samples), samples
+    for step, row in enumerate(result.rows):
+        failed = sum(s["reward"] == -0.5 for s in samples if s["step"] == step)
+        assert row.get("reward/errors", 0) == failed, (row, samples)
 
 
 # ---- staleness 2: one-step-off (generation of step k+1 overlaps the update of step k) ----------

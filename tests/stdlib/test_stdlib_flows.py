@@ -503,7 +503,9 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
               "E124": "a missing file", "E125": "a --set flag", "E126": "a --set flag",
               "E607": "a checkpoint directory of an architecture Megatron does not convert",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",
-              "E445": "no protocol record sends over a transport its platform lacks (tests/catalog/test_protocol_transports.py)"}
+              "E445": "no protocol record sends over a transport its platform lacks (tests/catalog/test_protocol_transports.py)",
+              "E444": "every shipped op, loss and statement record runs on every platform "
+                      "(tests/compiler/test_check_platform.py refuses records made for the test)"}
 """Codes the catalogue describes without a one-file example, and why."""
 
 

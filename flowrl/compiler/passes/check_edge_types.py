@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from flowrl.compiler.context import CompileContext
 from flowrl.diagnostics import Collector, did_you_mean
-from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, Value
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, Value, plain
 from flowrl.compiler.kwargs import check_kwargs, show
 from flowrl.catalog.ops import LOSSES, OPS, RESOURCE_KINDS, RESOURCE_TYPES, OpKind
 
@@ -46,10 +46,10 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         fields = set(spec.produces)
         _check_arity(node, spec, errors)
         producers = out.producers(node.id)
-        for i, aspec in enumerate(spec.args):
-            if i >= len(node.args):
+        for i, value in enumerate(node.args):
+            aspec = spec.arg_spec(i)
+            if aspec is None:
                 continue
-            value = node.args[i]
             needs = set(aspec.needs)
             if node.kind == OpKind.UPDATE and loss is not None:
                 if aspec.name == "targets":
@@ -67,6 +67,8 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             fields.add("entropy")
         if node.kind == OpKind.USER_CALL:
             fields |= {str(v.value) for v in (node.attr("produces") or ()) if isinstance(v, Const)}
+        if spec.per_argument is not None:
+            _check_per_argument(node, spec, errors)
         if spec.variadic:
             for i in range(len(spec.args), len(node.args)):
                 _check_variadic(out, node, i, errors)
@@ -90,7 +92,7 @@ def _loss_spec(node: Node):
 
 
 def _check_arity(node: Node, spec, errors: Collector) -> None:
-    if len(node.args) > len(spec.args) and not spec.variadic:
+    if len(node.args) > len(spec.args) and not spec.variadic and spec.rest is None:
         extra = node.args[len(spec.args)]
         errors.error("E201", f"`{node.op}` takes {len(spec.args)} positional argument"
                              f"{'s' if len(spec.args) != 1 else ''}, got {len(node.args)}",
@@ -100,6 +102,33 @@ def _check_arity(node: Node, spec, errors: Collector) -> None:
         if not aspec.optional:
             errors.error("E202", f"`{node.op}` needs argument `{aspec.name}` ({aspec.type})", node.span,
                          f"signature: {_signature(spec)}")
+
+
+def _check_per_argument(node: Node, spec, errors: Collector) -> None:
+    """E220: the list option ``spec.per_argument`` has one number per positional argument, and no
+    argument is given twice (``weighted_sum(acc, fmt, weights = [1.0, 0.2])``)."""
+    key = spec.per_argument
+    seen: dict[str, Value] = {}
+    for a in node.args:
+        if isinstance(a, Ref) and a.target in seen:
+            errors.error("E220", f"`{a.target}` is given to `{node.op}` twice", a.span,
+                         f"name each once and give it the sum of its weights in `{key}`")
+        elif isinstance(a, Ref):
+            seen[a.target] = a
+    values = node.attr(key)
+    if not isinstance(values, tuple):
+        return  # missing (E209 said so), not a list (E207), or a parameter without a value
+    span = node.key_span(key) or node.span
+    for v in values:
+        if not (isinstance(v, Const) and v.kind in ("int", "float")) and not isinstance(v, Symbol):
+            errors.error("E220", f"`{key}` of `{node.op}` holds numbers, got {show(plain(v))}",
+                         getattr(v, "span", span), f"e.g. `{key} = [1.0, 0.5]`")
+            return
+    if len(values) != len(node.args):
+        errors.error("E220", f"`{key}` has {len(values)} number{'s' if len(values) != 1 else ''} for "
+                             f"{len(node.args)} argument{'s' if len(node.args) != 1 else ''} of `{node.op}`",
+                     span, f"one weight per argument, in order: `{key} = "
+                           f"[{', '.join('1.0' for _ in node.args)}]`")
 
 
 def _check_arg(graph: FlowGraph, node: Node, i: int, aspec, value: Value, needs: set[str],
@@ -274,6 +303,8 @@ def _check_regions(graph: FlowGraph, errors: Collector) -> None:
 
 def _signature(spec) -> str:
     parts = [f"{a.name}{'?' if a.optional else ''}: {a.type}" for a in spec.args]
+    if spec.rest is not None:
+        parts.append(f"{spec.rest.name}: {spec.rest.type}...")
     if spec.variadic:
         parts.append("...")
     return f"{spec.name}({', '.join(parts)})"

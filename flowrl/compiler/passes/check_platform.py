@@ -12,17 +12,24 @@ protocols are checked where the schedule chooses them (E440-E443:
 :mod:`flowrl.compiler.schedule`), so a flow that ``check`` accepts has a runtime path on its
 platform.
 
+Every shipped record runs everywhere today; a loss limited to GPUs (a record made here) is refused on CPU:
+
+>>> from dataclasses import replace
+>>> from flowrl.catalog.losses import LOSSES
+>>> from flowrl.catalog.spec import RUNS, unsupported
 >>> from flowrl.compiler.pipeline import compile_text
 >>> from flowrl.diagnostics import FlowError
+>>> shipped = LOSSES["pg"]
+>>> LOSSES["pg"] = replace(shipped, platforms={"cpu": unsupported("an example"), "cuda": RUNS, "rocm": RUNS})
 >>> try:
 ...     compile_text('''
-... reward j = llm_judge(frozen(m0))
-... model m0 = tiny()
-... flow f(m: model, d: dataset) {
+... flow f(m: model, d: dataset, j: reward) {
 ...   r = generate(m, sample(d), n = 2)  update(m, r, group_advantage(j(r), group = 2), loss = pg()) }
 ... ''', "doc.flow", until="check_platform")
 ... except FlowError as e:
 ...     print(e.diagnostics[0].code)
+... finally:
+...     LOSSES["pg"] = shipped
 E444
 """
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.kwargs import check_kwargs, suggest
+from flowrl.compiler.sched import engines_needed
 from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
@@ -125,14 +126,11 @@ class _Checker:
                 self.errors.error("E404", f"unknown engine role `{t.role}` of `{t.model}`", t.span,
                                   did_you_mean(t.role, ROLES) or "roles are `train` and `rollout`")
                 return None
-            if t.role == "rollout" and not self._generates(mid):
+            if t.role == "rollout" and f"{mid}.rollout" not in engines_needed(self.graph):
                 self.errors.error("E404", f"`{t.model}` has no rollout engine: nothing generates with it", t.span,
                                   f"write `{t.model}.train` or `{t.model}`")
                 return None
         return mid
-
-    def _generates(self, mid: str) -> bool:
-        return any(n.kind == OpKind.GENERATE and n.model == mid for n in self.graph.nodes())
 
     def layout(self, st: ast.Layout, layouts: dict) -> None:
         mid = self.target(st.target)

@@ -54,6 +54,8 @@ class _Resolver:
         self.out = FlowGraph(raw.name, raw.span, params=raw.params, schedule=raw.schedule,
                              sources=ctx.sources, unit=ctx.unit)
         self.globals_made: dict[tuple[str, str], str] = {}
+        self.decls_open: list[tuple[tuple[str, str], ast.Decl]] = []
+        """Declarations being built, outermost first: one met again is a cycle (E130)."""
         self._prefixes: set[str] = set()
         self._heads: set[str] = set()  # first dotted part of every node id in self.out
         self._next_suffix: dict[str, int] = {}
@@ -410,9 +412,24 @@ class _Resolver:
 
     def global_node(self, module: ast.Module, decl: ast.Decl) -> str | None:
         key = (module.path, decl.name)
+        open_keys = [k for k, _ in self.decls_open]
+        if key in open_keys:  # `model m = frozen(m)`, or `a` in terms of `b` in terms of `a`
+            cycle = [d.name for _, d in self.decls_open[open_keys.index(key):]] + [decl.name]
+            self.errors.error("E130", f"`{decl.name}` is declared in terms of itself ({' -> '.join(cycle)})",
+                              decl.value.span, "a declaration may use others, but not one that uses it back")
+            return None
         if key in self.globals_made:
             return self.globals_made[key] or None
-        self.globals_made[key] = ""  # guards self-reference: `model m = frozen(m)`
+        self.decls_open.append((key, decl))
+        try:
+            nid = self._declare(module, decl)
+        finally:
+            self.decls_open.pop()
+        self.globals_made[key] = nid or ""
+        return nid
+
+    def _declare(self, module: ast.Module, decl: ast.Decl) -> str | None:
+        """The graph node of declaration ``decl`` (None after an error)."""
         want = DECL_KINDS.get(decl.kind)
         if want is None:
             self.errors.error("E119", f"unknown declaration kind `{decl.kind}`", decl.kind_span,
@@ -434,7 +451,6 @@ class _Resolver:
             self.errors.error("E120", f"`{decl.name}` is declared a {decl.kind}, but `{node.op}(...)` makes "
                                       f"{_kind_word(node.kind)}", decl.value.func_span,
                               f"use one of: {', '.join(ctors)}")
-        self.globals_made[key] = nid
         return nid
 
     def make_node(self, call: ast.Call, name: str, env, module, prefix, scope, region) -> str | None:

@@ -389,14 +389,22 @@ def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
 def _reward_cost(graph: FlowGraph, n: Node) -> tuple[float, int]:
     """(CPU seconds per scored sample, worker processes) of the reward function a score op reads."""
     for u, e in graph.in_edges(n.id):
-        if e.kind == EdgeKind.RESOURCE:
-            r = graph.node(u)
-            if r.kind == OpKind.REWARD_FN:
-                w = getattr(r.attr("workers"), "value", 2)
-                spec = OPS.get(r.op)
-                return (spec.seconds_per_item if spec is not None else 0.0,
-                        w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2)
+        if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN:
+            return _reward_fn_cost(graph, graph.node(u))
     return 0.0, 2
+
+
+def _reward_fn_cost(graph: FlowGraph, r: Node) -> tuple[float, int]:
+    """A reward's (seconds per sample, workers); a combined one (``weighted_sum``) pays for each of its
+    rewards in turn, at the fewest workers among them."""
+    spec = OPS.get(r.op)
+    if spec is not None and spec.rest is not None:
+        parts = [_reward_fn_cost(graph, graph.node(u)) for u, e in graph.in_edges(r.id)
+                 if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN]
+        return sum(s for s, _ in parts), min((w for _, w in parts), default=2)
+    w = getattr(r.attr("workers"), "value", 2)
+    return (spec.seconds_per_item if spec is not None else 0.0,
+            w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2)
 
 
 def _switch(st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:
