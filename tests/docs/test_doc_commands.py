@@ -241,8 +241,8 @@ def needs_graphviz(c: DocCommand) -> bool:
     return bool(c.argv) and c.argv[0] == "graph" and bool(re.search(r"\.(svg|png)\b|--format (svg|png)|\|\s*dot\b", c.text))
 
 
-LONG_SOURCES = ("--help", "docs/cli.md", "README.md")
-"""Sources whose real runs take 3-7 minutes each on 2 cores: marked ``long`` (``make test-long``),
+LONG_SOURCES = ("--help", "docs/cli.md", "README.md", "docs/language.md")
+"""Sources whose real runs take 1.5-7 minutes each on 2 cores: marked ``long`` (``make test-long``),
 outside ``make test``'s budget until their runs are shared; the other sources run in ``make test``."""
 
 FLOW_SOURCE_NAMES = {f.relative_to(ROOT).as_posix() for f in FLOW_SOURCES}

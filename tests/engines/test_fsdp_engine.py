@@ -126,6 +126,7 @@ schedule main on cluster(nodes = 1, gpus_per_node = 2) {
 GRPO = "grpo(policy, prompts, sevens, batch = 8, group = 4, max_tokens = 8, lr = 3e-3, kl = 0.0, seed = 1)"
 
 
+@pytest.mark.long  # make test-long, 170 s; in make test: the FSDP dp=2 actor and critic match the torch engine (this file), and save/load
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_fsdp_dp2_grpo_runs_and_matches_vllm(tmp_path, monkeypatch):

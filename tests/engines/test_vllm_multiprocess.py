@@ -29,6 +29,7 @@ def _update_and_follow(engine, tiny_model_dir, spec, before):
     assert [g[0].response_ids for g in after] != [g[0].response_ids for g in before]
 
 
+@pytest.mark.long  # make test-long, 75 s; in make test: the tp=2 GRPO run below updates the same engine process every step
 def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
     engine = VLLMRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=64, in_process=False)
     try:

@@ -84,6 +84,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return work
 
 
+@pytest.mark.long  # make test-long, 69 s; in make test: each family's log-probs in vLLM vs the trainer (test_family_logprobs.py), chat templates
 def test_hub_model_chat_template_llama3_megatron_vllm(workdir):
     result = run_file(str(workdir / "chat.flow"), out=str(workdir / "run"), log_samples=1)
     plan = json.loads((result.out / "plan.json").read_text())

@@ -68,6 +68,7 @@ def test_cp2_combined_with_tp_pp_or_dp_matches_cp1(tiny_dir, cp1, other):
     assert_same_step(run_megatron(tiny_dir, batch=padded_batch(), cp=2, **other), cp1)
 
 
+@pytest.mark.long  # make test-long, 23 s; in make test: the critic at tp=2 (test_megatron_critic.py) and the actor at cp=2 (this file)
 def test_cp2_critic_matches_cp1_critic(tiny_dir):
     batch = padded_batch()
     results = []

@@ -45,6 +45,7 @@ def test_cp2_lowers_to_a_context_parallel_megatron_trainer(flow_file):
     assert (engine.kind, engine.tp, engine.pp, engine.dp, engine.cp, engine.world_size) == ("megatron", 1, 1, 1, 2, 2)
 
 
+@pytest.mark.long  # make test-long, 84 s; in make test: CP x DP at engine level (test_megatron_cp.py), Megatron tp=2 through the runtime (test_e2e)
 def test_cp2_grpo_runs_and_matches_vllm_after_each_resync(flow_file, monkeypatch):
     monkeypatch.syspath_prepend(RUNTIME_DIR)  # e2e_rewards, for the reward pool's processes
     result = run_file(str(flow_file), out=str(flow_file.parent / "run"))

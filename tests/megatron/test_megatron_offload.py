@@ -16,6 +16,7 @@ from flowrl.engines.megatron.engine import MegatronTrainEngine  # noqa: E402
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.mark.long  # make test-long, 54 s; in make test: the FSDP engine's offload round trip (tests/engines/test_offload.py)
 def test_offload_round_trip_is_bit_identical_and_training_continues_exactly(tiny_dir):
     batch, later = make_batch(seed=1), make_batch(seed=2)
     engine = MegatronTrainEngine(tiny_dir, optim=OPTIM, tp=2, dp=2, threads=1)

@@ -83,6 +83,7 @@ def test_run_directory(grpo_run):
     assert (out / "checkpoints" / "step_000006" / "driver.json").is_file()
 
 
+@pytest.mark.long  # make test-long, 103 s; in make test: a dead engine named, restarts from the last checkpoint (tests/runtime/test_restarts.py)
 def test_a_rollout_engine_killed_mid_step_is_restarted_from_the_checkpoint(workdir, grpo_run, ray_address):
     """``kill -9`` of the vLLM actor while it generates step 5: the run names the engine, its node and the
     op, restarts the engines from step 3's checkpoint by itself (``--restarts 1``) and ends with the
@@ -108,6 +109,7 @@ def test_a_resync_damaged_once_is_sent_again_and_the_run_goes_on(grpo_run):
     assert grpo_run.rows[2]["mismatch/abs_max"] < 1e-4
 
 
+@pytest.mark.long  # make test-long, 52 s; in make test: a bucket damaged once is sent again (below), the CRC check (tests/sync)
 def test_corrupted_bucket_stops_the_run_naming_the_tensor(workdir, ray_address):
     """Every send of step 1's resync is damaged (the resend too): the run stops naming the tensor."""
     path = _flow(workdir, GRPO, steps=2)
@@ -208,6 +210,7 @@ def test_one_step_off_keeps_the_staleness_bound(async_run):
         assert row["offpolicy/ratio_min"] < 1.0 < row["offpolicy/ratio_max"] and row["offpolicy/kl"] > 0, row
 
 
+@pytest.mark.long  # make test-long, 106 s; in make test: SIGTERM and exact resume (tests/cli/test_run_e2e.py, tests/runtime/test_preemption.py)
 def test_one_step_off_preempted_by_sigterm_resumes_exactly(workdir, async_run, ray_address):
     """SIGTERM (a scheduler's preemption) after step 3, between the checkpoints of steps 2 and 4: the
     run writes step 3's checkpoint (with the rollout generated ahead for step 4) and stops cleanly;

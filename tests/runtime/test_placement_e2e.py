@@ -118,6 +118,7 @@ def test_staleness_4_keeps_the_bound(bounded):
     assert [r["policy/version"] for r in result.rows] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.long  # make test-long, 126 s; in make test: staleness bounds (test_e2e, tests/algos/test_flows_run at staleness 4), kill and resume (tests/faults)
 def test_staleness_4_bound_holds_across_kill_and_resume(cluster, bounded):
     """Resumed from step 2's checkpoint (where a run killed in step 3 or 4 restarts), with the rollouts
     generated ahead for steps 3..5 in it: the same metrics, the same bound."""
@@ -139,6 +140,7 @@ def partial(cluster):
     return _run(cluster, "partial", DISAGGREGATED.format(extra=PARTIAL), steps=4, save_every=2)
 
 
+@pytest.mark.long  # make test-long, 119 s; in make test: partial rollout's buffer and recycling (tests/runtime/test_partial.py), its plan (tests/schedule)
 def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
     _, result = partial
     for row in result.rows:
@@ -150,6 +152,7 @@ def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
     assert sum(r["partial/recycled"] for r in result.rows) >= 1
 
 
+@pytest.mark.long  # make test-long, 116 s; in make test: partial rollout's bound (above) and exact resume (tests/cli/test_run_e2e, tests/faults)
 def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
     _, uninterrupted = partial
     tmp, address, _ = cluster
@@ -161,6 +164,7 @@ def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
 # ---- two nodes ----------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # make test-long, 97 s; in make test: two Ray nodes (tests/cli/test_ray_cluster); bench/chaos.py's node-lost case
 def test_two_plan_nodes_land_on_two_ray_nodes_and_a_lost_node_is_named(cluster):
     """The trainer (and the reference) on plan node 0, vLLM on plan node 1: two Ray nodes, as planned;
     step 1 trains and syncs across them. At step 2 the worker node that holds an engine goes (its raylet

@@ -41,6 +41,7 @@ def sglang_run(workdir):
     return run_file(str(path), out=str(workdir / "sglang"))
 
 
+@pytest.mark.long  # make test-long, 120 s; in make test: SGLang's CPU paths, generation and weight update (tests/engines/test_sglang_engine.py)
 def test_grpo_trains_with_sglang_rollouts(sglang_run):
     rows = sglang_run.rows
     assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]

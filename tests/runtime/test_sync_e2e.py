@@ -91,6 +91,7 @@ def test_corrupted_broadcast_bucket_stops_the_run_naming_the_tensor(broadcast_ru
     assert "tensor 'model." in message and "bucket 0" in message, message
 
 
+@pytest.mark.long  # make test-long, 56 s; in make test: the checkpoint protocol over Ray (tests/sync/test_through_ray.py, test_checkpoint.py)
 def test_checkpoint_every_2_publishes_versions_in_the_run_directory(workdir, ray_address):
     result = _run(workdir, ray_address, "checkpoint", "checkpoint() every 2", steps=3)
     _check_synced(result.rows, "checkpoint", every=2)
@@ -100,6 +101,7 @@ def test_checkpoint_every_2_publishes_versions_in_the_run_directory(workdir, ray
     assert manifest["version"] == 2 and any(t["name"].startswith("model.") for t in manifest["tensors"])
 
 
+@pytest.mark.long  # make test-long, 54 s; in make test: the delta protocol over Ray (tests/sync/test_through_ray.py)
 def test_delta_sends_changed_tensors_and_keeps_replicas_exact(workdir, ray_address):
     result = _run(workdir, ray_address, "delta", "delta(bucket = 64KB)", steps=2)
     _check_synced(result.rows, "delta")
