@@ -21,11 +21,14 @@ run: $(STAMP) graphviz bubblewrap
 test: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# Tests marked `long` (documented commands of the README, docs/cli.md, --help and the flows/*.flow
-# headers: real runs, 17 minutes on 2 cores; every shipped flow trained one step or refused with
-# its reason, tests/docs/test_shipped_flows.py: 22 minutes; and deeper cases of what `make test`
-# already runs once: Megatron shims, CP x TP/PP, Megatron resume, GPT-2 and vLLM tp=2 at engine level),
-# kept out of `make test`'s CI budget.
+# Tests marked `long` (documented commands of the README, docs/cli.md, docs/language.md, --help and
+# the flows/*.flow headers: real runs, 19 minutes on 2 cores; every shipped flow trained one step or
+# refused with its reason, tests/docs/test_shipped_flows.py: 22 minutes; and deeper cases of what
+# `make test` already runs once, each marked with what covers it there: Megatron shims, CP x TP/PP,
+# CP critic and CP through the runtime, Megatron resume and offload, GPT-2, vLLM tp=2 at engine level
+# and its weight update in a separate process, FSDP and SGLang through the runtime, kill/SIGTERM/
+# corruption/staleness-4/partial-rollout resumes, a lost node, the checkpoint and delta protocols end to
+# end, a hub model's chat template through Megatron), kept out of `make test`'s CI budget (40 minutes).
 test-long: $(STAMP) graphviz bubblewrap
 	$(BIN)/python -m pytest -q -m long $(ARGS)
 
@@ -36,7 +39,7 @@ $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# --no-compile: pip would byte-compile all ~36,000 installed modules (about 3 minutes of one
-	# core); Python compiles the ~5,500 a run imports on first use and keeps them.
+	# core); the packages a run imports are byte-compiled at the end of this recipe.
 	$(BIN)/python -m pip install -q --no-compile -e ".[cpu,dev,track]"
 	# megatron-core >= 0.17 declares Requires-Python >= 3.12, so on 3.11 pip would pick 0.16.1;
 	# 0.19.2 is what the megatron engine is written and tested against (its deps are installed above).
@@ -50,6 +53,12 @@ $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	# its CPU path imports that the venv lacks. No sgl_kernel: SGLang then runs plain-torch layers.
 	$(BIN)/python -m pip install -q --no-compile ./cpu_shims orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
 	$(BIN)/python -m pip install -q --no-compile --no-deps $(SGLANG) torchvision==0.28.0
+	# Byte-compile the packages every run imports (on all cores; not the ~36,000 modules installed):
+	# else the first `make run` compiles them as it imports them, in its driver and every engine
+	# process at once (measured: 22 s more engine start-up on 2 cores).
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  $(BIN)/python -m compileall -q -j 0 -x '/tests?/' flowrl $$site/torch $$site/transformers $$site/vllm \
+	  $$site/ray $$site/numpy $$site/matplotlib $$site/safetensors $$site/tokenizers >/dev/null
 	rm -f $(VENV)/.installed-*
 	touch $@
 
