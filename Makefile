@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	# else the first `make run` compiles them as it imports them, in its driver and every engine
 	# process at once (measured: 22 s more engine start-up on 2 cores).
 	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
-	  $(BIN)/python -m compileall -q -j 0 -x '/tests?/' flowrl $$site/torch $$site/transformers $$site/vllm \
+	  $(BIN)/python -m compileall -q -j 0 -x '/(tests?|testing)/' flowrl $$site/torch $$site/transformers $$site/vllm \
 	  $$site/ray $$site/numpy $$site/matplotlib $$site/safetensors $$site/tokenizers >/dev/null
 	rm -f $(VENV)/.installed-*
 	touch $@
