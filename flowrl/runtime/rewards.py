@@ -5,9 +5,10 @@ A plan's :class:`~flowrl.plan.RewardPlan` names its kind (the op that declared i
 (``OpSpec.handler``). ``verifier("math")`` and ``python_reward("module:function")`` run in a
 :class:`~flowrl.rewards.pool.RewardPool` (a user's exception costs one sample its reward,
 never the run); a ``reward_model`` scores token rows on its model's engine (``score_tokens``);
-a ``weighted_sum`` adds the weighted scores of rewards built before it. A kind whose builder is
-absent is refused by ``flowrl check`` through its record's
-platforms, and here by :func:`build_reward`. :func:`score_rollouts` scores a batch with any of them.
+a ``weighted_sum`` adds the weighted scores of rewards built before it; an ``llm_judge`` generates
+on its model's rollout engine. A kind whose builder is absent is refused by ``flowrl check``
+through its record's platforms, and here by :func:`build_reward`. :func:`score_rollouts` scores a
+batch with any of them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ScoreJob:
     prompts: list[str] | None
     rows: list[dict] | None
     batch: Any
-    """The rollouts' token rows (:class:`~flowrl.engines.base.TokenBatch`; ``score_tokens`` reads them)."""
+    """The rollouts' token rows (:class:`~flowrl.engines.types.TokenBatch`; ``score_tokens`` reads them)."""
     step: int
 
 
@@ -126,7 +127,8 @@ def weighted_sum(r: RewardPlan, plan: ExecutionPlan, built: dict):
     return WeightedSum([(name, built[name], float(w)) for name, w in zip(r.options["parts"], r.options["weights"])])
 
 
-REWARD_KINDS: dict[str, Callable] = {f.__name__: f for f in (verifier, python_reward, reward_model, llm_judge, weighted_sum)}
+REWARD_KINDS: dict[str, Callable] = {f.__name__: f for f in (verifier, python_reward, reward_model, llm_judge,
+                                                             weighted_sum)}
 """``OpSpec.handler`` of a reward op -> ``builder(reward plan, plan, rewards built so far by name)``."""
 
 
