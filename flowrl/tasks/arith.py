@@ -107,10 +107,15 @@ def make_splits(
 
 def write_splits(out_dir: str | Path, **kwargs) -> tuple[Path, Path]:
     """Write ``make_splits(**kwargs)`` as ``train.jsonl`` and ``test.jsonl`` (one JSON object a line)."""
+    return write_jsonl_splits(out_dir, make_splits(**kwargs))
+
+
+def write_jsonl_splits(out_dir: str | Path, splits: tuple[list[dict], list[dict]]) -> tuple[Path, Path]:
+    """``(train, test)`` rows written as ``out_dir/train.jsonl`` and ``test.jsonl``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, rows in zip(("train", "test"), make_splits(**kwargs)):
+    for name, rows in zip(("train", "test"), splits):
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths.append(path)

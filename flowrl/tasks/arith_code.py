@@ -15,7 +15,6 @@ still are.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flowrl.tasks import arith
@@ -43,11 +42,4 @@ def make_splits(n_train: int = arith.DEFAULT_TRAIN, n_test: int = arith.DEFAULT_
 
 def write_splits(out_dir: str | Path, **kwargs) -> tuple[Path, Path]:
     """Write ``make_splits(**kwargs)`` as ``train.jsonl`` and ``test.jsonl``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, rows in zip(("train", "test"), make_splits(**kwargs)):
-        path = out / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        paths.append(path)
-    return paths[0], paths[1]
+    return arith.write_jsonl_splits(out_dir, make_splits(**kwargs))
