@@ -26,6 +26,7 @@ from flowrl.algos.losses import global_denominator
 from flowrl.compiler.lower import lower
 from flowrl.compiler.pipeline import compile_text
 from flowrl.engines.types import Completion, TokenBatch
+from flowrl.rewards.pool import RewardResult
 from flowrl.runtime.losses import make_loss_fn
 from flowrl.runtime.pipeline import run_ops, split_stages
 from flowrl.runtime.step import Services, StepContext
@@ -112,7 +113,7 @@ class FakeEngines:
 
 class FakeReward:
     def score(self, completions, answers, prompts=None, **kw):
-        return SimpleNamespace(rewards=[1.0 if c.startswith("7") else 0.0 for c in completions], errors=[])
+        return RewardResult([1.0 if c.startswith("7") else 0.0 for c in completions])
 
 
 def _ctx(plan, engines=None, data=None) -> StepContext:
