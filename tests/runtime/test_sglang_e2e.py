@@ -18,7 +18,9 @@ from e2e_kit import make_workdir, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# make test-long (the whole module: one run, 120 s); in make test: SGLang's CPU paths, generation and weight
+# update (tests/engines/test_sglang_engine.py), and a flow on SGLang for one step (tests/property/test_executable.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 SGLANG_SCHEDULE = """
 schedule main on cluster(nodes = 1, gpus_per_node = 1) {
@@ -41,7 +43,6 @@ def sglang_run(workdir):
     return run_file(str(path), out=str(workdir / "sglang"))
 
 
-@pytest.mark.long  # make test-long, 120 s; in make test: SGLang's CPU paths, generation and weight update (tests/engines/test_sglang_engine.py)
 def test_grpo_trains_with_sglang_rollouts(sglang_run):
     rows = sglang_run.rows
     assert [r["policy/version"] for r in rows] == [1, 2, 3, 4]
