@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from flowrl.catalog.engines import ENGINES
 from flowrl.launch import build_plan
 from flowrl.models.tiny import build_tiny_model
 from flowrl.runtime.judge import LLMJudge, fill, parse_score
@@ -94,7 +95,7 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
 def test_the_compiler_plans_the_judges_rollout_engine_and_the_runtime_builds_the_judge(tmp_path):
     plan = build_plan(_flow(tmp_path))
     grader = {m.id: m for m in plan.models}["grader"]
-    assert grader.rollout_engine is not None and grader.rollout_engine.kind == "vllm"
+    assert grader.rollout_engine is not None and ENGINES[grader.rollout_engine.kind].serves == "rollout"
     assert grader.train_engine is None  # a frozen judge: no trainer, no resync
     assert [r.model for r in plan.resyncs] == ["policy"]
     (judge,) = [r for r in plan.rewards if r.id == "judge"]
