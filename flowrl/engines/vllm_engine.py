@@ -71,6 +71,11 @@ class VLLMOptions:
     """Reuse KV blocks of shared prompt prefixes (the n samples of a GRPO group)."""
     enable_sleep_mode: bool | None = None
     """vLLM's sleep mode (:meth:`VLLMRolloutEngine.sleep`); default on GPUs (vLLM on CPU refuses it)."""
+    enable_chunked_prefill: bool | None = None
+    """Split prefills across scheduler steps; default off on CPU: when a seeded request's prefill
+    is split, vLLM rewinds its random generator (``set_offset``), which CPU generators lack
+    ("RuntimeError: CPU Generator does not use offset", seen with 300 prompts of 40 tokens,
+    n = 2, above the 4096-token step budget). Unsplit, a step schedules whole prompts only."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to ``vllm.LLM`` as they are (e.g. block_size)."""
 
@@ -162,6 +167,8 @@ class VLLMRolloutEngine:
             distributed_executor_backend=backend,
             enable_prefix_caching=options.enable_prefix_caching,
             enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
+            enable_chunked_prefill=options.enable_chunked_prefill if options.enable_chunked_prefill is not None
+            else not cpu,
             logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
             worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
             **options.engine_kwargs,

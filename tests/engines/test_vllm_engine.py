@@ -87,6 +87,20 @@ def test_score_matches_trainer(engine, tiny_model_dir):
         assert (torch.tensor(scores[i]) - expected[i, : len(row)]).abs().max() < contract.TOL
 
 
+def test_seeded_requests_above_one_steps_token_budget(engine):
+    """300 prompts of 41 tokens, 2 samples each: more prompt tokens than one scheduler step takes
+    (4096). With prefills split across steps, vLLM rewinds the seeded requests' generators, which
+    fails on CPU; the engine keeps prefills whole there (``enable_chunked_prefill``)."""
+    config = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert not config.enable_chunked_prefill
+    prompts = [encode(f"{i:04d}+{i:04d}=" * 4) for i in range(300)]
+    assert sum(len(p) for p in prompts) > config.max_num_batched_tokens
+    spec = SamplingSpec(n=2, temperature=1.0, max_tokens=4, seed=3)
+    groups = engine.generate(prompts, spec)
+    assert [len(g) for g in groups] == [2] * 300
+    assert [c.response_ids for g in groups for c in g] == [c.response_ids for g in engine.generate(prompts, spec) for c in g]
+
+
 def test_too_long_request_names_the_limit(engine):
     with pytest.raises(EngineConfigError, match=f"max_model_len={MAX_MODEL_LEN}"):
         engine.generate([encode("1+1=")], SamplingSpec(max_tokens=MAX_MODEL_LEN))
