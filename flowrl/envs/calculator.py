@@ -48,14 +48,18 @@ class CalcError(ValueError):
     """An expression the calculator refuses (syntax, a name, division by zero, too large)."""
 
 
-def evaluate(expr: str) -> int | float:
-    """The value of an arithmetic expression.
+_LEADING_ZEROS = re.compile(r"(?<![\d.])0+(?=\d)")
 
-    >>> evaluate("37*43"), evaluate("7/2"), evaluate("-(3-5)**2")
-    (1591, 3.5, -4)
+
+def evaluate(expr: str) -> int | float:
+    """The value of an arithmetic expression; integers may have leading zeros, as zero-padded
+    operands do (``0034``: 34; Python's syntax alone would refuse them).
+
+    >>> evaluate("37*43"), evaluate("7/2"), evaluate("-(3-5)**2"), evaluate("0034+0567"), evaluate("10.05+0.5")
+    (1591, 3.5, -4, 601, 10.55)
     """
     try:
-        tree = ast.parse(expr.strip(), mode="eval")
+        tree = ast.parse(_LEADING_ZEROS.sub("", expr.strip()), mode="eval")
     except SyntaxError:
         raise CalcError(f"cannot parse {expr.strip()!r}") from None
     return _eval(tree.body)

@@ -16,6 +16,7 @@ from flowrl.models.warmstart import (
     WarmStartError,
     WarmStartResult,
     evaluate_accuracy,
+    task_sft,
     warm_start,
 )
 
@@ -47,10 +48,10 @@ def tiny(
     sft_kwargs = {_SFT_KEYS[k]: v for k, v in options.items() if k in _SFT_KEYS}
     if not warm:
         sft_kwargs["steps"] = 0
-    return warm_start(task, model_cfg=model_cfg, sft=SFTConfig(**sft_kwargs), seed=seed, cache_dir=cache_dir).path
+    return warm_start(task, model_cfg=model_cfg, sft=task_sft(task, **sft_kwargs), seed=seed, cache_dir=cache_dir).path
 
 
 __all__ = [
     "SFTConfig", "TinyModelConfig", "TinyModelError", "WarmStartError", "WarmStartResult",
-    "build_tiny_model", "build_tokenizer", "evaluate_accuracy", "load_tokenizer", "tiny", "warm_start",
+    "build_tiny_model", "build_tokenizer", "evaluate_accuracy", "load_tokenizer", "task_sft", "tiny", "warm_start",
 ]

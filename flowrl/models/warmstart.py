@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from flowrl.models.tiny import build_tiny_model, load_tokenizer
 from flowrl.tasks import get_task
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bump when the warm-start procedure changes, so stale cache entries are not reused."""
 
 
@@ -68,18 +68,23 @@ class SFTConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     """AdamW betas."""
     stop_at_accuracy: float | None = 0.3
-    """Stop at the first check at which greedy accuracy on ``check_rows`` training rows
-    reaches this (None: run all steps). Why: a 2-layer model learns addition in a sudden
-    transition (held-out accuracy ~8% on a plateau, then 12% -> 48% within 150 steps) whose
-    start varies with the seed (about 450 to 1100 steps), so no fixed step count leaves
-    every seed "partway"; GRPO gains little from below ~15% and a lot from ~25-40%."""
+    """Stop at the first check at which greedy accuracy on the ``check_rows`` validation
+    rows reaches this (None: run all steps, on every row). Why: a 2-layer model learns
+    addition in a sudden transition (held-out accuracy ~8% on a plateau, then 12% -> 48%
+    within 150 steps) whose start varies with the seed and the CPU's arithmetic (about 450
+    to 1300 steps), so no fixed step count leaves every seed "partway"; GRPO gains little
+    from below ~15% and a lot from ~25-40%."""
     check_every: int = 10
     """Steps between accuracy checks. Small, so that the transition cannot carry the model
     far past the target between two checks (the old 50 did: 19% on one CPU, 27% on another)."""
     check_rows: int = 512
-    """How many training rows (the first ones) the check scores; the accuracy is computed
-    exactly in one teacher-forced forward pass (``teacher_forced_accuracy``), so the check
-    is cheap enough to run often."""
+    """How many rows (the first ones of the train split) the check scores. With a
+    ``stop_at_accuracy`` they are a validation set: never trained on, so the check measures
+    what held-out accuracy measures. (Checked on rows it trained on, the model memorised
+    them at a rate that depends on the CPU: one machine stopped at 30% on them with 20%
+    held-out, another at 34% held-out.) The accuracy is computed exactly in one
+    teacher-forced forward pass (``teacher_forced_accuracy``), so the check is cheap enough
+    to run often."""
 
 
 @dataclass(frozen=True)
@@ -104,19 +109,35 @@ def encode_sft_batch(
     """Right-padded ``(input_ids, attention_mask, labels)``, each ``[B, T]`` int64.
 
     A row is ``<bos> prompt answer <eos>``; ``labels`` holds the token ids on the answer
-    and EOS positions and -100 (ignored by the loss) on the prompt and the padding.
+    and EOS positions and -100 (ignored by the loss) on the prompt and the padding. A row
+    with ``turns`` (see ``Task.sft_turns``) is a whole episode as the runtime lays it out:
+    ``<bos> prompt turn0 <eos> obs1 turn2 <eos> ...``, labels on the model's turns and their
+    EOS only (observations are the environment's tokens, as in RL's response mask).
     """
     prompts = tokenizer([r["prompt"] for r in rows]).input_ids
-    answers = [a + [tokenizer.eos_token_id] for a in tokenizer([r["answer"] for r in rows], add_special_tokens=False).input_ids]
-    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    eos = tokenizer.eos_token_id
+    rests: list[tuple[list[int], list[int]]] = []  # per row: (tokens after the prompt, their labels)
+    for r in rows:
+        tokens: list[int] = []
+        labels: list[int] = []
+        for k, text in enumerate(r.get("turns") or [r["answer"]]):
+            part = tokenizer(text, add_special_tokens=False).input_ids
+            if k % 2 == 0:  # a model turn, ended by EOS
+                tokens += part + [eos]
+                labels += part + [eos]
+            else:  # an observation
+                tokens += part
+                labels += [-100] * len(part)
+        rests.append((tokens, labels))
+    width = max(len(p) + len(t) for p, (t, _) in zip(prompts, rests))
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (p, a) in enumerate(zip(prompts, answers)):
-        n = len(p) + len(a)
-        ids[i, :n] = torch.tensor(p + a)
+    for i, (p, (t, lab)) in enumerate(zip(prompts, rests)):
+        n = len(p) + len(t)
+        ids[i, :n] = torch.tensor(p + t)
         attn[i, :n] = 1
-        labels[i, len(p) : n] = torch.tensor(a)
+        labels[i, len(p) : n] = torch.tensor(lab)
     return ids, attn, labels
 
 
@@ -149,20 +170,36 @@ def sft_train(
 
     Data order comes from ``random.Random(seed)``, torch's generator is seeded with ``seed``
     (restored afterwards) and the thread count is pinned to ``SFT_THREADS``: the same
-    model, rows, config and seed give the same weights bit for bit. Returns the loss of
-    every step taken (nats/token); its length is the number of steps, fewer than
-    ``cfg.steps`` when ``cfg.stop_at_accuracy`` was reached.
+    model, rows, config and seed give the same weights bit for bit. With a
+    ``cfg.stop_at_accuracy``, the first ``cfg.check_rows`` rows are the validation rows of the
+    check and are not trained on (``split_check_rows``). Returns the loss of every step taken
+    (nats/token); its length is the number of steps, fewer than ``cfg.steps`` when
+    ``cfg.stop_at_accuracy`` was reached.
     """
-    if cfg.batch_size > len(rows):
-        raise WarmStartError(f"SFT batch_size={cfg.batch_size} exceeds the {len(rows)} training rows; lower it")
+    train, check = split_check_rows(rows, cfg)
+    if cfg.batch_size > len(train):
+        raise WarmStartError(f"SFT batch_size={cfg.batch_size} exceeds the {len(train)} training rows; lower it")
     with torch.random.fork_rng(devices=[]), torch_threads(SFT_THREADS):  # leave the caller's RNG and threads alone
         torch.manual_seed(seed)
-        return _sft_loop(model, tokenizer, rows, cfg, random.Random(seed))
+        return _sft_loop(model, tokenizer, train, check, cfg, random.Random(seed))
 
 
-def _sft_loop(model, tokenizer, rows, cfg: SFTConfig, rng: random.Random) -> list[float]:
+def split_check_rows(rows: list[dict[str, str]], cfg: SFTConfig) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """``(rows trained on, validation rows of the stop check)``: the first ``cfg.check_rows``
+    rows are kept out of training when ``cfg.stop_at_accuracy`` is set; else all rows train."""
+    if cfg.stop_at_accuracy is None:
+        return rows, []
+    if cfg.check_rows < 1 or cfg.check_rows >= len(rows):
+        raise WarmStartError(
+            f"SFT check_rows={cfg.check_rows} must be at least 1 and leave rows to train on ({len(rows)} rows); "
+            "lower it, or set stop_at_accuracy=None"
+        )
+    return rows[cfg.check_rows :], rows[: cfg.check_rows]
+
+
+def _sft_loop(model, tokenizer, rows, check_rows, cfg: SFTConfig, rng: random.Random) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-    check = _encode_chunks(tokenizer, rows[: cfg.check_rows])  # once: tokenizing costs a third of a check
+    check = _encode_chunks(tokenizer, check_rows) if check_rows else []  # once: tokenizing costs a third of a check
     model.train()
     losses = []
     for step in range(1, cfg.steps + 1):
@@ -269,6 +306,12 @@ def evaluate_accuracy(
     return sum(t.strip() == r["answer"].strip() for t, r in zip(texts, rows)) / len(rows)
 
 
+def task_sft(task: str, **overrides) -> SFTConfig:
+    """The warm-start settings of ``task``: ``SFTConfig``'s defaults, the task's own (``Task.sft``),
+    then ``overrides``."""
+    return SFTConfig(**{**get_task(task).sft, **overrides})
+
+
 def default_cache_dir() -> Path:
     """``$FLOWRL_CACHE/warmstart`` if set, else ``~/.cache/flowrl/warmstart``."""
     root = os.environ.get("FLOWRL_CACHE")
@@ -293,7 +336,7 @@ def warm_start(
     task: str = "arith",
     *,
     model_cfg: TinyModelConfig = TinyModelConfig(),
-    sft: SFTConfig = SFTConfig(),
+    sft: SFTConfig | None = None,
     seed: int = 0,
     cache_dir: str | Path | None = None,
 ) -> WarmStartResult:
@@ -301,9 +344,13 @@ def warm_start(
 
     The model is initialised from ``seed`` and trained with ``sft`` (data order seeded by
     ``seed`` too; bit-reproducible, see ``sft_train``); the greedy accuracy on the check rows
-    and on the held-out split are stored in ``warmstart.json`` next to the weights.
+    and on the held-out split are stored in ``warmstart.json`` next to the weights. ``sft``
+    None: the task's own settings (``Task.sft``) over ``SFTConfig``'s defaults. A task with
+    ``sft_turns`` trains on those turns (``encode_sft_batch``); its held-out accuracy is then
+    that of a single greedy turn (a tool call counts as wrong).
     """
     spec = get_task(task)
+    sft = sft if sft is not None else task_sft(task)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key, inputs = cache_key(task, model_cfg, sft, seed)
     final = root / f"{task}-{key}"
@@ -321,9 +368,11 @@ def warm_start(
         tokenizer = load_tokenizer(tmp)
         model = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32)
         train = spec.rows("train")
+        if spec.sft_turns is not None:
+            train = [{"prompt": r["prompt"], "turns": spec.sft_turns(r)} for r in train]
         losses = sft_train(model, tokenizer, train, sft, seed=seed)
         with torch_threads(SFT_THREADS):  # the reported numbers, like the weights, do not depend on the machine
-            check = teacher_forced_accuracy(model, tokenizer, train[: sft.check_rows])
+            check = teacher_forced_accuracy(model, tokenizer, train[: sft.check_rows])  # validation rows when stopping
             acc = evaluate_accuracy(model, spec.rows("test"), tokenizer=tokenizer, max_new_tokens=spec.max_new_tokens)
         model.save_pretrained(tmp)
         info = {**inputs, "steps_taken": len(losses), "final_loss": losses[-1] if losses else None,

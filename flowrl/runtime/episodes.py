@@ -56,9 +56,10 @@ def response_length_name(op: OpPlan, plan: ExecutionPlan) -> str:
     return metric_name("response", "length_mean", op.model, generating)
 
 
-def episode_key(step: int, op: OpPlan, row: int) -> str:
-    """The environment instance of row ``row`` of ``op`` at ``step`` (each env_step op has its own)."""
-    return f"{step}/{op.id}/{row}"
+def episode_key(ctx: StepContext, op: OpPlan, row: int) -> str:
+    """The environment instance of row ``row`` of ``op`` in the pass ``ctx`` (each env_step op,
+    step, draw and pass has its own)."""
+    return f"{ctx.tag}{ctx.step}.{ctx.draw}/{op.id}/{row}"
 
 
 def _rows_of(batch: TokenBatch) -> list[tuple[list[int], list[float], list[float]]]:
@@ -117,7 +118,7 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
     rows = roll.get("rows") or [{"prompt": p, "answer": a} for p, a in
                                 zip(roll.get("prompt_text") or [""] * n, roll.get("answers") or [""] * n)]
     active = [i for i in range(n) if not done[i]]
-    outcomes = pool.step([(episode_key(ctx.step, op, i), rows[i], episodes.texts[i]) for i in active])
+    outcomes = pool.step([(episode_key(ctx, op, i), rows[i], episodes.texts[i]) for i in active])
     before = roll.get("rewards")
     rewards = (before.clone().float() if isinstance(before, torch.Tensor) and before.shape == (n,)
                else torch.zeros(n, dtype=torch.float32))
@@ -134,7 +135,7 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
         done[i] = o.done
         observations[i] = list(obs) if not o.done else []
     if op.region is None:  # a single environment turn: its episodes end here
-        pool.close_episodes([episode_key(ctx.step, op, i) for i in active])
+        pool.close_episodes([episode_key(ctx, op, i) for i in active])
     _metrics(ctx, outcomes, errors, done)
     if errors:
         ctx.services.events.env_errors(op, ctx.step, errors)
@@ -291,7 +292,7 @@ def run_region(ops: list[OpPlan], ctx: StepContext, run_op: Callable[[OpPlan], N
     for op in ops:
         if op.kind == OpKind.ENV_STEP.value and op.id in ctx.values:
             n = len(ctx.values[op.id].get("prompt_ids") or [])
-            ctx.services.envs[op.inputs["env"]].close_episodes([episode_key(ctx.step, op, i) for i in range(n)])
+            ctx.services.envs[op.inputs["env"]].close_episodes([episode_key(ctx, op, i) for i in range(n)])
     last = next((ctx.values[o.id] for o in reversed(ops) if o.id in ctx.values and "done" in ctx.values[o.id]), None)
     if last is not None:
         ctx.metrics["env/max_turns"] = sum(not d for d in _all_flags(last))

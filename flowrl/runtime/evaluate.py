@@ -25,7 +25,6 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flowrl.engines.types import SamplingSpec
 from flowrl.plan import ExecutionPlan
 
 
@@ -71,15 +70,15 @@ def evaluate(plan: ExecutionPlan, checkpoint: Path | None = None, *, n: int = 8,
     models as the flow builds them). Engines start as for a run (in a scratch directory), and stop.
     """
     from flowrl.runtime.driver import Runtime
-    from flowrl.runtime.heldout import eval_ops, greedy_eval
+    from flowrl.runtime.heldout import eval_pass, greedy_eval
     from flowrl.runtime.observe import Timeline
 
-    ops = eval_ops(plan)
-    if ops is None:
+    hp = eval_pass(plan)
+    if hp is None:
         raise EvalError(f"{plan.source}: flow `{plan.flow}` has no held-out pass: it needs a `generate` of the trained "
-                        "policy on prompts a `sample` draws from a dataset, scored by a `score`")
-    sample, gen, score = ops
-    dataset = next(d for d in plan.datasets if d.id == sample.inputs["dataset"])
+                        "policy on prompts a `sample` draws from a dataset (and, multi-turn, the `repeat` loop of "
+                        "`env_step` and `generate` after it), scored by a `score`")
+    dataset = next(d for d in plan.datasets if d.id == hp.sample.inputs["dataset"])
     if not dataset.eval_path:
         raise EvalError(f"{dataset.origin}: dataset `{dataset.id}` has no held-out split; "
                         f'declare one: jsonl("train.jsonl", eval = "test.jsonl")')
@@ -101,33 +100,21 @@ def evaluate(plan: ExecutionPlan, checkpoint: Path | None = None, *, n: int = 8,
                                 greedy["eval/reward"], n, temperature,
                                 checkpoint=str(checkpoint) if checkpoint else None, dataset=dataset.eval_path)
             if n > 0:
-                _sampled(rt.services, sample, gen, score, result, ks, seed)
+                _sampled(rt.services, hp, result, ks, seed)
         finally:
             rt.shutdown()
     return result
 
 
-def _sampled(services, sample, gen, score, result: EvalResult, ks: tuple[int, ...], seed: int) -> None:
-    """pass@k from ``result.n`` completions per held-out prompt at ``result.temperature``."""
-    dataset = sample.inputs["dataset"]
-    rows = services.data.eval_rows(dataset)
-    prompt, answer = services.data.columns(dataset)
-    prompts = [r[prompt] for r in rows]
-    spec = SamplingSpec(n=result.n, temperature=result.temperature, max_tokens=int(gen.options["max_tokens"]),
-                        stop=tuple(gen.options.get("stop") or ()), seed=seed)
-    groups, _ = services.engines.generate(gen.model, services.data.tokenize(prompts), spec, 0)
-    reward = services.rewards[score.inputs["reward"]]
-    texts = [c.text for g in groups for c in g]
-    answers = [str(row[answer]) for row, g in zip(rows, groups) for _ in g]
-    repeated = [p for p, g in zip(prompts, groups) for _ in g]
-    rewards = reward.score(texts, answers, repeated,
-                           rows=[dict(row) for row, g in zip(rows, groups) for _ in g]).rewards
-    correct_at = getattr(reward, "correct", 1.0)
-    hits, i = [], 0
-    for g in groups:
-        hits.append(sum(r >= correct_at - 1e-9 for r in rewards[i:i + len(g)]))
-        i += len(g)
-    result.sampled_reward = sum(rewards) / len(rewards)
+def _sampled(services, hp, result: EvalResult, ks: tuple[int, ...], seed: int) -> None:
+    """pass@k from ``result.n`` completions (episodes) per held-out prompt at ``result.temperature``."""
+    from flowrl.runtime.heldout import play
+
+    rows = services.data.eval_rows(hp.sample.inputs["dataset"])
+    groups = play(services, hp, rows, n=result.n, temperature=result.temperature, seed=seed, step=0).rewards
+    correct_at = getattr(services.rewards[hp.score.inputs["reward"]], "correct", 1.0)
+    hits = [sum(r >= correct_at - 1e-9 for r in g) for g in groups]
+    result.sampled_reward = sum(sum(g) for g in groups) / sum(len(g) for g in groups)
     for k in sorted({k for k in ks if 1 <= k <= result.n}):
         result.pass_at[k] = sum(pass_at_k(len(g), c, k) for g, c in zip(groups, hits)) / len(groups)
 

@@ -59,9 +59,12 @@ def _rollouts(op: OpPlan, value: StepValue, arg: str = "rollouts") -> Rollouts:
 
 def sample(op: OpPlan, ctx: StepContext) -> StepValue:
     """The step's prompts: text, answers and token ids of the next ``size`` dataset rows."""
-    data = ctx.services.data
-    rows = data.draw(op)
-    prompt, answer = data.columns(op.inputs["dataset"])
+    return prompt_value(ctx.services.data, op.inputs["dataset"], ctx.services.data.draw(op))
+
+
+def prompt_value(data, dataset: str, rows: list[dict]) -> StepValue:
+    """The value a ``sample`` of ``dataset`` gives for ``rows``: prompt text, answers, token ids, rows."""
+    prompt, answer = data.columns(dataset)
     prompts = [r[prompt] for r in rows]
     return StepValue({"prompt_text": prompts, "answers": [str(r[answer]) for r in rows],
                       "prompt_ids": data.tokenize(prompts), "rows": [dict(r) for r in rows]})
@@ -474,4 +477,4 @@ def handler_of(op: OpPlan) -> Handler:
     return fn
 
 
-__all__ = ["HANDLERS", "Handler", "handler_of", "max_version_lag", "op_seed", "RuntimeFlowError"]
+__all__ = ["HANDLERS", "Handler", "handler_of", "max_version_lag", "op_seed", "prompt_value", "RuntimeFlowError"]

@@ -1,20 +1,58 @@
-"""Held-out accuracy during a run: greedy completions of the eval split, scored by the flow's reward.
+"""Held-out accuracy during a run: completions of the eval split, scored by the flow's reward.
 
-The pass picks its ops by role, not by position: the ``generate`` of the *trained policy*
-(a model some ``update`` trains with a policy loss, per the loss's catalogue record), the
-``sample`` that feeds it its prompts (whose dataset has the ``eval`` split) and the
-``score`` of those rollouts (whose reward judges the answers). A flow without such a
-triple (no trained policy, prompts that do not come straight from a dataset) has no
-held-out pass.
+The pass picks its ops by role, not by position (:func:`eval_pass`): the ``score`` whose
+rollouts come from the *trained policy* (a model some ``update`` trains with a policy loss,
+per the loss's catalogue record), and the ops between that score and the ``sample`` that
+drew the prompts (whose dataset has the ``eval`` split):
+
+* single-turn: the policy's ``generate``, fed by the ``sample``;
+* multi-turn: the policy's first ``generate``, then the ``repeat`` loop of ``env_step`` and
+  continuing ``generate`` whose last turn the score reads. The held-out pass plays the same
+  episodes on the eval rows through the runtime's own handlers (same environments, same
+  token layout, same end conditions), every turn at the pass's temperature; its environment
+  episodes are its own (``StepContext.tag``).
+
+A flow without such a chain (no trained policy, prompts that do not come straight from a
+dataset, other ops between) has no held-out pass.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 from flowrl.catalog.losses import LOSSES
 from flowrl.catalog.ops import OpKind
 from flowrl.engines.types import SamplingSpec
 from flowrl.plan import ExecutionPlan, OpPlan
-from flowrl.runtime.step import Services
+from flowrl.runtime.episodes import run_region, units
+from flowrl.runtime.handlers import handler_of, prompt_value
+from flowrl.runtime.rewards import ScoreJob, score_rollouts
+from flowrl.runtime.step import Services, StepContext
+
+_CONTINUES = {OpKind.GENERATE.value: "prompts", OpKind.ENV_STEP.value: "rollouts"}
+"""Ops a held-out chain may hold, and the argument each reads the chain's value from."""
+
+
+@dataclass(frozen=True)
+class HeldOutPass:
+    """The ops the held-out pass runs (see the module docstring)."""
+
+    sample: OpPlan
+    """The ``sample`` whose dataset's eval split the pass plays."""
+    ops: tuple[OpPlan, ...]
+    """From the policy's first ``generate`` to the op the score reads, in plan order (a
+    ``repeat`` region's ops included)."""
+    score: OpPlan
+    """The ``score`` of the last op's rollouts."""
+
+    @property
+    def generate(self) -> OpPlan:
+        """The first ``generate``: its model is the policy, its options the completion budget."""
+        return self.ops[0]
+
+    @property
+    def multi_turn(self) -> bool:
+        return len(self.ops) > 1
 
 
 def trained_policies(plan: ExecutionPlan) -> list[str]:
@@ -28,42 +66,100 @@ def trained_policies(plan: ExecutionPlan) -> list[str]:
     return out
 
 
-def eval_ops(plan: ExecutionPlan) -> tuple[OpPlan, OpPlan, OpPlan] | None:
-    """The ``(sample, generate, score)`` the held-out pass runs (see the module docstring), or None."""
-    ops = {op.id: op for op in plan.ops}
+def eval_pass(plan: ExecutionPlan) -> HeldOutPass | None:
+    """The held-out pass of ``plan`` (see the module docstring), or None."""
     for policy in trained_policies(plan):
-        for gen in plan.ops:
-            if gen.kind != OpKind.GENERATE or gen.model != policy:
-                continue
-            sample = ops.get(gen.inputs.get("prompts"))
-            score = next((op for op in plan.ops if op.kind == OpKind.SCORE and op.inputs.get("rollouts") == gen.id),
-                         None)
-            if sample is not None and sample.kind == OpKind.SAMPLE and score is not None:
-                return sample, gen, score
+        for score in plan.ops:
+            if score.kind == OpKind.SCORE:
+                found = _chain(plan, score, policy)
+                if found is not None:
+                    return found
     return None
 
 
+def _chain(plan: ExecutionPlan, score: OpPlan, policy: str) -> HeldOutPass | None:
+    ops = {op.id: op for op in plan.ops}
+    chain: list[OpPlan] = []
+    cur = ops.get(score.inputs.get("rollouts"))
+    while cur is not None and cur.kind in _CONTINUES:
+        chain.append(cur)
+        cur = ops.get(cur.inputs.get(_CONTINUES[cur.kind]))
+    if cur is None or cur.kind != OpKind.SAMPLE or not chain:
+        return None
+    regions = {op.region for op in chain if op.region is not None}
+    ids = {op.id for op in chain}
+    run = tuple(op for op in plan.ops if op.id in ids or (op.region is not None and op.region in regions))
+    if run[0].kind != OpKind.GENERATE or run[0].region is not None:
+        return None
+    for op in run:
+        if op.kind not in _CONTINUES or (op.kind == OpKind.GENERATE and op.model != policy):
+            return None  # another model's turn, or an op the pass does not replay
+    return HeldOutPass(cur, run, score)
+
+
+@dataclass(frozen=True)
+class HeldOutTexts:
+    """What a held-out pass produced: per eval row, its completions' rewards."""
+
+    rewards: list[list[float]]
+    """Per eval row, the reward of each of its ``n`` completions (episodes)."""
+    metrics: dict
+    """The episodes' ``env/*`` metrics (multi-turn passes only)."""
+
+
+def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, temperature: float, seed: int,
+         step: int) -> HeldOutTexts:
+    """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward."""
+    dataset = hp.sample.inputs["dataset"]
+    reward = services.rewards[hp.score.inputs["reward"]]
+    if not hp.multi_turn:
+        gen = hp.generate
+        prompt, answer = services.data.columns(dataset)
+        prompts = [r[prompt] for r in rows]
+        spec = SamplingSpec(n=n, temperature=temperature, max_tokens=int(gen.options["max_tokens"]),
+                            stop=tuple(gen.options.get("stop") or ()), seed=seed)
+        groups, _ = services.engines.generate(gen.model, services.data.tokenize(prompts), spec, step)
+        flat = reward.score([c.text for g in groups for c in g], [str(row[answer]) for row in rows for _ in range(n)],
+                            [p for p in prompts for _ in range(n)],
+                            rows=[dict(row) for row in rows for _ in range(n)]).rewards
+        return HeldOutTexts([flat[i * n:(i + 1) * n] for i in range(len(rows))], {})
+    # Multi-turn: the runtime's own handlers on the eval rows, in a context of the pass's own.
+    ctx = StepContext(step, replace(services, partial={}), {hp.sample.id: prompt_value(services.data, dataset, rows)},
+                      tag="eval")
+
+    def run_op(op: OpPlan) -> None:
+        if op.kind == OpKind.GENERATE:
+            extra = {"n": n} if op.id == hp.generate.id else {}
+            op = replace(op, options={**op.options, **extra, "temperature": temperature, "seed": seed})
+        ctx.values[op.id] = handler_of(op)(op, ctx)
+
+    for unit in units(list(hp.ops)):
+        if unit[0].region is None:
+            run_op(unit[0])
+        else:
+            run_region(unit, ctx, run_op)
+    last = ctx.values[hp.score.inputs["rollouts"]]
+    flat = score_rollouts(reward, ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
+                                           last.get("rows"), last.rollouts.batch, step)).rewards
+    metrics = {f"eval/{k}": v for k, v in ctx.metrics.items() if k.startswith("env/") and not k.endswith("_total")}
+    return HeldOutTexts([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics)
+
+
 def greedy_eval(services: Services, step: int) -> dict:
-    """``eval/reward`` and ``eval/accuracy`` (rewards at least the reward's ``correct``) on the eval split;
-    empty when the flow has no held-out pass or its dataset no eval split."""
-    ops = eval_ops(services.plan)
-    if ops is None:
+    """``eval/reward`` and ``eval/accuracy`` (rewards at least the reward's ``correct``) on the eval split,
+    greedy (every turn of an episode too), and a multi-turn pass's ``eval/env/*``; empty when the flow
+    has no held-out pass or its dataset no eval split."""
+    hp = eval_pass(services.plan)
+    if hp is None:
         return {}
-    sample, gen, score = ops
-    dataset = sample.inputs["dataset"]
-    rows = services.data.eval_rows(dataset)
+    rows = services.data.eval_rows(hp.sample.inputs["dataset"])
     if not rows:
         return {}
-    prompt, answer = services.data.columns(dataset)
-    prompts = [r[prompt] for r in rows]
-    spec = SamplingSpec(n=1, temperature=0.0, max_tokens=int(gen.options["max_tokens"]),
-                        stop=tuple(gen.options.get("stop") or ()), seed=0)
-    groups, _ = services.engines.generate(gen.model, services.data.tokenize(prompts), spec, step)
-    reward = services.rewards[score.inputs["reward"]]
-    r = reward.score([g[0].text for g in groups], [str(row[answer]) for row in rows], prompts,
-                     rows=[dict(row) for row in rows]).rewards
-    correct = getattr(reward, "correct", 1.0)
-    return {"eval/reward": sum(r) / len(r), "eval/accuracy": sum(x >= correct - 1e-9 for x in r) / len(r)}
+    out = play(services, hp, rows, n=1, temperature=0.0, seed=0, step=step)
+    r = [g[0] for g in out.rewards]
+    correct = getattr(services.rewards[hp.score.inputs["reward"]], "correct", 1.0)
+    return {"eval/reward": sum(r) / len(r), "eval/accuracy": sum(x >= correct - 1e-9 for x in r) / len(r),
+            **out.metrics}
 
 
-__all__ = ["trained_policies", "eval_ops", "greedy_eval"]
+__all__ = ["HeldOutPass", "HeldOutTexts", "trained_policies", "eval_pass", "play", "greedy_eval"]

@@ -189,6 +189,9 @@ class StepContext:
     draw: int = 0
     """Which draw of the step's prompts this is: 0, or k > 0 when an op that draws again
     (``filter_groups``) replays the step's producer ops (their sampling seeds differ per draw)."""
+    tag: str = ""
+    """What pass this is: "" for a training step, "eval" for the held-out pass
+    (:mod:`flowrl.runtime.heldout`): environment episodes of one never meet the other's."""
 
     def input(self, op: OpPlan, arg: str) -> StepValue:
         """The value bound to ``op``'s argument ``arg`` (an earlier op's)."""

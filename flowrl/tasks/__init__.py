@@ -11,11 +11,11 @@ rebuilds the same rows.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from flowrl.tasks import arith, arith_code
+from flowrl.tasks import arith, arith_code, arith_tool
 
 DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
 """``<repo>/data``: where the shipped split files live."""
@@ -46,6 +46,11 @@ class Task:
     """Rebuilds ``(train, test)`` rows exactly as shipped."""
     spec: Callable[[], dict]
     """The generator's settings as a dict (part of warm-start cache keys)."""
+    sft_turns: Callable[[dict], list[str]] | None = None
+    """What the warm start trains on for a row: model turns at even positions, the
+    environment's observations at odd ones (None: the row's ``answer``, one turn)."""
+    sft: dict = field(default_factory=dict)
+    """Warm-start settings of this task (``SFTConfig`` fields), under the caller's own."""
 
     @property
     def data_dir(self) -> Path:
@@ -88,6 +93,25 @@ TASKS: dict[str, Task] = {
             "n_test": arith.DEFAULT_TEST,
             "program": "print(answer)",
         },
+    ),
+    "arith_tool": Task(
+        name="arith_tool",
+        chars=arith_tool.CHARS,
+        verifier="exact",
+        max_new_tokens=12,  # a call "1234+5678" (9), then EOS, plus spares
+        make_splits=arith_tool.make_splits,
+        spec=lambda: {
+            **arith.spec_dict(arith_tool.SPEC),
+            "seed": arith.DEFAULT_SEED,
+            "n_train": arith.DEFAULT_TRAIN,
+            "n_test": arith.DEFAULT_TEST,
+            "tool_frac": arith_tool.TOOL_FRAC,
+        },
+        sft_turns=arith_tool.sft_turns,
+        # The check scores whole transcripts (a call, the copied result) on rows it never trained
+        # on; the model learns them in a sudden transition whose start varies with the seed (seed
+        # 0 was past it at 600 steps, seed 1 not yet), so a fixed length does not fit every seed.
+        sft={"stop_at_accuracy": 0.25},
     ),
 }
 

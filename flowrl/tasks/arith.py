@@ -33,7 +33,9 @@ class ArithSpec:
     """Difficulty of the task (the defaults are the ones ``bench/rl_feasibility.py`` chose)."""
 
     max_operand: int = 99
-    """Operands are drawn uniformly from ``[0, max_operand]``."""
+    """Operands are drawn uniformly from ``[min_operand, max_operand]``."""
+    min_operand: int = 0
+    """The smallest operand (``flowrl.tasks.arith_tool`` keeps its sums at 5 digits with it)."""
     ops: str = "+"
     """Operators to mix, each drawn with equal probability. Default "+" only: with "+-"
     mixed the 2-layer model was still at 8% after 2500 SFT steps, too slow for a demo."""
@@ -48,11 +50,13 @@ class ArithSpec:
             raise ArithTaskError(f"ops={self.ops!r}: unknown operators {unknown}; use a non-empty subset of '+-'")
         if self.max_operand < 1:
             raise ArithTaskError(f"max_operand={self.max_operand}: must be >= 1")
+        if not 0 <= self.min_operand < self.max_operand:
+            raise ArithTaskError(f"min_operand={self.min_operand}: must be >= 0 and below max_operand={self.max_operand}")
 
     @property
     def n_problems(self) -> int:
         """How many distinct problems this spec can produce."""
-        return len(set(self.ops)) * (self.max_operand + 1) ** 2
+        return len(set(self.ops)) * (self.max_operand - self.min_operand + 1) ** 2
 
 
 DEFAULT_SPEC = ArithSpec()
@@ -88,7 +92,8 @@ def make_split(
     rows: list[dict[str, str]] = []
     seen = set(exclude)
     while len(rows) < n:
-        a, op, b = rng.randint(0, spec.max_operand), rng.choice(ops), rng.randint(0, spec.max_operand)
+        a, op, b = (rng.randint(spec.min_operand, spec.max_operand), rng.choice(ops),
+                    rng.randint(spec.min_operand, spec.max_operand))
         row = format_problem(a, op, b, width=width)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])

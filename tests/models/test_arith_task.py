@@ -61,7 +61,7 @@ def test_shipped_files_equal_the_generator():
 
 
 def test_unknown_task():
-    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith', 'arith_code'\]"):
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith', 'arith_code', 'arith_tool'\]"):
         get_task("algebra")
     with pytest.raises(ValueError, match="has no split 'dev'"):
         get_task("arith").rows("dev")
@@ -87,3 +87,31 @@ def test_arith_code_rows_are_programs_the_code_verifier_runs():
     completions = [r["answer"] for r in rows] + [f"print({int(a)}+{int(b)})", "print(0)", "print(", "47"]
     scored = get_verifier("code")(completions, [""] * len(completions), rows=rows + [rows[0]] * 4)
     assert scored == [1.0] * 4 + [1.0, 0.0, 0.0, 0.0]
+
+
+def test_arith_tool_rows_are_five_digit_sums_and_the_warm_start_shows_both_ways_to_answer():
+    from flowrl.envs.calculator import Calculator
+    from flowrl.tasks import arith_tool
+
+    task = get_task("arith_tool")
+    train, test = arith_tool.make_splits()
+    for name, rows in (("train", train), ("test", test)):
+        path = DATA_ROOT / "arith_tool" / f"{name}.jsonl"
+        assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+        assert task.rows(name) == rows
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    assert {len(r["prompt"]) for r in train + test} == {10} and {len(r["answer"]) for r in train + test} == {5}
+    assert set("".join(r["prompt"] + r["answer"] for r in train)) <= set(task.chars)
+    # The warm start's tool transcripts are what the calculator answers, and every turn fits a generate.
+    shown = [r for r in train if arith_tool.calls_tool(r)]
+    assert abs(len(shown) / len(train) - arith_tool.TOOL_FRAC) < 0.03
+    for row in shown[:50]:
+        call, observation, answer = task.sft_turns(row)
+        env = Calculator()
+        env.reset(row)
+        first = env.step(call)
+        assert (first.observation, first.done) == (observation, False)
+        assert env.step(answer).reward == 1.0
+        assert len(call) + 1 <= task.max_new_tokens
+    direct = next(r for r in train if not arith_tool.calls_tool(r))
+    assert task.sft_turns(direct) == [direct["answer"]]

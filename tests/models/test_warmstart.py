@@ -19,6 +19,7 @@ from flowrl.models.warmstart import (
     evaluate_accuracy,
     greedy_completions,
     sft_train,
+    split_check_rows,
     teacher_forced_accuracy,
     warm_start,
 )
@@ -40,6 +41,18 @@ def test_encode_sft_batch_masks_prompt_and_padding(tiny_llama_dir):
     assert labels[1].tolist() == [-100] * 6 + [5, 9, eos]
 
 
+def test_encode_sft_batch_lays_out_an_episode_as_the_runtime_does(tiny_llama_dir):
+    """Model turns end with EOS and carry labels; an observation is appended without special
+    tokens and is masked, as in a multi-turn rollout's response mask."""
+    tok = load_tokenizer(tiny_llama_dir)
+    ids, attn, labels = encode_sft_batch(tok, [{"prompt": "1+2=", "turns": ["1+2", "3=", "3"]},
+                                               {"prompt": "1+2=", "answer": "3"}])
+    eos = tok.eos_token_id
+    assert ids[0].tolist() == [1, 5, 14, 6, 16, 5, 14, 6, eos, 7, 16, 7, eos]
+    assert labels[0].tolist() == [-100] * 5 + [5, 14, 6, eos, -100, -100, 7, eos]
+    assert ids[1].tolist()[:7] == [1, 5, 14, 6, 16, 7, eos] and attn[1].tolist() == [1] * 7 + [0] * 6
+
+
 def test_sft_lowers_the_loss_deterministically(tiny_llama_dir):
     rows = get_task("arith").rows("train")[:256]
     tok = load_tokenizer(tiny_llama_dir)
@@ -59,16 +72,17 @@ CONST = [{"prompt": f"{a}+{b}=", "answer": "7"} for a in range(4) for b in range
 
 def test_sft_stops_at_the_first_check_that_reaches_the_target(tiny_llama_dir):
     tok = load_tokenizer(tiny_llama_dir)
-    cfg = SFTConfig(steps=200, batch_size=8, lr=3e-3, stop_at_accuracy=0.5, check_every=3, check_rows=16)
+    cfg = SFTConfig(steps=200, batch_size=8, lr=3e-3, stop_at_accuracy=0.5, check_every=3, check_rows=4)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     taken = len(sft_train(model, tok, CONST, cfg, seed=3))
     assert taken % 3 == 0 and 3 <= taken < 200
-    assert teacher_forced_accuracy(model, tok, CONST) >= 0.5
-    # Replaying the same run (bit-reproducible) to each earlier check: all below the target.
+    assert teacher_forced_accuracy(model, tok, CONST[:4]) >= 0.5
+    # Replaying the same run (bit-reproducible; the check rows are not trained on) to each
+    # earlier check: all below the target.
     for steps in range(3, taken, 3):
         replay = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-        sft_train(replay, tok, CONST, replace(cfg, steps=steps, stop_at_accuracy=None), seed=3)
-        assert teacher_forced_accuracy(replay, tok, CONST) < 0.5, steps
+        sft_train(replay, tok, CONST[4:], replace(cfg, steps=steps, stop_at_accuracy=None), seed=3)
+        assert teacher_forced_accuracy(replay, tok, CONST[:4]) < 0.5, steps
     # Any accuracy is >= 0: training stops at the first check. An unreachable target: every step runs.
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     assert len(sft_train(model, tok, CONST, replace(cfg, stop_at_accuracy=0.0, check_every=10))) == 10
@@ -92,8 +106,29 @@ def test_teacher_forced_accuracy_equals_greedy_accuracy(tiny_llama_dir):
 
 def test_sft_batch_larger_than_data_is_refused(tiny_llama_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    tok = load_tokenizer(tiny_llama_dir)
     with pytest.raises(WarmStartError, match="batch_size=64 exceeds the 3 training rows"):
-        sft_train(model, load_tokenizer(tiny_llama_dir), [{"prompt": "1+1=", "answer": "2"}] * 3, SFTConfig(batch_size=64))
+        sft_train(model, tok, [{"prompt": "1+1=", "answer": "2"}] * 3, SFTConfig(batch_size=64, stop_at_accuracy=None))
+    # The check's validation rows are not training rows: 16 rows less 12 leave 4 for a batch of 8.
+    with pytest.raises(WarmStartError, match="batch_size=8 exceeds the 4 training rows"):
+        sft_train(model, tok, CONST, SFTConfig(batch_size=8, check_rows=12))
+    with pytest.raises(WarmStartError, match="check_rows=16 must .* leave rows to train on"):
+        sft_train(model, tok, CONST, SFTConfig(batch_size=8, check_rows=16))
+
+
+def test_the_stop_check_scores_rows_it_never_trains_on(tiny_llama_dir):
+    """Training with a check that never stops takes the same steps as training without a
+    check on the rows after the validation rows: the check rows are never sampled."""
+    tok = load_tokenizer(tiny_llama_dir)
+    rows = get_task("arith").rows("train")[:96]
+    assert split_check_rows(rows, SFTConfig(check_rows=32)) == (rows[32:], rows[:32])
+    assert split_check_rows(rows, SFTConfig(check_rows=32, stop_at_accuracy=None)) == (rows, [])
+    checked = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    cfg = SFTConfig(steps=8, batch_size=16, stop_at_accuracy=1.01, check_every=2, check_rows=32)
+    losses = sft_train(checked, tok, rows, cfg, seed=5)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    assert losses == sft_train(plain, tok, rows[32:], replace(cfg, stop_at_accuracy=None), seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(checked.state_dict().values(), plain.state_dict().values()))
 
 
 def test_evaluate_accuracy_counts_greedy_matches(tiny_llama_dir):

@@ -22,6 +22,7 @@ from flowrl.compiler.lower import lower
 from flowrl.compiler.pipeline import compile_file
 from flowrl.engines.types import Completion
 from flowrl.runtime.env_pool import EnvOutcome, EnvWorker
+from flowrl.runtime.heldout import eval_pass, greedy_eval, play
 from flowrl.runtime.losses import make_loss_fn
 from flowrl.algos.losses import global_denominator
 from flowrl.runtime.pipeline import run_ops, split_stages
@@ -47,15 +48,20 @@ class Data:
     def tokenize(self, texts, *, special=True):
         return [([1] if special else []) + [10 + ord(c) % 50 for c in t] for t in texts]
 
+    def eval_rows(self, dataset):
+        return list(self.rows)
+
 
 class Engines:
     """Each completion: two tokens (the context's length mod 7, then EOS) with log-probs -0.5, -0.25."""
 
     def __init__(self):
         self.calls = []
+        self.specs = []
 
     def generate(self, model, prompts, spec, step):
         self.calls.append([list(p) for p in prompts])
+        self.specs.append(spec)
         groups = [[Completion(tuple(p), (70 + len(p) % 7, EOS), (-0.5, -0.25), "stop", f"turn{len(p)}")
                    for _ in range(spec.n)] for p in prompts]
         return groups, 0
@@ -154,7 +160,49 @@ def test_turns_continue_one_token_row_with_observations_masked(tmp_path):
     m = ctx.metrics
     assert (m["env/calls"], m["env/tool_calls"], m["env/tool_errors"], m["env/errors"]) == (12, 8, 4, 0)
     assert (m["env/turns_mean"], m["loop/repeat1/turns"], m["env/max_turns"]) == (3, 3, 0)
-    assert sorted(pool.closed) == sorted(f"3/obs/{i}" for i in range(4))
+    assert sorted(pool.closed) == sorted(f"3.0/obs/{i}" for i in range(4))
+
+
+class LastTurnTexts:
+    """A reward that records what it scored: 1.0 for the texts listed in ``right``."""
+
+    def __init__(self, right=()):
+        self.right, self.seen = set(right), []
+
+    def score(self, texts, answers, prompts=None, rows=None):
+        from flowrl.rewards.pool import RewardResult
+
+        self.seen.append(list(texts))
+        return RewardResult([1.0 if t in self.right else 0.0 for t in texts])
+
+
+def test_the_held_out_pass_plays_whole_greedy_episodes_of_its_own(tmp_path):
+    plan = _plan(tmp_path, "TwoToolCalls")
+    hp = eval_pass(plan)
+    assert hp is not None and hp.multi_turn and hp.sample.op == "sample"
+    assert [op.op for op in hp.ops] == ["generate", "env_step", "generate"] and hp.score.op == "score"
+    engines, pool = Engines(), LocalPool("loop_envs:TwoToolCalls")
+    rows = ROWS + [{"prompt": "123+4=", "answer": "127"}]  # three prompt lengths: three last-turn texts
+    # The third model turn of a row: prompt (1 + len) + 2 x (turn 2 + "+=" 2) tokens long before it.
+    third = [f"turn{1 + len(r['prompt']) + 8}" for r in rows]
+    reward = LastTurnTexts(right=third[:2])
+    services = Services(plan, 0, Data(rows), engines, {"exact": reward}, {}, Events(), Timeline(), {"tool": pool})
+    out = greedy_eval(services, 5)
+    assert reward.seen == [third]  # the final turn of every episode, one episode a row
+    assert out["eval/accuracy"] == pytest.approx(2 / 3) and out["eval/reward"] == pytest.approx(2 / 3)
+    assert (out["eval/env/calls"], out["eval/env/tool_calls"], out["eval/env/turns_mean"]) == (9, 6, 3)
+    assert all(spec.temperature == 0.0 and spec.n == 1 for spec in engines.specs) and len(engines.specs) == 3
+    assert sorted(pool.closed) == sorted(f"eval5.0/obs/{i}" for i in range(3))  # its own episodes
+    # pass@k's sampled episodes: n of them a row from the first turn, each continued alone.
+    sampled = play(services, hp, rows, n=2, temperature=0.7, seed=3, step=0)
+    assert [len(g) for g in sampled.rewards] == [2, 2, 2]
+    assert engines.specs[3].n == 2 and {s.temperature for s in engines.specs[3:]} == {0.7}
+    assert [s.n for s in engines.specs[4:]] == [1, 1]
+
+
+def test_a_flow_without_a_policy_update_has_no_held_out_pass(tmp_path):
+    plan = _plan(tmp_path, "TwoToolCalls")
+    assert eval_pass(replace(plan, ops=tuple(op for op in plan.ops if op.op != "update"))) is None
 
 
 def test_gradient_is_zero_on_observation_tokens(tmp_path):

@@ -425,7 +425,8 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     task = Path(data.path).parent  # data/arith, or another shipped task's folder (data/guess)
     assert task.parent == ROOT / "data" and Path(data.path) == task / "train.jsonl"
     assert Path(data.eval_path) == task / "test.jsonl"
-    expected = (200, 50, 0) if path.name == "arith_grpo.flow" else (60, 10, 0)  # the default run is longer
+    # the default run is longer; the calculator flow learns its tool in fewer (bench/agentic.py)
+    expected = {"arith_grpo.flow": (200, 50, 0), "agentic_calc.flow": (40, 10, 0)}.get(path.name, (60, 10, 0))
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
 
@@ -444,7 +445,7 @@ def test_agentic_calc_region_and_env():
     g = graph_of("flows/agentic_calc.flow", until="resolve_names")
     calc = g.node("calc")
     assert calc.kind == OpKind.ENV and calc.args[0].value == "flowrl.envs.calculator:Calculator"
-    assert g.regions["agentic.repeat1"].count.value == 3
+    assert g.regions["agentic.repeat1"].count.value == 2  # a call, then the answer
     assert [(u, v) for u, v, e in g.edges() if e.kind == EdgeKind.TURN] == [("agentic.convo#2", "agentic.obs")]
     assert g.node("agentic.obs").op == "env_step" and g.node("agentic.obs").region == "agentic.repeat1"
 
