@@ -7,8 +7,9 @@ answer is the sum (``"13366"``, always 5 digits). The environment
 
 The supervised warm start (:func:`sft_turns`) shows both ways to answer: a fixed
 :data:`TOOL_FRAC` of the rows through a calculator call (prompt, call, result, answer), the
-others directly. The warm 2-layer model gets about 30% of the sums right in its head and,
-greedily, calls the tool on about a fifth of the prompts; RL with the calculator
+others directly. The warm start stops when whole transcripts pass its check (``Task.sft``);
+the warm 2-layer model then gets few sums right in its head and, greedily, calls the tool on
+most prompts but copies badly; RL with the calculator
 (``flows/agentic_calc.flow``) makes the call its first move, which is what
 ``bench/agentic.py`` measures. That is the cold start, then RL, recipe of tool-integrated RL
 (ReTool, ToRL), at the scale of this repository.
