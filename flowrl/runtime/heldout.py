@@ -98,7 +98,7 @@ def _chain(plan: ExecutionPlan, score: OpPlan, policy: str) -> HeldOutPass | Non
 
 
 @dataclass(frozen=True)
-class HeldOutTexts:
+class HeldOutScores:
     """What a held-out pass produced: per eval row, its completions' rewards."""
 
     rewards: list[list[float]]
@@ -108,7 +108,7 @@ class HeldOutTexts:
 
 
 def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, temperature: float, seed: int,
-         step: int) -> HeldOutTexts:
+         step: int) -> HeldOutScores:
     """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward."""
     dataset = hp.sample.inputs["dataset"]
     reward = services.rewards[hp.score.inputs["reward"]]
@@ -122,7 +122,7 @@ def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, tempe
         flat = reward.score([c.text for g in groups for c in g], [str(row[answer]) for row in rows for _ in range(n)],
                             [p for p in prompts for _ in range(n)],
                             rows=[dict(row) for row in rows for _ in range(n)]).rewards
-        return HeldOutTexts([flat[i * n:(i + 1) * n] for i in range(len(rows))], {})
+        return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], {})
     # Multi-turn: the runtime's own handlers on the eval rows, in a context of the pass's own.
     ctx = StepContext(step, replace(services, partial={}), {hp.sample.id: prompt_value(services.data, dataset, rows)},
                       tag="eval")
@@ -142,7 +142,7 @@ def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, tempe
     flat = score_rollouts(reward, ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
                                            last.get("rows"), last.rollouts.batch, step)).rewards
     metrics = {f"eval/{k}": v for k, v in ctx.metrics.items() if k.startswith("env/") and not k.endswith("_total")}
-    return HeldOutTexts([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics)
+    return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics)
 
 
 def greedy_eval(services: Services, step: int) -> dict:
@@ -162,4 +162,4 @@ def greedy_eval(services: Services, step: int) -> dict:
             **out.metrics}
 
 
-__all__ = ["HeldOutPass", "HeldOutTexts", "trained_policies", "eval_pass", "play", "greedy_eval"]
+__all__ = ["HeldOutPass", "HeldOutScores", "trained_policies", "eval_pass", "play", "greedy_eval"]
