@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 from flowrl.catalog.losses import LOSSES
 from flowrl.catalog.ops import OpKind
-from flowrl.engines.types import SamplingSpec
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.episodes import run_region, units
 from flowrl.runtime.handlers import handler_of, prompt_value
@@ -109,21 +108,12 @@ class HeldOutScores:
 
 def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, temperature: float, seed: int,
          step: int) -> HeldOutScores:
-    """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward."""
+    """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward.
+
+    The runtime's own handlers run the pass's ops on the eval rows, in a context of the pass's
+    own (no partial-rollout buffers; its environment episodes apart), and the reward scores the
+    last op's rollouts as the ``score`` handler gives them (``score_rollouts``)."""
     dataset = hp.sample.inputs["dataset"]
-    reward = services.rewards[hp.score.inputs["reward"]]
-    if not hp.multi_turn:
-        gen = hp.generate
-        prompt, answer = services.data.columns(dataset)
-        prompts = [r[prompt] for r in rows]
-        spec = SamplingSpec(n=n, temperature=temperature, max_tokens=int(gen.options["max_tokens"]),
-                            stop=tuple(gen.options.get("stop") or ()), seed=seed)
-        groups, _ = services.engines.generate(gen.model, services.data.tokenize(prompts), spec, step)
-        flat = reward.score([c.text for g in groups for c in g], [str(row[answer]) for row in rows for _ in range(n)],
-                            [p for p in prompts for _ in range(n)],
-                            rows=[dict(row) for row in rows for _ in range(n)]).rewards
-        return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], {})
-    # Multi-turn: the runtime's own handlers on the eval rows, in a context of the pass's own.
     ctx = StepContext(step, replace(services, partial={}), {hp.sample.id: prompt_value(services.data, dataset, rows)},
                       tag="eval")
 
@@ -139,8 +129,9 @@ def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, tempe
         else:
             run_region(unit, ctx, run_op)
     last = ctx.values[hp.score.inputs["rollouts"]]
-    flat = score_rollouts(reward, ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
-                                           last.get("rows"), last.rollouts.batch, step)).rewards
+    flat = score_rollouts(services.rewards[hp.score.inputs["reward"]],
+                          ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
+                                   last.get("rows"), last.rollouts.batch, step)).rewards
     metrics = {f"eval/{k}": v for k, v in ctx.metrics.items() if k.startswith("env/") and not k.endswith("_total")}
     return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics)
 

@@ -200,6 +200,33 @@ def test_the_held_out_pass_plays_whole_greedy_episodes_of_its_own(tmp_path):
     assert [s.n for s in engines.specs[4:]] == [1, 1]
 
 
+def test_a_single_turn_held_out_pass_runs_the_same_handlers(tmp_path):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    (tmp_path / "f.flow").write_text("""
+model policy = tiny(task = "arith")
+dataset d = jsonl("d.jsonl")
+reward exact = verifier("math")
+flow main() {
+  convo = generate(policy, sample(d, size = 2), n = 4, max_tokens = 3)
+  adv = group_advantage(exact(convo), group = 4)
+  update(policy, convo, adv, loss = pg())
+}
+""")
+    plan = lower(compile_file(str(tmp_path / "f.flow")).graph, {})
+    hp = eval_pass(plan)
+    assert hp is not None and not hp.multi_turn and [op.op for op in hp.ops] == ["generate"]
+    engines, rows = Engines(), ROWS + [{"prompt": "123+4=", "answer": "127"}]
+    texts = [f"turn{1 + len(r['prompt'])}" for r in rows]  # one turn from each prompt
+    reward = LastTurnTexts(right=texts[:1])
+    services = Services(plan, 0, Data(rows), engines, {"exact": reward}, {}, Events(), Timeline(), {})
+    out = greedy_eval(services, 2)
+    assert reward.seen == [texts] and out["eval/accuracy"] == pytest.approx(1 / 3)
+    assert [(s.n, s.temperature, s.max_tokens) for s in engines.specs] == [(1, 0.0, 3)]
+    assert not [k for k in out if k.startswith("eval/env/")]
+    sampled = play(services, hp, rows, n=3, temperature=0.9, seed=1, step=0)
+    assert [len(g) for g in sampled.rewards] == [3, 3, 3] and engines.specs[1].n == 3
+
+
 def test_a_flow_without_a_policy_update_has_no_held_out_pass(tmp_path):
     plan = _plan(tmp_path, "TwoToolCalls")
     assert eval_pass(replace(plan, ops=tuple(op for op in plan.ops if op.op != "update"))) is None
