@@ -639,10 +639,11 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     what = f"checkpoint {result.checkpoint}" if result.checkpoint else "the initial model"
     print(f"held-out evaluation of {what} on {result.dataset} ({result.prompts} prompts)", file=out)
-    print(f"  greedy: accuracy {100 * result.greedy_accuracy:.1f}%, mean reward {result.greedy_reward:.3f}", file=out)
+    accuracy = "" if result.greedy_accuracy is None else f"accuracy {100 * result.greedy_accuracy:.1f}%, "
+    print(f"  greedy: {accuracy}mean reward {result.greedy_reward:.3f}", file=out)
     if result.n:
-        passes = ", ".join(f"pass@{k} {100 * v:.1f}%" for k, v in result.pass_at.items())
-        print(f"  sampled: n={result.n} per prompt at temperature {result.temperature:g}: {passes}, "
+        passes = "".join(f"pass@{k} {100 * v:.1f}%, " for k, v in result.pass_at.items())
+        print(f"  sampled: n={result.n} per prompt at temperature {result.temperature:g}: {passes}"
               f"mean reward {result.sampled_reward:.3f}", file=out)
     if args.run_dir:
         print(f"wrote {target}", file=out)

@@ -168,6 +168,9 @@ class DatasetPlan:
     bad_rows: str = "error"
     """What a bad row does (:data:`flowrl.catalog.ops.BAD_ROW_POLICIES`): ``error`` refuses it naming
     file and row; ``skip`` leaves it out and counts it (``data/rows_skipped``)."""
+    eval_reward: str = ""
+    """The rule verifier that scores the held-out split (``eval_reward = "math"``); empty: the flow's
+    reward (:mod:`flowrl.runtime.heldout`)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,14 @@ class RewardPlan:
 
 
 @dataclass(frozen=True)
+class EnvSizing:
+    """How many workers an environment's pool gets, and why (``size_env_pools``)."""
+
+    workers: int
+    why: str
+
+
+@dataclass(frozen=True)
 class EnvPlan:
     """An environment resource (``python_env(...)``), served by a pool of workers (:mod:`flowrl.runtime.env_pool`)."""
 
@@ -187,8 +198,11 @@ class EnvPlan:
     kind: str
     """The op that declared it (``python_env``); its record names the runtime's builder."""
     options: dict
-    """Its keyword options (``timeout``, ``workers``) and ``target``: the ``module:Class`` it names."""
+    """Its keyword options (``timeout``, ``workers``: as written, else as the schedule sized the pool)
+    and ``target``: the ``module:Class`` it names."""
     origin: str
+    workers_why: str = ""
+    """Why the pool has its ``workers`` (as written, or the schedule's sizing)."""
 
 
 @dataclass(frozen=True)

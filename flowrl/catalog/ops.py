@@ -250,13 +250,35 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTI
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order")},
            doc="A tiny model (Llama-style unless `arch` says) built locally for `task` and warm-started by SFT (cached)."))
+_op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTIONS,
+           kwargs={"task": KwSpec("str", "arith", choices=tuple(t for t in TASKS if TASKS[t].sft_turns is None),
+                                   doc="a single-turn task of flowrl.tasks: its rows, verifier and tokenizer characters"),
+                   "hidden": KwSpec("int", 128, min=32),
+                   "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
+                   "kv_heads": KwSpec("int", 2, min=1),
+                   "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
+                                  doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
+                   "warm_start": KwSpec("int", None, min=1, doc="most SFT steps of the model it starts from "
+                                        "(default: the task's)"),
+                   "steps": KwSpec("int", 1500, min=1, doc="Bradley-Terry steps on the preference pairs"),
+                   "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init, the warm start, "
+                                                "the sampled pairs and the fit")},
+           doc="A tiny reward model for `task` built locally (cached): the task's warm-started tiny model, "
+               "fit by Bradley-Terry to prefer each prompt's answer over its own wrong samples; "
+               "served by `reward_model(...)` (flowrl.models.reward)."))
 _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived", facts_from=FactsFrom.BASE,
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
+VERIFIER_NAMES = ("math", "exact", "code")
+"""The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
+
 _DATASET_KWARGS = {
     "prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
     "eval": KwSpec("str", "", doc="held-out split, scored greedily during a run"),
+    "eval_reward": KwSpec("str", None, choices=VERIFIER_NAMES, requires="eval",
+                          doc="the rule verifier that scores the held-out split (default: the flow's reward); "
+                              "what held-out accuracy means when training reads a reward model or a judge"),
     "chat": _CHAT,
     "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
                        doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt too long for "
@@ -269,9 +291,6 @@ _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval")
 _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".parquet",
            kwargs=_DATASET_KWARGS,
            doc="A local parquet dataset with a prompt column and an answer column."))
-VERIFIER_NAMES = ("math", "exact", "code")
-"""The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
-
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
            seconds_per_item=2e-3,  # math-verify parses both answers
@@ -304,11 +323,17 @@ _op(OpSpec("weighted_sum", OpKind.REWARD_FN, (_a("first", "reward", doc="a decla
            seconds_per_item=0.0,  # each reward in it is costed (and served) as its own resource
            doc="Rewards combined: the weighted sum of the scores of the declared rewards it names (each "
                "served as it is alone); each one's mean is logged as `reward/part/<name>/mean`."))
+ENV_CALLS_PER_WORKER = 64
+"""Calls one environment worker (a threaded Ray actor) runs at a time: episodes waiting on a slow
+tool do not block the others. A pool without ``workers`` gets one worker per this many episodes in
+flight (:mod:`flowrl.compiler.passes.size_env_pools`)."""
+
 _op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),), python_ref="class",
            kwargs={"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call "
                                      "past it ends its episode with an error (0: no limit)"),
-                   "workers": KwSpec("int", 2, min=1, doc="Ray actors hosting the environments; episodes are "
-                                     "spread over them and their calls run concurrently")},
+                   "workers": KwSpec("int", None, min=1, doc="Ray actors hosting the environments; episodes are "
+                                     "spread over them and their calls run concurrently (default: sized by the "
+                                     "schedule, one per 64 episodes in flight)")},
            doc="An environment / tool class given as \"module:Class\" (protocol: flowrl.envs), in a pool of "
                "Ray actors (flowrl.runtime.env_pool)."))
 

@@ -20,6 +20,8 @@ class KwSpec:
     max: float | None = None
     choices: tuple[str, ...] = ()
     required: bool = False
+    requires: str = ""
+    """Another option of the same call that must be given (and not empty) when this one is (E221)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ BAR = 32
 def describe_plan(plan: ExecutionPlan, explain: bool = False) -> str:
     """The text of ``flowrl plan`` (``explain``: add the auto search's report)."""
     out: list[str] = []
-    for section in (_header, _inputs, _engines, _grid, _pools, _steps, _sync, _staleness, _estimate):
+    for section in (_header, _inputs, _engines, _grid, _pools, _envs, _steps, _sync, _staleness, _estimate):
         lines = section(plan)
         if lines:
             out += lines + [""]
@@ -128,6 +128,15 @@ def _pools(plan: ExecutionPlan) -> list[str]:
         nodes = sorted(set(p.nodes))
         rows.append((p.name, f"{p.gpus} ({_gpus(p.gpu_ids)})", _gpus(nodes), p.strategy, ", ".join(p.engines) or "-"))
     return ["pools:"] + _table(rows)
+
+
+def _envs(plan: ExecutionPlan) -> list[str]:
+    """Each environment's pool: its class, workers and why (``size_env_pools``)."""
+    if not plan.envs:
+        return []
+    return ["environments:"] + [f"  {e.id}: {e.kind}(\"{e.options.get('target', '')}\"), {e.options['workers']} "
+                                f"worker{'s' if e.options['workers'] != 1 else ''} ({e.workers_why}), "
+                                f"timeout {e.options.get('timeout', 0):g} s a call" for e in plan.envs]
 
 
 def _steps(plan: ExecutionPlan) -> list[str]:

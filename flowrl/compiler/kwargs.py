@@ -28,6 +28,12 @@ def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, 
                                                       else f"{what} takes no options"))
             continue
         out[key] = _check_value(key, value, kspec, errors, what, vspan)
+        needed = given.get(kspec.requires) if kspec.requires else True
+        if needed is None or (isinstance(needed, Const) and needed.value in ("", None)):
+            errors.error("E221", f"option `{key}` of {what} needs option `{kspec.requires}`", names.get(key, vspan),
+                         f"give `{kspec.requires}` too" + (f" ({specs[kspec.requires].doc})"
+                                                           if specs[kspec.requires].doc else "")
+                         + f", or drop `{key}`")
     for key, kspec in specs.items():
         if key in out or key in given:
             continue

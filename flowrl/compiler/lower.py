@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from flowrl.plan import DatasetPlan, EnvPlan, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
+from flowrl.plan import DatasetPlan, EnvPlan, EnvSizing, ExecutionPlan, ModelPlan, OpPlan, RewardPlan, RunPlan
 from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
 from flowrl.hub import is_hub_id
@@ -54,7 +54,7 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
         staleness=st.staleness, run=run,
         regions=_regions(graph),
         pipeline=st.pipeline, estimate=st.estimate, search=st.search, auto=st.spec.auto, memory=st.memory,
-        scheduled=st.spec.written, envs=_envs(graph))
+        scheduled=st.spec.written, envs=_envs(graph, st))
 
 
 def _regions(graph: FlowGraph) -> dict:
@@ -68,15 +68,18 @@ def _regions(graph: FlowGraph) -> dict:
     return out
 
 
-def _envs(graph: FlowGraph) -> tuple[EnvPlan, ...]:
-    """The environment resources (``python_env(...)``) with their options and ``target``."""
+def _envs(graph: FlowGraph, st: SchedState) -> tuple[EnvPlan, ...]:
+    """The environment resources (``python_env(...)``) with their options, ``target`` and their pools'
+    ``workers`` as ``size_env_pools`` sized them."""
     out = []
     for n in graph.nodes():
         if n.kind == OpKind.ENV and n.op != "param":
             opts = {k: plain(v) for k, v in n.attrs}
             if n.args:
                 opts["target"] = plain(n.args[0])
-            out.append(EnvPlan(n.id, n.op, opts, str(n.span)))
+            sizing = st.envs.get(n.id) or EnvSizing(opts.get("workers") or 1, "no env_step calls it")
+            opts["workers"] = sizing.workers
+            out.append(EnvPlan(n.id, n.op, opts, str(n.span), workers_why=sizing.why))
     return tuple(out)
 
 
@@ -157,7 +160,8 @@ def _resources(graph: FlowGraph, errors: Collector):
             datasets.append(DatasetPlan(n.id, n.op, path, str(plain(n.attr("prompt"))), str(plain(n.attr("answer"))),
                                         _abspath(graph, n, ev) if ev else "", str(n.span),
                                         chat=plain(n.attr("chat")) is True,
-                                        bad_rows=str(plain(n.attr("bad_rows")) or "error")))
+                                        bad_rows=str(plain(n.attr("bad_rows")) or "error"),
+                                        eval_reward=str(plain(n.attr("eval_reward")) or "")))
         elif n.kind == OpKind.REWARD_FN:
             opts = {k: plain(v) for k, v in n.attrs}
             if n.args:

@@ -32,6 +32,7 @@ from flowrl.compiler.passes.insert_resyncs import insert_resyncs
 from flowrl.compiler.passes.plan_layouts import plan_layouts
 from flowrl.compiler.passes.resolve_names import resolve_names
 from flowrl.compiler.passes.resolve_staleness import resolve_staleness
+from flowrl.compiler.passes.size_env_pools import size_env_pools
 from flowrl.compiler.passes.select_sync_protocol import select_sync_protocol
 from flowrl.compiler.unit import Unit, read_source as _read_source
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span, did_you_mean
@@ -57,6 +58,7 @@ PASSES: tuple[Pass, ...] = (
     assign_placement,
     plan_layouts,
     resolve_staleness,
+    size_env_pools,
     select_sync_protocol,
     estimate_cost,
     check_chat_templates,

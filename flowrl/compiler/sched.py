@@ -127,6 +127,8 @@ class SchedState:
     search: SearchReport | None = None
     notes: tuple[str, ...] = ()
     """Advice the plan display shows (not errors)."""
+    envs: dict = field(default_factory=dict)
+    """Environment id -> :class:`~flowrl.plan.EnvSizing` of its pool (size_env_pools)."""
     lengths: dict = field(default_factory=dict)
     """Response-length model overrides for the estimates (``kind``, ``median``, ``sigma``), from
     ``ctx.options["lengths"]``; empty: the workload's default (flowrl.compiler.workload.lengths)."""

@@ -327,6 +327,8 @@ class RewardPool:
             w.wait_ready(max(STARTUP_TIMEOUT_S, timeout_s))
         self.restarts = 0
         """Workers replaced so far (after a hang or a crash)."""
+        self.correct: float | None = 1.0
+        """The reward the held-out accuracy counts as right (a ``python_reward`` returns 1.0 for a right answer)."""
 
     def score(
         self, completions: list[str], answers: list[str], prompts: list[str] | None = None,

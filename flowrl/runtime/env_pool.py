@@ -1,7 +1,8 @@
 """Environments of a run: each ``python_env`` resource is a pool of Ray actors hosting its episodes.
 
 An :class:`EnvPool` starts ``workers`` actors (:class:`EnvWorker`, ``num_cpus=0``: they wait on
-tools, not compute). Each episode (a key chosen by :mod:`flowrl.runtime.episodes`) lives on one
+tools, not compute), as many as the plan says: written on the ``python_env``, else sized by the
+schedule (:mod:`flowrl.compiler.passes.size_env_pools`). Each episode (a key chosen by :mod:`flowrl.runtime.episodes`) lives on one
 worker, ``hash(key) % workers``; a worker hosts many. :meth:`EnvPool.step` sends one call per
 episode and collects them as they finish: calls run concurrently (threaded actors), so the slowest
 tool call costs the batch its own time, not the sum.
@@ -25,13 +26,14 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flowrl.catalog.ops import OpKind
+from flowrl.catalog.ops import ENV_CALLS_PER_WORKER, OpKind
 from flowrl.plan import EnvPlan, ExecutionPlan
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.kinds import builder_for
 
-MAX_CONCURRENCY = 64
-"""Calls one worker runs at a time (threads): episodes waiting on a slow tool do not block the others."""
+MAX_CONCURRENCY = ENV_CALLS_PER_WORKER
+"""Calls one worker runs at a time (threads): episodes waiting on a slow tool do not block the others
+(the catalogue's figure, by which the compiler sizes pools)."""
 
 
 @dataclass
@@ -107,7 +109,7 @@ class EnvPool:
         self.target = str(env.options["target"])
         self.folder = folder_of(env.origin)  # the flow file's folder first, as `flowrl check` looks
         self.timeout = float(env.options.get("timeout", 10.0)) or None
-        self.size = int(env.options.get("workers", 2))
+        self.size = int(env.options["workers"])
         self.workers: list = []
         self.hosted: list[set[str]] = []
         """Worker index -> keys of the episodes whose environments live there."""

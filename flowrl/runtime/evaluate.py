@@ -9,10 +9,13 @@ policy, the dataset its ``sample`` reads (its ``eval`` split) and the reward of 
 Two measurements on the eval split:
 
 * **greedy**: one completion per prompt at temperature 0; ``accuracy`` is the share scored
-  at least the reward's ``correct`` value (1.0 for verifiers), as ``eval/accuracy`` in a run.
+  at least the reward's ``correct`` value (1.0 for verifiers), as ``eval/accuracy`` in a run
+  (None for a reward without one, a reward model's score, unless the dataset names an
+  ``eval_reward``: :mod:`flowrl.runtime.heldout`).
 * **sampled**: ``n`` completions per prompt at ``temperature``; ``pass@k`` for each ``k <= n``
   by the unbiased estimator of Chen et al. (2021), averaged over prompts:
-  ``pass@k = 1 - C(n - c, k) / C(n, k)`` for a prompt with ``c`` correct of ``n``.
+  ``pass@k = 1 - C(n - c, k) / C(n, k)`` for a prompt with ``c`` correct of ``n`` (none where
+  nothing counts as correct).
 
 >>> pass_at_k(n=4, c=1, k=1), pass_at_k(n=4, c=1, k=4), pass_at_k(n=4, c=0, k=2)
 (0.25, 1.0, 0.0)
@@ -45,7 +48,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 class EvalResult:
     prompts: int
     """Held-out prompts evaluated (the whole eval split)."""
-    greedy_accuracy: float
+    greedy_accuracy: float | None
+    """None where the held-out reward has no ``correct`` value (a reward model's score)."""
     greedy_reward: float
     n: int
     """Completions sampled per prompt (0: no sampled pass)."""
@@ -96,7 +100,7 @@ def evaluate(plan: ExecutionPlan, checkpoint: Path | None = None, *, n: int = 8,
             if checkpoint is not None:
                 rt.restore(checkpoint)
             greedy = greedy_eval(rt.services, 0)
-            result = EvalResult(len(rt.services.data.eval_rows(dataset.id)), greedy["eval/accuracy"],
+            result = EvalResult(len(rt.services.data.eval_rows(dataset.id)), greedy.get("eval/accuracy"),
                                 greedy["eval/reward"], n, temperature,
                                 checkpoint=str(checkpoint) if checkpoint else None, dataset=dataset.eval_path)
             if n > 0:
@@ -111,10 +115,12 @@ def _sampled(services, hp, result: EvalResult, ks: tuple[int, ...], seed: int) -
     from flowrl.runtime.heldout import play
 
     rows = services.data.eval_rows(hp.sample.inputs["dataset"])
-    groups = play(services, hp, rows, n=result.n, temperature=result.temperature, seed=seed, step=0).rewards
-    correct_at = getattr(services.rewards[hp.score.inputs["reward"]], "correct", 1.0)
-    hits = [sum(r >= correct_at - 1e-9 for r in g) for g in groups]
+    out = play(services, hp, rows, n=result.n, temperature=result.temperature, seed=seed, step=0)
+    groups = out.rewards
     result.sampled_reward = sum(sum(g) for g in groups) / sum(len(g) for g in groups)
+    if out.correct is None:
+        return
+    hits = [sum(r >= out.correct - 1e-9 for r in g) for g in groups]
     for k in sorted({k for k in ks if 1 <= k <= result.n}):
         result.pass_at[k] = sum(pass_at_k(len(g), c, k) for g, c in zip(groups, hits)) / len(groups)
 

@@ -1,4 +1,5 @@
-"""Held-out accuracy during a run: completions of the eval split, scored by the flow's reward.
+"""Held-out accuracy during a run: completions of the eval split, scored by the flow's reward
+(or by the dataset's ``eval_reward`` verifier, where it names one).
 
 The pass picks its ops by role, not by position (:func:`eval_pass`): the ``score`` whose
 rollouts come from the *trained policy* (a model some ``update`` trains with a policy loss,
@@ -14,6 +15,12 @@ drew the prompts (whose dataset has the ``eval`` split):
 
 A flow without such a chain (no trained policy, prompts that do not come straight from a
 dataset, other ops between) has no held-out pass.
+
+What counts as right: a reward at or above its scorer's ``correct`` (a verifier's ``correct``
+option, 1.0 for ``python_reward``). A reward model's or a judge's score has no such value: a flow
+that trains against one reports ``eval/reward`` only, unless its dataset names a rule verifier
+for the held-out rows (``jsonl(..., eval_reward = "math")``, as veRL's validation reward is the
+data source's rule while training reads a reward model), which then scores them.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from flowrl.catalog.ops import OpKind
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.episodes import run_region, units
 from flowrl.runtime.handlers import handler_of, prompt_value
-from flowrl.runtime.rewards import ScoreJob, score_rollouts
+from flowrl.runtime.rewards import ScoreJob, eval_verifier, score_rollouts
 from flowrl.runtime.step import Services, StepContext
 
 _CONTINUES = {OpKind.GENERATE.value: "prompts", OpKind.ENV_STEP.value: "rollouts"}
@@ -104,11 +111,14 @@ class HeldOutScores:
     """Per eval row, the reward of each of its ``n`` completions (episodes)."""
     metrics: dict
     """The episodes' ``env/*`` metrics (multi-turn passes only)."""
+    correct: float | None
+    """The reward at or above which a completion is right (None: the scorer has no such value)."""
 
 
 def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, temperature: float, seed: int,
          step: int) -> HeldOutScores:
-    """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward.
+    """``n`` completions (episodes) per row at ``temperature``, scored by the pass's reward
+    (:func:`held_out_reward`).
 
     The runtime's own handlers run the pass's ops on the eval rows, in a context of the pass's
     own (no partial-rollout buffers; its environment episodes apart), and the reward scores the
@@ -129,17 +139,26 @@ def play(services: Services, hp: HeldOutPass, rows: list[dict], *, n: int, tempe
         else:
             run_region(unit, ctx, run_op)
     last = ctx.values[hp.score.inputs["rollouts"]]
-    flat = score_rollouts(services.rewards[hp.score.inputs["reward"]],
-                          ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
-                                   last.get("rows"), last.rollouts.batch, step)).rewards
+    reward = held_out_reward(services, hp)
+    flat = score_rollouts(reward, ScoreJob(list(last.rollouts.texts), last.get("answers"), last.get("prompt_text"),
+                                           last.get("rows"), last.rollouts.batch, step)).rewards
     metrics = {f"eval/{k}": v for k, v in ctx.metrics.items() if k.startswith("env/") and not k.endswith("_total")}
-    return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics)
+    return HeldOutScores([flat[i * n:(i + 1) * n] for i in range(len(rows))], metrics, reward.correct)
+
+
+def held_out_reward(services: Services, hp: HeldOutPass):
+    """What scores the held-out rows: the verifier the dataset's ``eval_reward`` names, else the reward
+    of the pass's ``score``."""
+    dataset = next(d for d in services.plan.datasets if d.id == hp.sample.inputs["dataset"])
+    if dataset.eval_reward:
+        return eval_verifier(dataset.eval_reward)
+    return services.rewards[hp.score.inputs["reward"]]
 
 
 def greedy_eval(services: Services, step: int) -> dict:
-    """``eval/reward`` and ``eval/accuracy`` (rewards at least the reward's ``correct``) on the eval split,
-    greedy (every turn of an episode too), and a multi-turn pass's ``eval/env/*``; empty when the flow
-    has no held-out pass or its dataset no eval split."""
+    """``eval/reward`` and ``eval/accuracy`` (rewards at least the scorer's ``correct``; absent where it has
+    none) on the eval split, greedy (every turn of an episode too), and a multi-turn pass's ``eval/env/*``;
+    empty when the flow has no held-out pass or its dataset no eval split."""
     hp = eval_pass(services.plan)
     if hp is None:
         return {}
@@ -148,9 +167,9 @@ def greedy_eval(services: Services, step: int) -> dict:
         return {}
     out = play(services, hp, rows, n=1, temperature=0.0, seed=0, step=step)
     r = [g[0] for g in out.rewards]
-    correct = getattr(services.rewards[hp.score.inputs["reward"]], "correct", 1.0)
-    return {"eval/reward": sum(r) / len(r), "eval/accuracy": sum(x >= correct - 1e-9 for x in r) / len(r),
-            **out.metrics}
+    accuracy = {} if out.correct is None else {"eval/accuracy": sum(x >= out.correct - 1e-9 for x in r) / len(r)}
+    return {"eval/reward": sum(r) / len(r), **accuracy, **out.metrics}
 
 
-__all__ = ["HeldOutPass", "HeldOutScores", "trained_policies", "eval_pass", "play", "greedy_eval"]
+__all__ = ["HeldOutPass", "HeldOutScores", "trained_policies", "eval_pass", "held_out_reward", "play",
+           "greedy_eval"]

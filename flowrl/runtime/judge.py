@@ -51,6 +51,8 @@ class LLMJudge:
         self.engines: Any = None
         self.tokenizer: Any = None
         self.context: int | None = None
+        self.correct: float | None = None
+        """A judge's number has no "right" value: held-out accuracy needs the dataset's ``eval_reward``."""
 
     def bind(self, engines: Any, data: Any, paths: dict[str, Path]) -> None:
         """The run's engine service (the judge's rollout engine lives there), and the judge's own

@@ -5,10 +5,12 @@
   downloads, so a path that is neither is an error with the fix (the download command).
 * ``tiny(task = ...)``: built locally and warm-started by a short supervised phase,
   cached by content (:func:`flowrl.models.warmstart.warm_start`).
+* ``tiny_rm(task = ...)``: that model fit to preference pairs of its own samples, a reward
+  model (:func:`flowrl.models.reward.reward_start`), cached by content.
 * ``frozen(m)`` / ``critic(m)``: start from ``m``'s initial weights.
 
 Each is the function of :data:`MODEL_SOURCES` its op's catalogue record names
-(``OpSpec.handler``: ``hf``, ``tiny``, ``derived``).
+(``OpSpec.handler``: ``hf``, ``tiny``, ``tiny_rm``, ``derived``).
 """
 
 from __future__ import annotations
@@ -82,12 +84,39 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     return Path(result.path)
 
 
+def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
+    """A tiny reward model for its task: the task's warm-started tiny model fit to preference pairs of
+    its own samples (:mod:`flowrl.models.reward`; cached by content), seeded as ``tiny`` is."""
+    from flowrl.models.reward import PreferenceConfig, reward_start
+    from flowrl.models.warmstart import TinyModelConfig, task_sft
+
+    a = m.args
+    task = str(a.get("task", "arith"))
+    cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
+                          layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
+                          kv_heads=int(a.get("kv_heads", 2)))
+    steps = a.get("warm_start")
+    sft = task_sft(task, **({} if steps is None else {"steps": int(steps)}))
+    t0 = time.time()
+    log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs of its "
+        "own samples on first use, then cached)...")
+    result = reward_start(task, model_cfg=cfg, sft=sft, preferences=PreferenceConfig(steps=int(a.get("steps", 1500))),
+                          seed=seed + int(a.get("seed", 0)))
+    auc = result.info.get("test_auc")
+    how = "cached" if result.cached else f"built in {time.time() - t0:.0f}s"
+    log(f"model `{m.id}`: tiny {task} reward model {how}"
+        + (f" (held-out: ranks a right sample over a wrong one {100 * auc:.1f}% of the time)" if auc is not None
+           else "") + f": {result.path}")
+    return Path(result.path)
+
+
 def derived(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     """``frozen(m)`` / ``critic(m)``: the base model's initial weights."""
     return paths[m.base]
 
 
-MODEL_SOURCES: dict[str, Callable[[ModelPlan, dict, Callable, int], Path]] = {f.__name__: f for f in (hf, tiny, derived)}
+MODEL_SOURCES: dict[str, Callable[[ModelPlan, dict, Callable, int], Path]] = {
+    f.__name__: f for f in (hf, tiny, tiny_rm, derived)}
 """``OpSpec.handler`` of a model op -> ``source(model plan, paths so far, log, run seed) -> checkpoint directory``."""
 
 

@@ -9,6 +9,10 @@ a ``weighted_sum`` adds the weighted scores of rewards built before it; an ``llm
 on its model's rollout engine. A kind whose builder is absent is refused by ``flowrl check``
 through its record's platforms, and here by :func:`build_reward`. :func:`score_rollouts` scores a
 batch with any of them.
+
+Every scorer has ``correct``: the reward at or above which a completion counts as right in the
+held-out accuracy (a verifier's ``correct`` option; 1.0 for a ``python_reward``, by convention),
+or None where a reward has no such value (a reward model's or a judge's score, a sum holding one).
 """
 
 from __future__ import annotations
@@ -65,11 +69,12 @@ class WeightedSum:
     """``weighted_sum(a, b, ..., weights = [wa, wb, ...])``: each reward scores the batch as it
     would alone; the reward is ``sum(w * score)``. A part's failed samples keep its ``on_error``
     reward (weighted) and are reported. ``correct`` (what the held-out accuracy counts as right) is
-    the sum when every part gives its ``correct`` reward."""
+    the sum when every part gives its ``correct`` reward; None when a part has none."""
 
     def __init__(self, parts: list[tuple[str, Any, float]]):
         self.parts = parts
-        self.correct = sum(w * getattr(p, "correct", 1.0) for _, p, w in parts)
+        rights = [p.correct for _, p, _ in parts]
+        self.correct = None if None in rights else sum(w * c for (_, _, w), c in zip(parts, rights))
 
     def _combine(self, results: list) -> Any:
         from flowrl.rewards.pool import RewardResult
@@ -95,6 +100,14 @@ def verifier(r: RewardPlan, plan: ExecutionPlan, built: dict):
 
     pool = RewardPool(str(r.options["target"]), workers=0)
     return _Scaled(pool, float(r.options.get("correct", 1.0)), float(r.options.get("wrong", 0.0)))
+
+
+def eval_verifier(name: str) -> _Scaled:
+    """The rule verifier ``name`` (1.0 right, 0.0 wrong), in the driver: what a dataset's
+    ``eval_reward`` scores its held-out rows with."""
+    from flowrl.rewards.pool import RewardPool
+
+    return _Scaled(RewardPool(name, workers=0), 1.0, 0.0)
 
 
 def python_reward(r: RewardPlan, plan: ExecutionPlan, built: dict):

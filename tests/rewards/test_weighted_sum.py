@@ -88,6 +88,8 @@ def test_a_failing_part_costs_its_samples_that_part_only_and_is_reported(folder)
 class _TokenScorer:
     """A reward that scores token rows (as a served reward model does): the row's length."""
 
+    correct = None  # a score, with no "right" value
+
     def score_tokens(self, batch, step):
         from flowrl.rewards.pool import RewardResult
 

@@ -166,6 +166,8 @@ def test_turns_continue_one_token_row_with_observations_masked(tmp_path):
 class LastTurnTexts:
     """A reward that records what it scored: 1.0 for the texts listed in ``right``."""
 
+    correct = 1.0
+
     def __init__(self, right=()):
         self.right, self.seen = set(right), []
 
@@ -225,6 +227,42 @@ flow main() {
     assert not [k for k in out if k.startswith("eval/env/")]
     sampled = play(services, hp, rows, n=3, temperature=0.9, seed=1, step=0)
     assert [len(g) for g in sampled.rewards] == [3, 3, 3] and engines.specs[1].n == 3
+
+
+class ScoresOnly(LastTurnTexts):
+    """A reward model's scores: no value counts as right."""
+
+    correct = None
+
+
+def test_a_reward_without_a_right_value_reports_no_accuracy_unless_the_dataset_names_a_verifier(tmp_path):
+    rows = ROWS + [{"prompt": "123+4=", "answer": "127"}]
+    texts = [f"turn{1 + len(r['prompt'])}" for r in rows]  # what the fake engine answers
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    (tmp_path / "test.jsonl").write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    flow = """
+model policy = tiny(task = "arith")
+dataset d = jsonl("d.jsonl", eval = "test.jsonl"EVAL)
+reward rm = python_reward("r:score")
+flow main() {
+  convo = generate(policy, sample(d, size = 2), n = 4, max_tokens = 3)
+  adv = group_advantage(rm(convo), group = 4)
+  update(policy, convo, adv, loss = pg())
+}
+"""
+    (tmp_path / "r.py").write_text("def score(completions, answers):\n    return [0.0] * len(completions)\n")
+    for eval_reward, accuracy in (("", None), ('"exact"', 1 / 3)):
+        (tmp_path / "f.flow").write_text(flow.replace("EVAL", f", eval_reward = {eval_reward}" if eval_reward else ""))
+        plan = lower(compile_file(str(tmp_path / "f.flow")).graph, {})
+        reward = ScoresOnly(right=texts)  # it would call every completion right, were it asked
+        eval_rows = [{**r, "answer": t if i == 0 else "0"} for i, (r, t) in enumerate(zip(rows, texts))]
+        services = Services(plan, 0, Data(eval_rows), Engines(), {"rm": reward}, {}, Events(), Timeline(), {})
+        out = greedy_eval(services, 2)
+        if accuracy is None:  # the flow's reward scores; nothing counts as right
+            assert reward.seen == [texts] and "eval/accuracy" not in out and out["eval/reward"] == 1.0
+        else:  # the dataset's verifier scores, the reward model is not asked
+            assert reward.seen == [] and out["eval/accuracy"] == pytest.approx(accuracy)
+            assert out["eval/reward"] == pytest.approx(accuracy)
 
 
 def test_a_flow_without_a_policy_update_has_no_held_out_pass(tmp_path):

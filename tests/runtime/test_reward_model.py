@@ -9,12 +9,16 @@ on scores of order 1.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from flowrl.engines.torch_train import TorchTrainEngine
 from flowrl.engines.types import TokenBatch
 from flowrl.models.tiny import build_tiny_model
-from flowrl.runtime.reward_model import ModelReward, last_token_scores, train_reward_model
+from flowrl.models.reward import last_token_scores, train_reward_model
+from flowrl.runtime.reward_model import ModelReward
 
 CHOSEN = ["12+5=17", "40+2=42", "3+3=6", "7+7=14"]
 REJECTED = ["12+5=99", "40+2=1", "3+3=33", "7+7=0"]
@@ -63,3 +67,37 @@ def test_served_scores_equal_a_transformers_forward(tmp_path):
     rows = torch.tensor(reward.score_tokens(batch, 0).rewards)
     assert torch.allclose(rows, expected, atol=1e-5, rtol=0)
     assert torch.equal(last_token_scores(engine.forward(batch)["scores"], batch.attention_mask), rows)
+
+
+RM_FLOW = """import stdlib.grpo
+model policy = tiny(task = "arith")
+model rm = tiny_rm(task = "arith", steps = 30)
+dataset prompts = jsonl("train.jsonl", eval = "test.jsonl", eval_reward = "math")
+reward judge = reward_model(rm)
+flow main(steps: int = 2, eval_every: int = 2) {
+  grpo(policy, prompts, judge, batch = 4, group = 4, max_tokens = 5, kl = 0.0)
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_flow_trains_against_a_reward_model_built_on_preferences(tmp_path):
+    """`tiny_rm` built on first use (a short fit), served on its own engine; the held-out split is
+    scored by the dataset's `eval_reward` verifier, not by the reward model."""
+    from e2e_kit import make_workdir
+
+    from flowrl.launch import run_file
+
+    work = make_workdir(tmp_path)
+    (work / "rm.flow").write_text(RM_FLOW)
+    result = run_file(str(work / "rm.flow"), out=str(work / "run"))
+    logged = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in logged if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    for row in evals:  # the verifier's 1/0: the mean reward is the accuracy
+        assert row["eval/accuracy"] == row["eval/reward"] and 0.0 <= row["eval/accuracy"] <= 1.0
+    trained = [r for r in result.rows if r["step"] > 0]
+    assert [r["policy/version"] for r in trained] == [1, 2]
+    assert all(r["reward/std"] > 0 for r in trained)  # the reward model's scores, not the verifier's 1/0
+    assert any(not float(r["reward/mean"]).is_integer() for r in trained)

@@ -4,8 +4,9 @@ Requires: check_edge_types.
 
 Guarantees: ``update`` only trains trainable models (``hf``/``tiny``/parameters: the
 policy; ``critic(...)``: a value model) with a loss meant for that role; ``values`` reads
-a critic; ``generate`` samples from a policy (not a critic); a model is updated at most
-once per step; ``Node.model`` is set on every op that runs on a model's engine.
+a critic; ``generate`` samples from a policy (not a critic); a reward model (``tiny_rm``)
+only scores, through ``reward_model(...)``; a model is updated at most once per step;
+``Node.model`` is set on every op that runs on a model's engine.
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> compile_text('''
@@ -22,7 +23,7 @@ from dataclasses import replace
 from flowrl.compiler.context import CompileContext
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import Config, FlowGraph, Ref
-from flowrl.catalog.ops import LOSSES, OpKind
+from flowrl.catalog.ops import LOSSES, OPS, OpKind
 
 _MODEL_OPS = (OpKind.GENERATE, OpKind.LOGPROBS, OpKind.VALUES, OpKind.UPDATE)
 
@@ -40,7 +41,9 @@ def check_roles(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         model = out.node(mid)
         role = model.role or "trainable"
         span = node.args[0].span
-        if node.kind == OpKind.UPDATE:
+        if role == "reward":
+            pass  # E306, below
+        elif node.kind == OpKind.UPDATE:
             if role == "frozen":
                 errors.error("E301", f"cannot update `{mid}`: it is frozen", span,
                              "frozen(...) models are read-only; update the model it was made from")
@@ -62,5 +65,25 @@ def check_roles(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         elif node.kind == OpKind.GENERATE and role == "critic":
             errors.error("E304", f"cannot generate with critic `{mid}`", span, "generate with the policy")
         out.replace(replace(node, model=mid))
+    _check_reward_models(out, errors)
     errors.raise_if_any()
     return out
+
+
+def _check_reward_models(graph: FlowGraph, errors: Collector) -> None:
+    """E306: a reward model (``tiny_rm``: a sequence classifier, no language-model head) is read only by
+    ``reward_model(...)``; generating, log-probs, updates, ``frozen``/``critic`` copies and judges need
+    a language model."""
+    for node in graph.nodes():
+        spec = OPS.get(node.op)
+        if spec is not None and spec.serves_model == "reward":
+            continue
+        for arg in node.args:
+            if not (isinstance(arg, Ref) and arg.target in graph):
+                continue
+            model = graph.node(arg.target)
+            if model.kind == OpKind.MODEL and model.role == "reward":
+                errors.error("E306", f"`{arg.target}` is a reward model ({model.op}): `{node.op}` cannot use it",
+                             arg.span, f"a reward model only scores completions: `reward r = reward_model("
+                                       f"{arg.target})`, then `r(rollouts)`; generate, train and judge with a "
+                                       "language model (`tiny(...)`, `hf(...)`)")

@@ -32,7 +32,7 @@ from flowrl.compiler.schedule.layouts import micro_batch
 from flowrl.compiler.workload import Workload, lengths, prompt_tokens
 from flowrl.cost import model as cm
 from flowrl.cost.sim import GenPhase, Phase, PhaseKind, SimSpec, simulate
-from flowrl.ir.graph import EdgeKind, FlowGraph, Node
+from flowrl.ir.graph import EdgeKind, FlowGraph, Node, Ref
 from flowrl.plan import CostPlan, EnginePlan, OpCost
 
 SIM_STEPS = 6
@@ -349,7 +349,9 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.ENV_STEP:
-        secs = cm.ENV_S_PER_CALL * rows / 2 + hw.op_overhead_s
+        env = n.args[0].target if n.args and isinstance(n.args[0], Ref) else None
+        sizing = st.envs.get(env)
+        secs = cm.ENV_S_PER_CALL * rows / (sizing.workers if sizing is not None else 1) + hw.op_overhead_s
         return (Phase(pid, PhaseKind.WORK, "env", deps, seconds=secs, label="env"), (pid, n.kind.value, where, secs, 0))
     secs = DRIVER_S + cm.DRIVER_S_PER_SAMPLE * rows
     return (Phase(pid, PhaseKind.WORK, "driver", deps, seconds=secs, label="driver"),
