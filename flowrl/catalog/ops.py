@@ -258,14 +258,12 @@ _op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTI
                    "kv_heads": KwSpec("int", 2, min=1),
                    "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
                                   doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
-                   "warm_start": KwSpec("int", None, min=1, doc="most SFT steps of the model it starts from "
-                                        "(default: the task's)"),
-                   "steps": KwSpec("int", 1500, min=1, doc="Bradley-Terry steps on the preference pairs"),
+                   "steps": KwSpec("int", 4000, min=1, doc="Bradley-Terry steps on the preference pairs"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init, the warm start, "
                                                 "the sampled pairs and the fit")},
-           doc="A tiny reward model for `task` built locally (cached): the task's warm-started tiny model, "
-               "fit by Bradley-Terry to prefer each prompt's answer over its own wrong samples; "
-               "served by `reward_model(...)` (flowrl.models.reward)."))
+           doc="A tiny reward model for `task` built locally (cached): the task's tiny model warm-started "
+               "further, fit by Bradley-Terry to prefer each prompt's answer over a policy's wrong samples and "
+               "near misses; served by `reward_model(...)` (flowrl.models.reward)."))
 _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handler="derived", facts_from=FactsFrom.BASE,
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,

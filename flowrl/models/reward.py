@@ -1,24 +1,31 @@
-"""Tiny reward models: a task's warm-started tiny model fit to preference pairs, cached on disk.
+"""Tiny reward models: a task's tiny model fit to preference pairs, cached on disk.
 
-What a flow's ``tiny_rm(task = "arith")`` resolves to, as RLHF pipelines build theirs: start
-from the supervised model, sample its own completions of the train prompts, and fit a scalar
-head (and the model under it) to prefer the right answer over each wrong sample by the
-Bradley-Terry loss ``-log sigmoid(r(chosen) - r(rejected))``.
+What a flow's ``tiny_rm(task = "arith")`` resolves to, as RLHF pipelines build theirs: sample a
+policy's completions of the train prompts, and fit a scalar head (and the model under it) to
+prefer the right answer over wrong ones by the Bradley-Terry loss
+``-log sigmoid(r(chosen) - r(rejected))``.
 
-* **The pairs**: for every train prompt, ``samples`` completions of the warm-started model at
-  ``temperature``; those the task's verifier scores wrong are the rejected ones, the row's
-  answer (what SFT trains on) is the chosen one. The rejected completions are the mistakes a
-  policy starting from that model makes, so the reward model learns to tell right from wrong
-  where RL needs it (pairs with made-up wrong answers were ranked perfectly on held-out prompts
-  and not at all among the model's own samples: within-prompt AUC 0.56).
+* **The policy it judges**: the task's warm-started tiny model (what ``tiny(task = ...)`` of the
+  same seed starts RL from) samples ``samples`` completions of every train prompt at
+  ``temperature``.
+* **The model it starts from**: the same tiny model warm-started further, to
+  ``base_accuracy`` (a judge must know more than the policy it judges).
+* **The pairs**: the row's answer (what SFT trains on) is chosen over (1) each sample the task's
+  verifier scores wrong, as its token row was sampled (through EOS, or cut at the budget): the
+  mistakes the policy makes; (2) ``swapped`` answers of other rows: answers that do not fit the
+  prompt; (3) ``perturbed`` copies of the answer with one digit changed: the near misses RL
+  drifts to once it leaves its own samples. Each kind was added after RL against a model fit
+  without it found what that model misjudged (``PreferenceConfig``'s fields say what happened);
+  pairs of made-up wrong answers alone were ranked perfectly on held-out prompts and the
+  policy's own samples at chance (within-prompt AUC 0.56).
 * **The model**: a one-label sequence classifier (``AutoModelForSequenceClassification``), its
   score at a row's last token (EOS, after the completion) being the reward; saved with its
   tokenizer, so the torch engine's ``reward`` role loads it as it is.
 * **Reproducible**: sampling and training are seeded and run with the warm start's pinned thread
   count (:data:`~flowrl.models.warmstart.SFT_THREADS`).
 * **Measured**: ``reward.json`` holds the final loss and, on held-out prompts, how often the model
-  ranks a right sample of the warm-started model over a wrong one (``test_auc``) and the row's
-  answer over a wrong sample (``test_pair_accuracy``).
+  ranks a right sample of the policy over a wrong one (``test_auc``) and the row's answer over a
+  wrong sample (``test_pair_accuracy``).
 """
 
 from __future__ import annotations
@@ -55,13 +62,13 @@ REWARD_CACHE_VERSION = 1
 class PreferenceConfig:
     """How a tiny reward model is fit (defaults measured on the arith task, see the module docstring)."""
 
-    steps: int = 1500
+    steps: int = 4000
     """Optimizer steps of the Bradley-Terry fit."""
     batch_size: int = 64
     """Pairs per step."""
     lr: float = 3e-4
     """AdamW learning rate (1e-3 did not fit the model's own mistakes: loss stayed at 0.67)."""
-    samples: int = 4
+    samples: int = 8
     """Completions of the warm-started model per train prompt; its wrong ones are the rejected."""
     temperature: float = 1.0
     """Sampling temperature of those completions (RL samples at 1.0)."""
@@ -71,12 +78,18 @@ class PreferenceConfig:
     A judge must know more than the policy it judges: fit on top of the policy's own 33% model, the
     reward models ranked its samples well (AUC 0.82-0.93 on held-out prompts) yet GRPO against them
     went from 33% to 1-15% held-out accuracy (the policy found the answers they misjudge)."""
-    swapped: int = 2
+    swapped: int = 1
     """Rejected completions per train prompt taken from other rows' answers (where they differ):
     well-formed answers to other prompts, which teach the model that an answer must fit its
     prompt. Without them the policy found a form its own samples never took (a 3-digit number
     starting with 1, whatever the sum) that the model scored high, and its held-out accuracy fell
     from 33% to 1% while the reward rose."""
+    perturbed: int = 2
+    """Rejected completions per train prompt made from its answer with one character changed to
+    another of its kind (a digit to another digit), at every position alike: the mistakes a policy
+    drifts to once RL pushes it off its own samples. Without them a model that ranked the policy's
+    samples with AUC 0.95 scored a wrong tens digit above the right one (99+14: 183 over 113), and
+    GRPO against it took held-out accuracy from 33% to 15%."""
 
 
 def last_token_scores(scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -192,8 +205,9 @@ def _completion_row(tok, prompt: str, completion: str) -> list[int]:
 def preference_pairs(policy, tok, task: str, rows: list[dict], cfg: PreferenceConfig
                      ) -> tuple[list[tuple[list[int], list[int]]], list[list[tuple[str, float, list[int]]]]]:
     """``(pairs, samples)``: (chosen, rejected) token rows, the row's answer chosen over each wrong
-    sample of ``policy`` on ``rows`` (its token row as sampled) and over ``cfg.swapped`` answers of
-    other rows; and each row's samples as (text, verifier score, token ids)."""
+    sample of ``policy`` on ``rows`` (its token row as sampled), over ``cfg.swapped`` answers of other
+    rows and over ``cfg.perturbed`` copies of itself with one character changed (:func:`perturb`);
+    and each row's samples as (text, verifier score, token ids)."""
     spec = get_task(task)
     verify = get_verifier(spec.verifier)
     sampled = sample_completions(policy, tok, [r["prompt"] for r in rows], n=cfg.samples,
@@ -211,7 +225,29 @@ def preference_pairs(policy, tok, task: str, rows: list[dict], cfg: PreferenceCo
         pairs += [(chosen, prompt + ids) for _, ok, ids in group if ok < 1.0]
         others = [a for a in rng.sample(answers, min(len(answers), 4 * cfg.swapped)) if a != r["answer"]]
         pairs += [(chosen, _completion_row(tok, r["prompt"], a)) for a in others[:cfg.swapped]]
+        pairs += [(chosen, _completion_row(tok, r["prompt"], perturb(r["answer"], rng)))
+                  for _ in range(cfg.perturbed) if any(_kind_of(c) for c in r["answer"])]
     return pairs, scored
+
+
+_KINDS = ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _kind_of(c: str) -> str:
+    """The characters of ``c``'s kind (digits, lower- or upper-case letters), or "" for any other."""
+    return next((k for k in _KINDS if c in k), "")
+
+
+def perturb(answer: str, rng: random.Random) -> str:
+    """``answer`` with one digit or letter (uniformly among them) changed to another of its kind.
+
+    >>> perturb("113", random.Random(0)) != "113"
+    True
+    """
+    positions = [i for i, c in enumerate(answer) if _kind_of(c)]
+    i = rng.choice(positions)
+    kind = _kind_of(answer[i])
+    return answer[:i] + rng.choice([c for c in kind if c != answer[i]]) + answer[i + 1:]
 
 
 @torch.no_grad()

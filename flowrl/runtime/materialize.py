@@ -85,8 +85,8 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
 
 
 def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
-    """A tiny reward model for its task: the task's warm-started tiny model fit to preference pairs of
-    its own samples (:mod:`flowrl.models.reward`; cached by content), seeded as ``tiny`` is."""
+    """A tiny reward model for its task (:mod:`flowrl.models.reward`; cached by content): the task's tiny
+    model warm-started further, fit to preference pairs of a policy's samples; seeded as ``tiny`` is."""
     from flowrl.models.reward import PreferenceConfig, reward_start
     from flowrl.models.warmstart import TinyModelConfig, task_sft
 
@@ -95,13 +95,11 @@ def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
                           layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
                           kv_heads=int(a.get("kv_heads", 2)))
-    steps = a.get("warm_start")
-    sft = task_sft(task, **({} if steps is None else {"steps": int(steps)}))
     t0 = time.time()
-    log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs of its "
-        "own samples on first use, then cached)...")
-    result = reward_start(task, model_cfg=cfg, sft=sft, preferences=PreferenceConfig(steps=int(a.get("steps", 1500))),
-                          seed=seed + int(a.get("seed", 0)))
+    log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs on first "
+        "use, then cached)...")
+    result = reward_start(task, model_cfg=cfg, sft=task_sft(task),
+                          preferences=PreferenceConfig(steps=int(a.get("steps", 4000))), seed=seed + int(a.get("seed", 0)))
     auc = result.info.get("test_auc")
     how = "cached" if result.cached else f"built in {time.time() - t0:.0f}s"
     log(f"model `{m.id}`: tiny {task} reward model {how}"

@@ -20,7 +20,7 @@ def _build(tmp_path, seed=0):
     return reward_start("arith", model_cfg=SMALL, sft=SHORT, preferences=FIT, seed=seed, cache_dir=tmp_path)
 
 
-def test_pairs_put_the_answer_over_each_wrong_sample_and_other_rows_answers(tmp_path):
+def test_pairs_put_the_answer_over_wrong_samples_other_rows_answers_and_near_misses(tmp_path):
     from transformers import AutoModelForCausalLM
 
     base = warm_start("arith", model_cfg=SMALL, sft=SHORT, seed=0, cache_dir=tmp_path)
@@ -28,7 +28,7 @@ def test_pairs_put_the_answer_over_each_wrong_sample_and_other_rows_answers(tmp_
     policy = AutoModelForCausalLM.from_pretrained(str(base.path), dtype=torch.float32).eval()
     rows = get_task("arith").rows("train")[:64]
     torch.manual_seed(0)
-    pairs, scored = preference_pairs(policy, tok, "arith", rows, PreferenceConfig(samples=3, swapped=2))
+    pairs, scored = preference_pairs(policy, tok, "arith", rows, PreferenceConfig(samples=3, swapped=2, perturbed=1))
     assert [len(g) for g in scored] == [3] * len(rows)
     eos = tok.eos_token_id
     it = iter(pairs)
@@ -47,6 +47,10 @@ def test_pairs_put_the_answer_over_each_wrong_sample_and_other_rows_answers(tmp_
             other = tok.decode(rejected[len(prompt):-1])
             assert c == chosen and rejected[-1] == eos and other != row["answer"]
             assert other in {r["answer"] for r in rows}
+        c, rejected = next(it)  # then the answer with one digit changed
+        near = tok.decode(rejected[len(prompt):-1])
+        assert c == chosen and len(near) == len(row["answer"]) and near != row["answer"]
+        assert sum(x != y for x, y in zip(near, row["answer"])) == 1
     assert next(it, None) is None and wrong_samples > 0
 
 
