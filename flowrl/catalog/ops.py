@@ -238,14 +238,18 @@ _CHAT = KwSpec("bool", False, doc="prompts are chat messages ([{role, content}],
 _op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from=FactsFrom.CHECKPOINT,
            kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16"))},
            doc="A transformers checkpoint: a local directory or a hub id."))
+_TINY_SHAPE = {
+    "hidden": KwSpec("int", 128, min=32),
+    "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
+    "kv_heads": KwSpec("int", 2, min=1),
+    "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
+                   doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
+}
+"""The shape options of the tiny models built locally (``tiny``, ``tiny_rm``)."""
 _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(TASKS),
                                    doc="a task of flowrl.tasks: its rows, verifier and tokenizer characters"),
-                   "hidden": KwSpec("int", 128, min=32),
-                   "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
-                   "kv_heads": KwSpec("int", 2, min=1),
-                   "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
-                                  doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
+                   **_TINY_SHAPE,
                    "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order")},
@@ -253,11 +257,7 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTI
 _op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(t for t in TASKS if TASKS[t].sft_turns is None),
                                    doc="a single-turn task of flowrl.tasks: its rows, verifier and tokenizer characters"),
-                   "hidden": KwSpec("int", 128, min=32),
-                   "layers": KwSpec("int", 2, min=1), "heads": KwSpec("int", 4, min=1),
-                   "kv_heads": KwSpec("int", 2, min=1),
-                   "arch": KwSpec("str", "llama", choices=tuple(TINY_ARCHS),
-                                  doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
+                   **_TINY_SHAPE,
                    "steps": KwSpec("int", 4000, min=1, doc="Bradley-Terry steps on the preference pairs"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init, the warm start, "
                                                 "the sampled pairs and the fit")},

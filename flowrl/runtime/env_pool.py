@@ -2,8 +2,8 @@
 
 An :class:`EnvPool` starts ``workers`` actors (:class:`EnvWorker`, ``num_cpus=0``: they wait on
 tools, not compute), as many as the plan says: written on the ``python_env``, else sized by the
-schedule (:mod:`flowrl.compiler.passes.size_env_pools`). Each episode (a key chosen by :mod:`flowrl.runtime.episodes`) lives on one
-worker, ``hash(key) % workers``; a worker hosts many. :meth:`EnvPool.step` sends one call per
+schedule (:mod:`flowrl.compiler.passes.size_env_pools`). Each episode (a key chosen by
+:mod:`flowrl.runtime.episodes`) lives on one worker, ``hash(key) % workers``; a worker hosts many. :meth:`EnvPool.step` sends one call per
 episode and collects them as they finish: calls run concurrently (threaded actors), so the slowest
 tool call costs the batch its own time, not the sum.
 

@@ -5,8 +5,8 @@
   downloads, so a path that is neither is an error with the fix (the download command).
 * ``tiny(task = ...)``: built locally and warm-started by a short supervised phase,
   cached by content (:func:`flowrl.models.warmstart.warm_start`).
-* ``tiny_rm(task = ...)``: that model fit to preference pairs of its own samples, a reward
-  model (:func:`flowrl.models.reward.reward_start`), cached by content.
+* ``tiny_rm(task = ...)``: a reward model, that model warm-started further and fit to
+  preference pairs of its samples (:func:`flowrl.models.reward.reward_start`), cached by content.
 * ``frozen(m)`` / ``critic(m)``: start from ``m``'s initial weights.
 
 Each is the function of :data:`MODEL_SOURCES` its op's catalogue record names
@@ -98,8 +98,8 @@ def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     t0 = time.time()
     log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs on first "
         "use, then cached)...")
-    result = reward_start(task, model_cfg=cfg, sft=task_sft(task),
-                          preferences=PreferenceConfig(steps=int(a.get("steps", 4000))), seed=seed + int(a.get("seed", 0)))
+    result = reward_start(task, model_cfg=cfg, sft=task_sft(task), seed=seed + int(a.get("seed", 0)),
+                          preferences=PreferenceConfig(steps=int(a.get("steps", 4000))))
     auc = result.info.get("test_auc")
     how = "cached" if result.cached else f"built in {time.time() - t0:.0f}s"
     log(f"model `{m.id}`: tiny {task} reward model {how}"
