@@ -17,9 +17,14 @@ would run it (``--restarts 1``, or ``--resume`` afterwards), and compares:
 
 Cases: ``kill -9`` of the vLLM actor and of the train actor mid-step, ``kill -9`` of the driver
 (a ``flowrl run`` process) after step 3, SIGTERM (preemption), a generate that hangs (the
-watchdog, with deadlines shortened by ``FLOWRL_WATCHDOG``), a damaged weight sync, a bit flipped
+watchdog, with deadlines shortened by ``FLOWRL_WATCHDOG``), a damaged weight sync, one with a
+bucket lost, a bit flipped
 in the newest checkpoint, and the loss of the rollout engine's node (a new node joins, as an
-autoscaler would bring one, before the restart).
+autoscaler would bring one, before the restart). Two more run flows of their own, each against
+its own undisturbed run: ``kill -9`` of a reward worker mid-call (the flow's reward is a
+``python_reward`` in 2 worker processes) and of an environment worker mid-call (the stdlib
+agentic flow with the calculator); each worker is SIGKILLed, as the OOM killer or an operator
+would, by the reward or environment itself at the first call after the bench arms it at step 3.
 
 Usage::
 
@@ -49,7 +54,7 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, SAVE_EVERY = 6, 2
-VOLATILE = ("time/", "perf/", "pipeline/", "sync/seconds", "sync/unpack_seconds", "sync/send_seconds",
+VOLATILE = ("time/", "perf/", "pipeline/", "env/latency", "sync/seconds", "sync/unpack_seconds", "sync/send_seconds",
             "sync/receive_seconds", "faults/sync_resent")
 
 FLOW = """import stdlib.grpo
@@ -69,6 +74,59 @@ schedule main on cluster(nodes = 2, gpus_per_node = 1) {{
   place policy.rollout on gen
 }}
 """
+
+
+REWARDS = """import os
+import signal
+from pathlib import Path
+
+from flowrl.rewards.verifiers import math_equivalence
+
+HERE = Path(__file__).resolve().parent
+
+
+def math(completions, answers):
+    \"\"\"The math verifier; once armed (the file `armed`), the first call SIGKILLs its own process.\"\"\"
+    if (HERE / "armed").exists() and not (HERE / "fired").exists():
+        (HERE / "fired").touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return math_equivalence(completions, answers)
+"""
+
+ENVS = """import os
+import signal
+from pathlib import Path
+
+from flowrl.envs.calculator import Calculator
+
+HERE = Path(__file__).resolve().parent
+
+
+class Calc(Calculator):
+    \"\"\"The calculator; once armed (the file `armed`), the first step SIGKILLs its worker process.\"\"\"
+
+    def step(self, turn):
+        if (HERE / "armed").exists() and not (HERE / "fired").exists():
+            (HERE / "fired").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(turn)
+"""
+
+WORKER_FLOWS = {
+    "reward": FLOW.replace('reward exact = verifier("math")',
+                           'reward exact = python_reward("chaos_rewards:math", workers = 2)'),
+    "env": FLOW.replace("import stdlib.grpo", "import stdlib.agentic").replace(
+        'reward exact = verifier("math")',
+        'env calc = python_env("chaos_envs:Calc", timeout = 60.0, workers = 1)\nreward exact = verifier("math")').replace(
+        "grpo(policy, arith, exact, batch = 4, group = 2, max_tokens = 6,",
+        "agentic(policy, arith, calc, exact, batch = 4, group = 2, max_turns = 2, max_tokens = 6,"),
+}
+WORKER_FLOWS["sync"] = FLOW.replace("  place policy.rollout on gen\n",
+                                   "  place policy.rollout on gen\n  resync policy via checkpoint(dir = \"{shared}\")\n")
+"""The flows of the cases that run their own: the bench's flow with its reward in worker processes,
+the agentic flow with a calculator environment, and the bench's flow whose weights travel as files
+in a directory both nodes see (``checkpoint``: the protocol that can lose a part; a broadcast's
+bytes are either all delivered or the group breaks)."""
 
 
 @dataclass
@@ -123,13 +181,14 @@ class Bench:
         ray.shutdown()
         self.cluster.shutdown()
 
-    def run(self, name: str, **kwargs):
-        """``flowrl run`` of the flow into ``work/name`` on the cluster; returns (result, what it printed)."""
+    def run(self, name: str, flow: Path | None = None, **kwargs):
+        """``flowrl run`` of the flow (the bench's, or ``flow``) into ``work/name`` on the cluster; returns
+        (result, what it printed)."""
         from flowrl.launch import run_file
 
         said = io.StringIO()
         kwargs.setdefault("save_every", SAVE_EVERY)
-        result = run_file(str(self.flow), out=str(self.work / name), ray_address=self.address, log_samples=1,
+        result = run_file(str(flow or self.flow), out=str(self.work / name), ray_address=self.address, log_samples=1,
                           stream=said, **kwargs)
         return result, said.getvalue()
 
@@ -250,6 +309,17 @@ def damaged_sync(b: Bench) -> Row:
                 "resent, run went on", len(result.rows) == STEPS)
 
 
+def lost_sync(b: Bench) -> Row:
+    """The ``checkpoint`` flow's resync after step 3 loses a file on its first send: the replica finds
+    it missing, loads nothing, and the driver sends the resync once more."""
+    from flowrl.runtime.fleet import Faults
+
+    reference, result, _ = _own_runs(b, "sync", Faults(lose_bucket_at_step=2))
+    resent = sum(r.get("faults/sync_resent", 0) for r in result.rows)
+    return _own_row(b, "weight file lost (step 3, checkpoint sync)", reference, result, resent == 1,
+                    f"faults/sync_resent = {resent}", "resent, run went on", ("faults/sync_resent",))
+
+
 def checkpoint_bitflip(b: Bench) -> Row:
     """The newest checkpoint of a run stopped after step 4 gets a flipped bit; --resume refuses it naming the
     file, and ``--resume-step`` continues from the one before."""
@@ -310,6 +380,56 @@ def node_lost(b: Bench) -> Row:
                 "stopped: --resume on a new node", len(result.rows) == STEPS)
 
 
+def worker_kill(kind: str) -> Callable[[Bench], Row]:
+    """``kill -9`` of a reward or environment worker mid-call, in a flow of its own: the run goes on
+    (the pool replaces the worker and scores or replays what it held) and must equal the same flow's
+    undisturbed run."""
+    def case(b: Bench) -> Row:
+        from flowrl.runtime.fleet import Faults
+
+        folder = b.work / kind
+
+        def arm(step: int) -> None:
+            if step == 3:
+                (folder / "armed").touch()
+
+        reference, result, said = _own_runs(b, kind, Faults(at_generate=arm))
+        metric = "reward/recovered" if kind == "reward" else "env/recovered"
+        warning = next((line for line in said.splitlines() if "died" in line), "")
+        recovered = sum(r.get(metric, 0) for r in result.rows)
+        return _own_row(b, f"kill -9 a{'n environment' if kind == 'env' else ' reward'} worker (step 3-4)",
+                        reference, result, (folder / "fired").exists() and recovered > 0 and bool(warning),
+                        warning.removeprefix("warning: "), "went on (worker replaced)", (metric,))
+    return case
+
+
+def _own_runs(b: Bench, kind: str, faults) -> tuple:
+    """The undisturbed run and the faulted run of ``WORKER_FLOWS[kind]``, written with the case's reward
+    and environment modules into ``work/kind``: (reference result, faulted result, what it printed)."""
+    folder = b.work / kind
+    folder.mkdir(exist_ok=True)
+    (folder / "chaos_rewards.py").write_text(REWARDS)
+    (folder / "chaos_envs.py").write_text(ENVS)
+    flow = folder / "chaos.flow"
+    flow.write_text(WORKER_FLOWS[kind].format(model=b.work / "model", data=ROOT / "data" / "arith", steps=STEPS,
+                                              shared=folder / "shared"))
+    reference, _ = b.run(f"{kind}/reference", flow=flow)
+    result, said = b.run(f"{kind}/faulted", flow=flow, faults=faults)
+    return reference, result, said
+
+
+def _own_row(b: Bench, fault: str, reference, result, detected: bool, message: str, state: str,
+             counts: tuple[str, ...]) -> Row:
+    """A row of a case that ran its own flow: compared with that flow's undisturbed run (``counts``: the
+    metrics that count the fault, which only the faulted run has)."""
+    def stable(out) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in counts} for r in _stable(_rows(out))]
+
+    ref_samples, samples = _samples(reference.out), _samples(result.out)
+    return Row(fault, detected, message, state, len(result.rows) == STEPS, stable(result.out) == stable(reference.out),
+               sum((ref_samples - samples).values()), sum((samples - ref_samples).values()), 0.0)
+
+
 def _row(b: Bench, fault: str, name: str, detected: bool, message: str, state: str, resumed: bool) -> Row:
     identical, lost, duplicated = b.compare(name)
     return Row(fault, detected, message, state, resumed, identical, lost, duplicated, 0.0)
@@ -322,8 +442,11 @@ CASES: dict[str, Callable[[Bench], Row]] = {
     "sigterm": sigterm,
     "hang": hang,
     "damaged-sync": damaged_sync,
+    "lost-sync": lost_sync,
     "checkpoint-bitflip": checkpoint_bitflip,
     "node-lost": node_lost,
+    "reward-worker-kill": worker_kill("reward"),
+    "env-worker-kill": worker_kill("env"),
 }
 
 

@@ -30,12 +30,18 @@ from flowrl.engines.base import EngineConfigError, EngineError
 class RankProcessError(EngineError):
     """A rank process raised or died; the engine's processes have been stopped.
 
-    ``remote_traceback`` holds the rank's traceback text.
+    ``remote_traceback`` holds the rank's traceback text; ``dead_ranks`` the names of the rank
+    processes that died (killed, out of memory, crashed): an engine fault, which the runtime
+    names and ``flowrl run --restarts N`` restarts (:class:`~flowrl.runtime.watchdog.EngineDied`).
     """
 
-    def __init__(self, message: str, remote_traceback: str = ""):
+    def __init__(self, message: str, remote_traceback: str = "", dead_ranks: tuple[str, ...] = ()):
         super().__init__(message)
         self.remote_traceback = remote_traceback
+        self.dead_ranks = tuple(dead_ranks)
+
+    def __reduce__(self):  # Ray pickles it across processes: keep every field
+        return type(self), (str(self), self.remote_traceback, self.dead_ranks)
 
 
 def free_port() -> int:
@@ -233,15 +239,16 @@ class RankGroup:
         return [results[r] for r in range(self.world)]
 
     def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
+        if dead:  # first: its peers' errors (a collective whose connection was reset) follow from it
+            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
+            return self.error_cls(f"{self.name} rank process died during {method} ({codes}); the engine was stopped",
+                                  "", tuple(p.name for p in dead))
         if errors:
             rank = min(errors)
             exc, tb = errors[rank]
             if isinstance(exc, EngineError):
                 return exc
             return self.error_cls(f"{self.name} rank {rank} failed in {method}: {exc}", tb)
-        if dead:
-            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
-            return self.error_cls(f"{self.name} rank process died during {method} ({codes}); the engine was stopped")
         return self.error_cls(f"{self.name} ranks did not answer {method} in time; the engine was stopped")
 
     def shutdown(self, timeout_s: float = 30.0) -> None:

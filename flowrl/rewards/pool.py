@@ -90,6 +90,10 @@ class RewardResult:
     """Failed samples, in index order."""
     parts: dict[str, list[float]] = field(default_factory=dict)
     """A combined reward's (``weighted_sum``): each reward's own scores, by its name (unweighted)."""
+    recovered: list[RewardError] = field(default_factory=list)
+    """Samples whose worker process died while scoring them (killed from outside, out of memory)
+    and that a fresh worker then scored: reported, not lost. A sample that kills the fresh worker
+    too is its own fault: it scores the error reward and is in ``errors``."""
 
 
 def _truncate(text: str, limit: int = MAX_TEXT) -> str:
@@ -359,16 +363,21 @@ class RewardPool:
     def _score_pool(self, n: int, chunks: list[_Chunk]) -> RewardResult:
         rewards: list[float | None] = [None] * n
         errors: dict[int, RewardError] = {}
+        recovered: dict[int, RewardError] = {}
         todo = deque(chunks)
         idle, busy = list(self._pool), []
 
-        def fail(w: _Worker, message: str, replace: bool) -> None:
+        def fail(w: _Worker, message: str, replace: bool, retry: bool = False) -> None:
             chunk, i = w.chunk, w.index
-            rewards[chunk.start + i] = self.error_reward
-            errors[chunk.start + i] = chunk.error(i, message)
             busy.remove(w)
-            if i + 1 < len(chunk):
-                todo.appendleft(chunk.after(i))  # the rest of the chunk goes on elsewhere
+            if retry and chunk.start + i not in recovered:  # once: a fresh worker scores it again
+                recovered[chunk.start + i] = chunk.error(i, message + "; scored again by a fresh worker")
+                todo.appendleft(chunk.after(i - 1))
+            else:
+                rewards[chunk.start + i] = self.error_reward
+                errors[chunk.start + i] = chunk.error(i, message)
+                if i + 1 < len(chunk):
+                    todo.appendleft(chunk.after(i))  # the rest of the chunk goes on elsewhere
             if replace:
                 w.kill()
                 fresh = _Worker(self._ctx, self.spec, self.folder)
@@ -394,7 +403,7 @@ class RewardPool:
                     except (EOFError, OSError):
                         w.proc.join(timeout=5)  # EOF can come before the exit status
                         fail(w, f"WorkerDied: the reward process exited with code {w.proc.exitcode} "
-                                "while scoring this sample", replace=True)
+                                "while scoring this sample", replace=True, retry=True)
                         continue
                     i = w.chunk.start + w.index
                     if msg[0] == "ok":
@@ -409,7 +418,8 @@ class RewardPool:
                         idle.append(w)
                 elif time.monotonic() - w.since >= self.timeout_s:
                     fail(w, f"TimeoutError: reward did not finish within {self.timeout_s} s", replace=True)
-        return RewardResult([float(r) for r in rewards], [errors[i] for i in sorted(errors)])
+        return RewardResult([float(r) for r in rewards], [errors[i] for i in sorted(errors)],
+                            recovered=[recovered[i] for i in sorted(recovered) if i not in errors])
 
     def close(self) -> None:
         """Stop the worker processes."""

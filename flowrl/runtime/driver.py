@@ -94,20 +94,32 @@ class EventFile:
         self.file = _Redacted(open(path, "a"), redact)
         self.log = log
 
-    def reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
-        for e in errors[:3]:
-            self.file.write(json.dumps({"step": step, "op": op.id, "reward_error": asdict(e)}) + "\n")
+    def _samples(self, kind: str, op: OpPlan, step: int, records: list[dict], warning: str) -> None:
+        """Up to three ``{kind: record}`` lines of ``op`` at ``step`` in events.log, then one warning."""
+        for record in records[:3]:
+            self.file.write(json.dumps({"step": step, "op": op.id, kind: record}) + "\n")
         self.file.flush()
-        self.log(f"warning: step {step}: {len(errors)} reward error(s) in `{op.id}` ({op.origin}), e.g. sample "
-                 f"{errors[0].index}: {errors[0].message}; they scored the error reward (details in events.log)")
+        self.log(f"warning: step {step}: {warning} (details in events.log)")
+
+    def reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
+        self._samples("reward_error", op, step, [asdict(e) for e in errors],
+                      f"{len(errors)} reward error(s) in `{op.id}` ({op.origin}), e.g. sample {errors[0].index}: "
+                      f"{errors[0].message}; they scored the error reward")
+
+    def reward_recovered(self, op: OpPlan, step: int, recovered: list) -> None:
+        self._samples("reward_recovered", op, step, [asdict(e) for e in recovered],
+                      f"a reward worker of `{op.id}` ({op.origin}) died while scoring {len(recovered)} sample(s), "
+                      f"e.g. sample {recovered[0].index}: {recovered[0].message}; nothing lost")
 
     def env_errors(self, op: OpPlan, step: int, errors: list) -> None:
-        for row, message in errors[:3]:
-            self.file.write(json.dumps({"step": step, "op": op.id, "env_error": {"index": row, "message": message}})
-                            + "\n")
-        self.file.flush()
-        self.log(f"warning: step {step}: {len(errors)} episode(s) of `{op.id}` ({op.origin}) ended by an environment "
-                 f"error, e.g. sample {errors[0][0]}: {errors[0][1]} (details in events.log)")
+        self._samples("env_error", op, step, [{"index": row, "message": message} for row, message in errors],
+                      f"{len(errors)} episode(s) of `{op.id}` ({op.origin}) ended by an environment error, e.g. "
+                      f"sample {errors[0][0]}: {errors[0][1]}")
+
+    def env_recovered(self, op: OpPlan, step: int, recovered: list) -> None:
+        self._samples("env_recovered", op, step, [{"index": row, "message": message} for row, message in recovered],
+                      f"an environment worker of `{op.id}` ({op.origin}) died under {len(recovered)} episode(s), "
+                      f"e.g. sample {recovered[0][0]}: {recovered[0][1]}; nothing lost")
 
     def bad_rows(self, dataset, messages: list[str]) -> None:
         """Rows a dataset left out (``bad_rows = "skip"``): each one's file:row and reason, and one warning."""

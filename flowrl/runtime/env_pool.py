@@ -13,7 +13,12 @@ Failures stay with their episode, as :class:`EnvOutcome` records with ``error`` 
   a :class:`~flowrl.envs.StepResult`: that episode ends, its worker goes on;
 * a call runs past ``timeout`` seconds: that episode ends; the worker (stuck in user code) is
   killed and replaced, and the other episodes it hosted end with an error naming the timeout;
-* a worker process dies (a segfault, ``os._exit``): its episodes end with an error; it is replaced.
+* a worker process dies (killed from outside, out of memory, a segfault, ``os._exit``): it is
+  replaced, and each episode it hosted is replayed on the fresh worker (``reset`` from its row,
+  then ``step`` with each of its earlier turns, outputs discarded: environments are assumed to
+  answer the same turns the same way) and its call made again, once per episode; the outcome
+  says so (``recovered``). An episode whose replay fails, or whose call kills the fresh worker
+  too, ends with an error.
 
 :data:`ENV_KINDS` maps an environment op's ``OpSpec.handler`` (``python_env``) to its builder.
 """
@@ -48,6 +53,9 @@ class EnvOutcome:
     """Set when the call failed (raised, timed out, its worker died): the episode is over."""
     seconds: float = 0.0
     """How long the call took in the worker (or until it was given up)."""
+    recovered: str | None = None
+    """Set when the episode's worker died during this call and the episode was replayed on a fresh
+    worker, which then answered the call: what happened (reported, nothing lost)."""
 
 
 class EnvWorker:
@@ -85,6 +93,19 @@ class EnvWorker:
             self._close(key)
             return {"error": f"{type(e).__name__}: {e}"[:500], "seconds": time.time() - t0}
 
+    def replay(self, key: str, row: dict, turns: list[str]) -> str | None:
+        """Rebuild episode ``key`` here after its worker died: ``reset(row)``, then ``step`` with each
+        earlier turn (outputs discarded); None, or why it could not."""
+        try:
+            env = self.cls()
+            env.reset(dict(row))
+            for turn in turns:
+                env.step(turn)
+        except Exception as e:  # noqa: BLE001 - user code may raise anything: that episode ends
+            return f"{type(e).__name__}: {e}"[:500]
+        self.envs[key] = env
+        return None
+
     def close(self, keys: list[str]) -> None:
         for key in keys:
             self._close(key)
@@ -116,6 +137,10 @@ class EnvPool:
         self.lost: dict[str, str] = {}
         """Episodes whose worker was replaced -> why; their next call ends them with that error."""
         self.restarts = 0
+        self.history: dict[str, tuple[dict, list[str]]] = {}
+        """Open episode -> (its row, the turns its environment has answered): what a replay needs."""
+        self.retried: set[str] = set()
+        """Episodes replayed once after their worker died (a second death ends them)."""
         if start:
             self.workers = [self._spawn() for _ in range(self.size)]
             self.hosted = [set() for _ in range(self.size)]
@@ -151,14 +176,17 @@ class EnvPool:
 
         out: list[EnvOutcome | None] = [None] * len(calls)
         pending: dict = {}
+        recovered: dict[int, str] = {}
         t0 = time.time()
         for i, (key, row, turn) in enumerate(calls):
             if key in self.lost:
                 out[i] = EnvOutcome(error=self.lost.pop(key))
                 continue
+            if row is not None:  # an episode's first call: what a replay starts from
+                self.history[key] = (dict(row), [])
             w = self.worker_of(key)
             self.hosted[w].add(key)
-            pending[self.workers[w].step.remote(key, row, turn)] = (i, w, key)
+            pending[self.workers[w].step.remote(key, row, turn)] = (i, w, key, turn)
         while pending:
             left = None if self.timeout is None else max(0.0, t0 + self.timeout - time.time())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
@@ -166,54 +194,82 @@ class EnvPool:
                 self._give_up(pending, out, t0)
                 break
             ref = ready[0]
-            i, w, key = pending.pop(ref)
+            i, w, key, turn = pending.pop(ref)
             try:
                 r = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - the worker process died
-                self._replace(w, f"its environment worker died ({type(e).__name__})")
-                out[i] = EnvOutcome(error=f"the environment worker died during this call ({type(e).__name__})",
-                                    seconds=time.time() - t0)
-                for ref2, (j, w2, key2) in list(pending.items()):
+                died = [(i, key, turn)]  # this call and the others running on that worker
+                for ref2, (j, w2, k, t) in list(pending.items()):
                     if w2 == w:
-                        pending.pop(ref2)
-                        out[j] = EnvOutcome(error=f"the environment worker died during this call "
-                                                  f"({type(e).__name__})", seconds=time.time() - t0)
-                        self.lost.pop(key2, None)
-                self.lost.pop(key, None)
+                        del pending[ref2]
+                        died.append((j, k, t))
+                why = f"its environment worker died ({type(e).__name__})"
+                replayed = self._replace(w, why, replay=True)
+                for j, k, t in died:
+                    if k in replayed and k not in self.retried:  # once per episode: then it is its own doing
+                        self.retried.add(k)
+                        recovered[j] = (f"{why} during this call; the episode was replayed on a fresh worker "
+                                        f"({len(self.history[k][1])} earlier turn(s)) and the call made again")
+                        pending[self.workers[w].step.remote(k, None, t)] = (j, w, k, t)
+                        continue
+                    out[j] = EnvOutcome(error=f"the environment worker died during this call ({type(e).__name__})"
+                                        + (f"; {replayed[k]}" if isinstance(replayed.get(k), str) else ""),
+                                        seconds=time.time() - t0)
+                    self.lost.pop(k, None)
+                    self._forget(w, k)
                 continue
             if "error" in r:
                 out[i] = EnvOutcome(error=r["error"], seconds=r["seconds"])
             else:
                 out[i] = EnvOutcome(r["observation"], r["reward"], r["done"], r["info"], None, r["seconds"])
-            if out[i].done:
-                self.hosted[w].discard(key)
+            out[i].recovered = recovered.get(i)
+            if out[i].done or out[i].error is not None:
+                self._forget(w, key)
+            elif key in self.history:
+                self.history[key][1].append(turn)
         return out
 
+    def _forget(self, w: int, key: str) -> None:
+        """Episode ``key`` is over: nothing to host or replay."""
+        self.hosted[w].discard(key)
+        self.history.pop(key, None)
+
     def _give_up(self, pending: dict, out: list, t0: float) -> None:
-        stuck = sorted({w for _, w, _ in pending.values()})
-        for i, w, key in pending.values():
+        stuck = sorted({w for _, w, _, _ in pending.values()})
+        for i, w, key, _ in pending.values():
             out[i] = EnvOutcome(error=f"the environment call took longer than its timeout of {self.timeout:g}s",
                                 seconds=time.time() - t0)
+            self._forget(w, key)
         for w in stuck:
             self._replace(w, f"its environment worker was restarted after another episode's call "
                              f"exceeded the timeout of {self.timeout:g}s")
-        for _, _, key in pending.values():
+        for _, _, key, _ in pending.values():
             self.lost.pop(key, None)
 
-    def _replace(self, w: int, why: str) -> None:
-        """Kill worker ``w`` and start a fresh one; its episodes end with ``why`` at their next call."""
+    def _replace(self, w: int, why: str, replay: bool = False) -> dict[str, str | None]:
+        """Kill worker ``w`` and start a fresh one. Without ``replay`` its episodes end with ``why`` at
+        their next call; with it, each is replayed on the fresh worker (:meth:`EnvWorker.replay`):
+        returns episode -> None (replayed) or why not (it then ends at its next call)."""
         import ray
 
         try:
             ray.kill(self.workers[w], no_restart=True)
         except Exception:  # noqa: BLE001 - already dead
             pass
-        for key in self.hosted[w]:
-            self.lost[key] = why
-        self.hosted[w] = set()
+        hosted, self.hosted[w] = self.hosted[w], set()
         self.workers[w] = self._spawn()
         self.restarts += 1
         self._wait_ready([w])
+        keys = sorted(k for k in hosted if replay and k in self.history)
+        results = ray.get([self.workers[w].replay.remote(k, *self.history[k]) for k in keys]) if keys else []
+        replayed = dict(zip(keys, results))
+        for key in hosted:
+            if replayed.get(key, why) is None:
+                self.hosted[w].add(key)
+            else:
+                self.lost[key] = why if key not in replayed else f"{why}; its replay failed: {replayed[key]}"
+                self.history.pop(key, None)
+        return replayed
 
     def close_episodes(self, keys: list[str]) -> None:
         """End these episodes' environments (``close()``), wherever they live."""
@@ -222,6 +278,7 @@ class EnvPool:
         by_worker: dict[int, list[str]] = {}
         for key in keys:
             self.lost.pop(key, None)
+            self.history.pop(key, None)
             w = self.worker_of(key)
             if key in self.hosted[w]:
                 self.hosted[w].discard(key)

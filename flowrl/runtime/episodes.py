@@ -139,6 +139,10 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
     _metrics(ctx, outcomes, errors, done)
     if errors:
         ctx.services.events.env_errors(op, ctx.step, errors)
+    recovered = [(i, o.recovered) for i, o in zip(active, outcomes) if o.recovered]
+    if recovered:  # their worker died; replayed on a fresh one: nothing lost, said
+        ctx.metrics["env/recovered"] = ctx.metrics.get("env/recovered", 0) + len(recovered)
+        ctx.services.events.env_recovered(op, ctx.step, recovered)
     contexts = [t + observations[i] for i, (t, _, _) in enumerate(_rows_of(episodes.batch))]
     fields = dict(roll.fields)
     fields.update(prompt_ids=contexts, observations=observations, done=torch.tensor(done), rewards=rewards)

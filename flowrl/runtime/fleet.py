@@ -52,6 +52,9 @@ class Faults:
     corrupt_sends: int | None = None
     """How many sends of that step's resync are corrupted: None, every one (the resend too, so the
     run stops); 1, only the first (the resend delivers intact weights and the run goes on)."""
+    lose_bucket_at_step: int | None = None
+    """Lose one bucket (``inplace``: the handoff's last; ``checkpoint``: the first file) of the resync
+    sent after this step's update, on the first send only: the resend delivers it."""
     hang_at_step: int | None = None
     """Every rollout replica's ``generate`` sleeps :data:`HANG_S` at this step: a hung engine (the watchdog's case)."""
     stop_after_step: int | None = None
@@ -62,6 +65,9 @@ class Faults:
     """SIGKILL (``kill -9``) the first actor of :attr:`kill_engine` while its call of this step runs."""
     kill_engine: str = "policy.rollout"
     """The engine (``model.rollout`` or ``model.train``) :attr:`kill_at_step` kills."""
+    kill_rank: int | None = None
+    """With :attr:`kill_at_step` and a train engine that forks its ranks (``fsdp``, ``megatron``, ``torch``
+    with dp > 1): SIGKILL this rank's process (in start order) instead of the engine's actor."""
     at_generate: Callable[[int], None] | None = None
     """Called with the step right after each generate is sent: a harness's own fault (``bench/chaos.py``
     removes a Ray node there)."""
@@ -409,7 +415,8 @@ class Fleet:
     def _kill_injected(self, engine: str, step: int, actors: list) -> None:
         """:attr:`Faults.kill_at_step`: ``kill -9`` of ``engine``'s first actor while its call of ``step`` runs."""
         if self.faults.kill_at_step == step and self.faults.kill_engine == engine and actors:
-            os.kill(self.placed[id(actors[0])]["pid"], signal.SIGKILL)
+            pid = self.placed[id(actors[0])]["pid"]
+            os.kill(pid if self.faults.kill_rank is None else _rank_pids(pid)[self.faults.kill_rank], signal.SIGKILL)
 
     def _where(self, actor) -> str | None:
         """Where ``actor`` ran, in words, and which other engines ran on that Ray node (they are gone too
@@ -504,10 +511,11 @@ class Fleet:
         Sender and receivers are submitted together: a collective runs them concurrently;
         otherwise each receiver's call waits for the sender's handoff, which travels as an
         object ref (trainer -> object store -> replicas, never through this process).
-        A receiver that finds damage (a CRC-32 or a size that differs: ``CorruptedWeights``)
-        loads nothing; the whole resync is then sent once more, afresh (a ``delta`` sends every
-        tensor), counted in ``faults/sync_resent``; damage in the resend too stops the run naming
-        the tensor, bucket and both CRCs. No generation is submitted meanwhile: the pipeline
+        A receiver that finds damage (a CRC-32 or a size that differs: ``CorruptedWeights``) or
+        a part missing (a bucket, a file: ``LostWeights``) loads nothing; the whole resync is then
+        sent once more, afresh (a ``delta`` sends every tensor), counted in ``faults/sync_resent``;
+        the same in the resend too stops the run naming the tensor, bucket and both CRCs (or
+        what is missing). No generation is submitted meanwhile: the pipeline
         drained its producers before the resync.
         Records ``sync/*`` metrics (bytes, buckets, seconds, the protocol) and timeline spans.
         """
@@ -535,8 +543,8 @@ class Fleet:
             except Exception as again:
                 if not _corrupted(again):
                     raise
-                raise RuntimeFlowError(f"weight sync of `{model}` at step {step + 1} arrived damaged twice (sent once "
-                                       f"more after the first): {user_error(again)}") from again
+                raise RuntimeFlowError(f"weight sync of `{model}` at step {step + 1} arrived damaged or incomplete "
+                                       f"twice (sent once more after the first): {user_error(again)}") from again
             resent = 1
         ends = rec.sync
         t1 = time.time()
@@ -553,7 +561,8 @@ class Fleet:
         ``attempt`` 1 is the resend: afresh, so a ``delta`` sends every tensor."""
         ends, f = self.models[model].sync, self.faults
         corrupt = f.corrupt_bucket_at_step == step and (f.corrupt_sends is None or attempt < f.corrupt_sends)
-        sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(version, corrupt, attempt > 0)
+        lose = f.lose_bucket_at_step == step and attempt == 0
+        sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(version, corrupt, attempt > 0, lose)
         return sent, [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
 
     def _sent(self, model: str, step: int, sent, pending: list) -> tuple:
@@ -649,8 +658,18 @@ class Fleet:
         self.pgs = []
 
 
+def _rank_pids(actor_pid: int) -> list[int]:
+    """The rank processes an engine actor forked (through its forkserver: the descendants whose parent is
+    not the actor), in start order."""
+    import psutil
+
+    ranks = [p for p in psutil.Process(actor_pid).children(recursive=True) if p.ppid() != actor_pid]
+    return [p.pid for p in sorted(ranks, key=lambda p: p.create_time())]
+
+
 def _corrupted(error: BaseException | None) -> bool:
-    """Whether ``error`` (or the actor error Ray wrapped in it) is damage a resend may cure."""
+    """Whether ``error`` (or the actor error Ray wrapped in it) is damage or a loss a resend may cure
+    (``LostWeights`` is a ``CorruptedWeights``)."""
     from flowrl.runtime.weight_sync import CorruptedWeights
 
     seen = set()

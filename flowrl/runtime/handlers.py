@@ -169,6 +169,9 @@ def score(op: OpPlan, ctx: StepContext) -> StepValue:
     if result.errors:
         stats["reward/errors"] = len(result.errors)
         ctx.services.events.reward_errors(op, ctx.step, result.errors)
+    if result.recovered:  # a worker died under them and a fresh one scored them: nothing lost, said
+        stats["reward/recovered"] = len(result.recovered)
+        ctx.services.events.reward_recovered(op, ctx.step, result.recovered)
     ctx.metrics.update(owned_metrics(stats, op.id, _same_ops(op, ctx)))  # reward/<op id>/* when several
     return StepValue({"rewards": r})
 

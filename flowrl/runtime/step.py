@@ -138,6 +138,10 @@ class EngineService(Protocol):
 class Reward(Protocol):
     """A reward resource: scores completions (see :mod:`flowrl.runtime.rewards`)."""
 
+    correct: float | None
+    """The reward at or above which a completion counts as right in the held-out accuracy; None where
+    the reward has no such value (a reward model's or a judge's score)."""
+
     def score(self, completions: list[str], answers: list[str], prompts: list[str] | None = None,
               rows: list[dict] | None = None) -> Any:
         """A result with ``rewards`` (one float per completion) and ``errors``; ``rows``: each sample's
@@ -153,8 +157,16 @@ class EventLog(Protocol):
     def reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
         """Report the reward errors of ``op`` at ``step`` (they scored the error reward)."""
 
+    def reward_recovered(self, op: OpPlan, step: int, recovered: list) -> None:
+        """Report the samples of ``op`` at ``step`` whose reward worker died under them and that a fresh
+        worker scored."""
+
     def env_errors(self, op: OpPlan, step: int, errors: list[tuple[int, str]]) -> None:
         """Report the episodes ``op`` ended at ``step`` because their environment failed ``(row, message)``."""
+
+    def env_recovered(self, op: OpPlan, step: int, recovered: list[tuple[int, str]]) -> None:
+        """Report the episodes of ``op`` at ``step`` whose environment worker died under them and that a
+        fresh worker replayed ``(row, message)``."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from flowrl.engines.base import EngineError
 from flowrl.runtime.errors import EngineFault, RuntimeFlowError
 
 ENV_VAR = "FLOWRL_WATCHDOG"
@@ -219,6 +220,13 @@ class Watchdog:
 
         try:
             return ray.get(ready)
+        except ray.exceptions.RayTaskError as error:  # a rank process of the engine died: the engine's fault
+            dead = getattr(error.cause, "dead_ranks", ()) if isinstance(error.cause, EngineError) else ()
+            if not dead:
+                raise
+            failed = next((r for r in ready if _failed(r)), ready[0])
+            raise EngineDied(engine, f"{who[refs.index(failed)]}: {', '.join(dead)}", call, step,
+                             str(error.cause), resume) from error
         except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as error:
             if getattr(error, "actor_init_failed", False):
                 raise
@@ -229,6 +237,17 @@ class Watchdog:
                           "needed more memory than the node has; a smaller cluster(...) or fewer engines need less)")
             raise EngineDied(engine, ", ".join(who[refs.index(r)] for r in dead), call, step, cause,
                              resume) from error
+
+
+def _failed(ref) -> bool:
+    """Whether ``ref`` (a finished call) raised."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - any failure: this is the call that raised
+        return True
+    return False
 
 
 def _died(ref) -> bool:

@@ -71,6 +71,11 @@ class CorruptedWeights(WeightSyncError):
     the receiver loaded nothing; sending it again may cure it (the driver resends a resync once)."""
 
 
+class LostWeights(CorruptedWeights):
+    """Part of what was sent never arrived (a bucket missing from the handoff, a published file
+    gone): the receiver loaded nothing; sending it again may cure it, as damage may."""
+
+
 class TensorMeta(NamedTuple):
     """Where one tensor lives inside a bucket."""
 

@@ -133,19 +133,20 @@ class TrainWorker:
         self.sync, rendezvous = open_end(protocol, role, options)
         return rendezvous
 
-    def sync_send(self, version: int, corrupt: bool = False,
-                  fresh: bool = False) -> tuple[tuple[dict, float, float], Any]:
+    def sync_send(self, version: int, corrupt: bool = False, fresh: bool = False,
+                  lose: bool = False) -> tuple[tuple[dict, float, float], Any]:
         """Send the current weights as ``version``; call with ``.options(num_returns=2)``.
 
         Returns ``((ProtocolStats as a dict, t0, t1), handoff)``: times are ``time.time()``
         seconds; the handoff (None for collectives) goes to every receiver as an object
-        ref, never through the driver. ``corrupt`` injects a one-byte fault (tests); ``fresh``:
+        ref, never through the driver. ``corrupt`` injects a one-byte fault, ``lose`` a lost bucket
+        (tests); ``fresh``:
         the resend after a receiver found damage (see :func:`~flowrl.runtime.sync.endpoint.send_weights`).
         """
         from flowrl.runtime.sync.endpoint import send_weights
 
         t0 = time.time()
-        stats, handoff = send_weights(self.sync, self.engine.named_weights(), version, corrupt, fresh)
+        stats, handoff = send_weights(self.sync, self.engine.named_weights(), version, corrupt, fresh, lose)
         return (stats, t0, time.time()), handoff
 
     def close_sync(self) -> None:

@@ -66,3 +66,20 @@ class Crashy:
         if self.prompt == "BAD":
             return {"observation": "not a StepResult"}
         return StepResult(f"seen {turn}", 1.0, False)
+
+
+class Counter:
+    """Counts its steps: each observation is "<n> <turn>". A turn "KILL:PATH" kills the worker process
+    from outside (SIGKILL) the first time, marked by creating PATH."""
+
+    def reset(self, row: dict) -> None:
+        self.n = 0
+
+    def step(self, turn: str) -> StepResult:
+        import signal
+
+        if turn.startswith("KILL:") and not os.path.exists(turn[5:]):
+            open(turn[5:], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.n += 1
+        return StepResult(f"{self.n} {turn}", 0.0, False)

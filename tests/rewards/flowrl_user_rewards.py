@@ -74,3 +74,16 @@ def runs_in_sandbox(completions, answers):
     from flowrl.sandbox import run_code
 
     return [float(run_code(c, timeout_s=1.0).stdout.strip() == a) for c, a in zip(completions, answers)]
+
+
+def killed_once(completions, answers):
+    """1.0 per sample; a sample "killed:PATH" has its process killed from outside (SIGKILL, as the OOM
+    killer or an operator would) the first time it is scored, marked by creating PATH."""
+    import os
+    import signal
+
+    for c in completions:
+        if c.startswith("killed:") and not os.path.exists(c[len("killed:"):]):
+            open(c[len("killed:"):], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return [1.0 for _ in completions]

@@ -105,11 +105,28 @@ def test_each_sample_has_its_own_deadline():
 
 
 def test_a_sample_that_kills_its_worker_costs_only_itself():
+    """It is scored once more by a fresh worker (its first worker may have died of something else);
+    killing that one too, it scores the error reward."""
     with RewardPool(f"{MOD}:crashes_on_crash", workers=1, chunk_size=8, error_reward=-2.0) as pool:
         res = pool.score(["a", "crash", "b"], ["", "", ""])
         assert res.rewards == [1.0, -2.0, 1.0]
         assert [e.index for e in res.errors] == [1] and "exited with code 3" in res.errors[0].message
+        assert res.recovered == [] and pool.restarts == 2
+
+
+def test_a_worker_killed_from_outside_loses_no_reward(tmp_path):
+    """SIGKILL of a worker mid-sample (an operator, the OOM killer): a fresh worker scores the sample
+    and the rest of its chunk; the death is reported, nothing is lost (issue 14)."""
+    marker = tmp_path / "killed"
+    completions = ["a", f"killed:{marker}", "b", "c"]
+    with RewardPool(f"{MOD}:killed_once", workers=2, chunk_size=2, error_reward=-2.0) as pool:
+        res = pool.score(completions, [""] * 4, prompts=[f"p{i}" for i in range(4)])
+        assert res.rewards == [1.0] * 4 and res.errors == [] and marker.exists()
+        assert [(e.index, e.prompt) for e in res.recovered] == [(1, "p1")]
+        assert "exited with code -9" in res.recovered[0].message
+        assert "scored again by a fresh worker" in res.recovered[0].message
         assert pool.restarts == 1
+        assert pool.score(["x"] * 4, [""] * 4).rewards == [1.0] * 4  # the pool keeps serving
 
 
 def test_system_exit_is_an_error_not_a_dead_worker():

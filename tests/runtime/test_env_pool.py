@@ -40,13 +40,30 @@ def test_user_errors_end_their_episode_only(ray_local):
     pool.close()
 
 
-def test_a_dying_worker_ends_the_episodes_it_hosted_and_is_replaced(ray_local):
+def test_a_worker_killed_under_its_episodes_replays_them_and_loses_nothing(ray_local, tmp_path):
+    """SIGKILL of the worker mid-call (from outside, as an operator or the OOM killer would): a fresh
+    worker replays every episode it hosted (reset, then the earlier turns) and the calls are made
+    again; the outcomes say so (issue 14)."""
+    marker = tmp_path / "killed"
+    pool = _pool("Counter")
+    first = pool.step([("a", {"prompt": "count"}, "x"), ("b", {"prompt": "count"}, "y")])
+    assert [o.observation for o in first] == ["1 x", "1 y"]
+    out = pool.step([("a", None, f"KILL:{marker}"), ("b", None, "z")])  # the call of `a` kills the worker
+    assert marker.exists() and pool.restarts == 1
+    assert [(o.error, o.observation) for o in out] == [(None, f"2 KILL:{marker}"), (None, "2 z")]
+    assert "replayed on a fresh worker (1 earlier turn(s))" in out[0].recovered
+    later = pool.step([("a", None, "w"), ("b", None, "w")])  # their environments live on the fresh worker
+    assert [o.observation for o in later] == ["3 w", "3 w"] and all(o.recovered is None for o in later)
+    pool.close()
+
+
+def test_an_episode_that_kills_its_worker_twice_ends_and_the_pool_goes_on(ray_local):
     pool = _pool("Crashy")
     assert pool.step([("ok", {"prompt": "ok"}, "x")])[0].error is None
-    out = pool.step([("exit", {"prompt": "EXIT"}, "x")])
-    assert "worker died" in out[0].error and pool.restarts == 1
-    lost = pool.step([("ok", {"prompt": "ok"}, "y")])[0]  # its environment was in the dead process
-    assert "worker died" in lost.error
+    out = pool.step([("exit", {"prompt": "EXIT"}, "x")])  # replayed once, killed the fresh worker too
+    assert "worker died" in out[0].error and pool.restarts == 2
+    kept = pool.step([("ok", None, "y")])[0]  # the other episode was replayed both times
+    assert (kept.error, kept.observation) == (None, "seen y")
     assert pool.step([("new", {"prompt": "ok"}, "z")])[0].observation == "seen z"  # the pool goes on
     pool.close()
 

@@ -84,10 +84,22 @@ class LocalPool:
 
 class Events:
     def __init__(self):
-        self.env = []
+        self.env, self.recovered = [], []
 
     def env_errors(self, op, step, errors):
         self.env += errors
+
+    def env_recovered(self, op, step, recovered):
+        self.recovered += recovered
+
+
+class RecoveringPool(LocalPool):
+    """A pool whose worker died under the calls of the first episode and replayed it (as EnvPool does)."""
+
+    def step(self, calls):
+        out = super().step(calls)
+        out[0].recovered = "its environment worker died (ActorDiedError) during this call; replayed"
+        return out
 
 
 class Timeline:
@@ -294,6 +306,17 @@ def test_an_environment_error_ends_only_its_episode(tmp_path):
     assert turns == [1, 1, 3, 3]  # the crashed episodes keep their first turn and stop
     assert [i for i, _ in events.env] == [0, 1] and "ValueError: the tool broke" in events.env[0][1]
     assert ctx.metrics["env/errors"] == 2 and convo["done"].tolist() == [True] * 4
+
+
+def test_episodes_a_fresh_worker_replayed_go_on_and_are_reported(tmp_path):
+    plan = _plan(tmp_path, "TwoToolCalls")
+    engines, events, pool = Engines(), Events(), RecoveringPool("loop_envs:TwoToolCalls")
+    services = Services(plan, 0, Data(ROWS), engines, {}, {}, events, Timeline(), {"tool": pool})
+    ctx = StepContext(3, services)
+    run_ops([op for op in plan.ops if op.op in ("sample", "generate", "env_step")], ctx)
+    assert ctx.metrics["env/recovered"] == 3 and ctx.metrics["env/errors"] == 0  # one per env_step call
+    assert [i for i, _ in events.recovered] == [0, 0, 0] and "replayed" in events.recovered[0][1]
+    assert ctx.values["convo#2"]["done"].tolist() == [True] * 4  # every episode played to its end
 
 
 def test_episodes_without_room_for_a_turn_end_truncated(tmp_path):

@@ -120,8 +120,13 @@ def test_an_actor_that_died_is_named_and_a_failed_constructor_keeps_its_own_erro
     class OutOfMemoryError(Exception):  # Ray's: not a RayActorError
         pass
 
+    class RayTaskError(Exception):  # Ray's: a task's own exception, as ``cause``
+        def __init__(self, cause):
+            super().__init__(str(cause))
+            self.cause = cause
+
     fake = types.SimpleNamespace(wait=lambda refs, num_returns, timeout: (refs[:1], refs[1:]), get=get,
-                                 exceptions=types.SimpleNamespace(RayActorError=RayActorError,
+                                 exceptions=types.SimpleNamespace(RayActorError=RayActorError, RayTaskError=RayTaskError,
                                                                   OutOfMemoryError=OutOfMemoryError))
     monkeypatch.setitem(sys.modules, "ray", fake)
     dog = Watchdog(WatchdogSettings(first_s=5, floor_s=1, factor=3))
@@ -141,3 +146,45 @@ def test_an_actor_that_died_is_named_and_a_failed_constructor_keeps_its_own_erro
     errors["r1"] = RayActorError("The actor died because of an error raised in its creation task", init_failed=True)
     with pytest.raises(RayActorError):
         dog.wait(["r0", "r1"], "policy.rollout", "start", 0, ["replica 0", "replica 1"], "no checkpoint")
+
+
+def test_a_dead_rank_process_is_the_engine_s_death_and_other_task_errors_pass(monkeypatch):
+    """A train engine that forks its ranks raises RankProcessError naming the dead rank processes (killed,
+    out of memory): that is EngineDied (which --restarts restarts); any other error of a task passes."""
+    import pickle
+    import sys
+    import types
+
+    from flowrl.engines.fsdp import FsdpRankError
+    from flowrl.runtime.watchdog import EngineDied
+
+    dead = pickle.loads(pickle.dumps(FsdpRankError("fsdp rank process died during train (fsdp-rank1 exit code -9); "
+                                                   "the engine was stopped", "", ("fsdp-rank1",))))
+    assert dead.dead_ranks == ("fsdp-rank1",)  # what crosses Ray's pickling
+
+    class RayTaskError(Exception):
+        def __init__(self, cause):
+            super().__init__(str(cause))
+            self.cause = cause
+
+    raised = {}
+
+    def get(refs, timeout=None):
+        raise raised["error"]
+
+    class Never(Exception):
+        pass
+
+    fake = types.SimpleNamespace(wait=lambda refs, num_returns, timeout: (refs, []), get=get,
+                                 exceptions=types.SimpleNamespace(RayActorError=Never, RayTaskError=RayTaskError,
+                                                                  OutOfMemoryError=Never))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    dog = Watchdog(WatchdogSettings(first_s=5, floor_s=1, factor=3))
+    raised["error"] = RayTaskError(dead)
+    with pytest.raises(EngineDied) as info:
+        dog.wait(["r0"], "policy.train", "train", 2, ["train actor"], "no checkpoint")
+    assert str(info.value).startswith("engine `policy.train` (train actor: fsdp-rank1) died during `train` at step 3: "
+                                      "fsdp rank process died during train (fsdp-rank1 exit code -9)"), str(info.value)
+    raised["error"] = RayTaskError(FsdpRankError("fsdp rank 0 failed in train: ValueError: bad batch"))
+    with pytest.raises(RayTaskError):  # a rank that raised: not a death
+        dog.wait(["r0"], "policy.train", "train", 2, ["train actor"], "no checkpoint")

@@ -78,7 +78,7 @@ def test_corruption_through_the_inner_protocol_names_the_tensor():
     meta = next(m for m in bucket.tensors if m.name == "layers.0.mlp.weight")
     data = bucket.data.copy()
     data[meta.offset + 3] ^= 0x10
-    damaged = InPlaceHandoff(handoff.version, [bucket._replace(data=data)] + handoff.buckets[1:])
+    damaged = handoff._replace(buckets=[bucket._replace(data=data)] + handoff.buckets[1:])
     with pytest.raises(WeightSyncError, match="tensor 'layers.0.mlp.weight' in bucket 0 is corrupted"):
         list(receiver.receive(damaged))
 
@@ -93,7 +93,7 @@ def test_a_lost_tensor_is_named():
     manifest_and_some = list(receiver.inner.receive(handoff))[:-2]
     handoff2, _ = pack_buckets(manifest_and_some, 1 << 20)
     with pytest.raises(WeightSyncError, match="lists 'mask' .* as changed but it never arrived"):
-        list(receiver.receive(InPlaceHandoff(1, handoff2)))
+        list(receiver.receive(InPlaceHandoff(1, handoff2, len(handoff2))))
 
 
 def test_options_are_checked():

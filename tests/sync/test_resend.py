@@ -7,7 +7,7 @@ import pytest
 
 from flowrl.runtime.sync import WeightSyncError
 from flowrl.runtime.sync.endpoint import open_end, receive_weights, send_weights
-from flowrl.runtime.weight_sync import CorruptedWeights
+from flowrl.runtime.weight_sync import CorruptedWeights, LostWeights
 from sync_testkit import broadcast_receiver_thread, digest, model_weights
 
 
@@ -37,6 +37,35 @@ def test_a_damaged_sync_sent_again_afresh_arrives_exact(name, tmp_path):
     assert _exact(pairs, 3) and got["version"] == 3
     sender.close()
     receiver.close()
+
+
+@pytest.mark.parametrize("name, missing", [("inplace", r"bucket\(s\) \d+ of the \d+ sent for version 2 never arrived"),
+                                           ("checkpoint", r"\S+\.safetensors of the \d+ file\(s\) of version 2 .* "
+                                                          r"never arrived"),
+                                           ("delta", r"bucket\(s\) \d+ of the \d+ sent")])
+def test_a_sync_with_a_part_lost_loads_nothing_and_is_sent_again(name, missing, tmp_path):
+    """Issue 14: a bucket (a file) the transport lost, not damaged: the receiver finds it missing
+    before loading anything (LostWeights, which the driver resends as it resends damage)."""
+    sender, _ = open_end(name, "sender", _options(name, tmp_path))
+    receiver, _ = open_end(name, "receiver", _options(name, tmp_path))
+    assert _exact(receive_weights(receiver, send_weights(sender, model_weights(1), 1)[1])[0], 1)
+    _, handoff = send_weights(sender, model_weights(2), 2, lose=True)
+    with pytest.raises(LostWeights, match=missing):
+        receive_weights(receiver, handoff)
+    assert receiver.version == 1  # nothing of version 2 was taken
+    pairs, got = receive_weights(receiver, send_weights(sender, model_weights(2), 2, fresh=True)[1])
+    assert _exact(pairs, 2) and got["version"] == 2
+    sender.close()
+    receiver.close()
+
+
+def test_broadcast_cannot_lose_a_bucket_on_purpose():
+    sender, _ = open_end("broadcast", "sender", {"world_size": 2, "bucket_bytes": 700, "timeout_s": 5, "backend": "gloo"})
+    try:
+        with pytest.raises(WeightSyncError, match="no way to lose part of a BroadcastSync sync"):
+            send_weights(sender, [], 1, lose=True)
+    finally:
+        sender.close()
 
 
 def test_a_delta_resent_without_fresh_is_refused():

@@ -33,7 +33,7 @@ from typing import ClassVar, Iterator, NamedTuple
 import torch
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version, raw_bytes
-from flowrl.runtime.weight_sync import CorruptedWeights, WeightSyncError, crc32
+from flowrl.runtime.weight_sync import CorruptedWeights, LostWeights, WeightSyncError, crc32
 
 FORMAT = "flowrl-weights/1"
 """``format`` field of every manifest; a reader refuses others."""
@@ -250,6 +250,11 @@ class CheckpointSync:
             by_file: dict[str, list[dict]] = {}
             for entry in manifest["tensors"]:
                 by_file.setdefault(entry["file"], []).append(entry)
+            missing = [file for file in manifest["files"] if not (path / file).is_file()]
+            if missing:
+                raise LostWeights(f"checkpoint: {', '.join(missing)} of the {len(manifest['files'])} file(s) of "
+                                  f"version {manifest['version']} in {path} never arrived; hint: the shared directory "
+                                  "lost them, resend the sync")
             for file in manifest["files"]:
                 try:
                     with safe_open(str(path / file), framework="pt") as f:

@@ -9,7 +9,9 @@ Fault injection (``corrupt=True`` in :func:`send_weights`) damages one byte of w
 the sender ships *after* it was checksummed, wherever the protocol's bytes travel:
 a bucket of the handoff (``inplace``), a bucket on the wire (``broadcast``), the
 first published file (``checkpoint``), or the inner protocol's bytes (``delta``). The
-receiver must then stop the run naming the damaged tensor.
+receiver must then stop the run naming the damaged tensor. ``lose=True`` drops one bucket of
+the handoff (``inplace``) or deletes the first published file (``checkpoint``): the receiver
+must find it missing (``LostWeights``) and load nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _node_address() -> str:
 
 # ---- sending ---------------------------------------------------------------------------------------
 def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], version: int,
-                 corrupt: bool = False, fresh: bool = False) -> tuple[dict, Any]:
+                 corrupt: bool = False, fresh: bool = False, lose: bool = False) -> tuple[dict, Any]:
     """Ship ``weights`` as ``version``; returns (the sender's ProtocolStats as a dict, the handoff).
 
     Args:
@@ -68,6 +70,7 @@ def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], 
         weights: ``(hf_name, tensor)`` pairs (any shape, CPU or GPU).
         version: policy version, an int >= 0.
         corrupt: flip one byte of the first bucket/file after checksumming (tests).
+        lose: drop a bucket of the handoff, or the first published file (tests).
         fresh: forget what earlier syncs sent first (a ``delta`` sends every tensor, and its
             receivers accept the sync whatever they hold): the resend after a receiver found
             damage, whose delta history may be half updated.
@@ -77,6 +80,7 @@ def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], 
         receiver (None for collectives).
     """
     hooks = _fault_hooks(_transport(sync)) if corrupt else _NO_FAULT
+    loss = _loss_hook(_transport(sync)) if lose else _same
     reset = getattr(sync, "reset", None)  # only protocols with a history have one (delta)
     if fresh and reset is not None:
         reset()
@@ -85,7 +89,7 @@ def send_weights(sync: WeightSync, weights: Iterable[tuple[str, torch.Tensor]], 
         stats = sync.send(weights, version)
     finally:
         undo()
-    handoff = hooks.after(_transport(sync), sync.handoff())
+    handoff = loss(_transport(sync), hooks.after(_transport(sync), sync.handoff()))
     return asdict(stats), handoff
 
 
@@ -95,6 +99,14 @@ def _fault_hooks(transport: WeightSync) -> "_Hooks":
         raise WeightSyncError(f"fault injection: no way to corrupt a {type(transport).__name__} sync; hint: "
                               f"Faults.corrupt_bucket_at_step works with {', '.join(c.name for c in FAULTS)}")
     return hooks
+
+
+def _loss_hook(transport: WeightSync) -> Callable[[WeightSync, Any], Any]:
+    hook = LOSSES.get(type(transport))
+    if hook is None:
+        raise WeightSyncError(f"fault injection: no way to lose part of a {type(transport).__name__} sync; hint: "
+                              f"Faults.lose_bucket_at_step works with {', '.join(c.name for c in LOSSES)}")
+    return hook
 
 
 def _transport(sync: WeightSync) -> WeightSync:
@@ -179,4 +191,19 @@ FAULTS: dict[type, _Hooks] = {
 """Transport class -> how a test corrupts one sync of it (see the module docstring)."""
 
 
-__all__ = ["open_end", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS"]
+def _lose_bucket(sync: InPlaceSync, handoff):
+    """The handoff without its last bucket (as a transport that dropped it would deliver it)."""
+    return handoff._replace(buckets=handoff.buckets[:-1])
+
+
+def _lose_file(sync: CheckpointSync, handoff):
+    """The version's first published file deleted (as a shared directory that lost it would show it)."""
+    sorted(Path(handoff.path).glob("*.safetensors"))[0].unlink()
+    return handoff
+
+
+LOSSES: dict[type, Callable[[WeightSync, Any], Any]] = {InPlaceSync: _lose_bucket, CheckpointSync: _lose_file}
+"""Transport class -> how a test loses part of one sync of it (see the module docstring)."""
+
+
+__all__ = ["open_end", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES"]

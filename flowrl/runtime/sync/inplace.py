@@ -21,7 +21,7 @@ from typing import ClassVar, Iterator, NamedTuple
 import torch
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version
-from flowrl.runtime.weight_sync import Bucket, WeightSyncError, iter_buckets, unpack_bucket
+from flowrl.runtime.weight_sync import Bucket, LostWeights, WeightSyncError, iter_buckets, unpack_bucket
 
 
 class InPlaceHandoff(NamedTuple):
@@ -31,6 +31,8 @@ class InPlaceHandoff(NamedTuple):
     """Policy version of the weights."""
     buckets: list[Bucket]
     """Checksummed buckets in packing order (numpy buffers: they cross Ray without pickling storages)."""
+    count: int
+    """How many buckets were sent: a receiver that finds fewer (or others) loads nothing (``LostWeights``)."""
 
 
 class InPlaceSync:
@@ -59,7 +61,7 @@ class InPlaceSync:
         with Timer(stats):
             buckets = list(iter_buckets(named_tensors, self.bucket_bytes, stats))
         stats.wire_bytes = stats.bytes
-        self._outbox = InPlaceHandoff(version, buckets)
+        self._outbox = InPlaceHandoff(version, buckets, len(buckets))
         self.version = version
         return stats
 
@@ -81,6 +83,12 @@ class InPlaceSync:
 
     def _receive(self, handoff: InPlaceHandoff) -> Iterator[tuple[str, torch.Tensor]]:
         self.stats = stats = ProtocolStats(protocol=self.name, version=handoff.version)
+        got = [b.index for b in handoff.buckets]
+        if got != list(range(handoff.count)):
+            missing = sorted(set(range(handoff.count)) - set(got))
+            raise LostWeights(f"inplace: bucket(s) {', '.join(map(str, missing)) or '?'} of the {handoff.count} sent "
+                              f"for version {handoff.version} never arrived (got {got}); hint: the transport lost "
+                              "them, resend the sync")
         with Timer(stats):
             for bucket in handoff.buckets:
                 pairs = unpack_bucket(bucket, stats)  # raises WeightSyncError naming the bad tensor
