@@ -84,6 +84,17 @@ class TokenBatch:
         )
 
     @staticmethod
+    def from_rows(rows: list[list[int]], pad_id: int) -> "TokenBatch":
+        """Right-padded token rows, every real token in the mask (what a reward model scores)."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, :len(r)] = 1
+        return TokenBatch(ids, attn, attn.float(), {})
+
+    @staticmethod
     def from_completions(completions: list[Completion], pad_id: int) -> "TokenBatch":
         """Right-pad prompt+response rows; put rollout logprobs in ``extras["rollout_logprobs"]``."""
         rows = [list(c.prompt_ids) + list(c.response_ids) for c in completions]

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from flowrl.engines.types import TokenBatch
 from flowrl.models.warmstart import (
     SFT_THREADS,
     SFTConfig,
@@ -102,22 +103,11 @@ def last_token_scores(scores: torch.Tensor, attention_mask: torch.Tensor) -> tor
     return scores[torch.arange(scores.shape[0]), last]
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``(input_ids, attention_mask)`` of token rows."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, :len(r)] = 1
-    return ids, attn
-
-
 def _scores(model, rows: list[list[int]], pad_id: int) -> torch.Tensor:
     """The reward of each token row (its score at the last token)."""
-    ids, attn = _pad(rows, pad_id)
-    hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
-    return last_token_scores(model.score(hidden).squeeze(-1), attn)
+    batch = TokenBatch.from_rows(rows, pad_id)
+    hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    return last_token_scores(model.score(hidden).squeeze(-1), batch.attention_mask)
 
 
 def _classifier(base_dir: str | Path, tok, seed: int):

@@ -198,25 +198,7 @@ class EnvPool:
             try:
                 r = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - the worker process died
-                died = [(i, key, turn)]  # this call and the others running on that worker
-                for ref2, (j, w2, k, t) in list(pending.items()):
-                    if w2 == w:
-                        del pending[ref2]
-                        died.append((j, k, t))
-                why = f"its environment worker died ({type(e).__name__})"
-                replayed = self._replace(w, why, replay=True)
-                for j, k, t in died:
-                    if k in replayed and k not in self.retried:  # once per episode: then it is its own doing
-                        self.retried.add(k)
-                        recovered[j] = (f"{why} during this call; the episode was replayed on a fresh worker "
-                                        f"({len(self.history[k][1])} earlier turn(s)) and the call made again")
-                        pending[self.workers[w].step.remote(k, None, t)] = (j, w, k, t)
-                        continue
-                    out[j] = EnvOutcome(error=f"the environment worker died during this call ({type(e).__name__})"
-                                        + (f"; {replayed[k]}" if isinstance(replayed.get(k), str) else ""),
-                                        seconds=time.time() - t0)
-                    self.lost.pop(k, None)
-                    self._forget(w, k)
+                self._recover(w, (i, w, key, turn), type(e).__name__, pending, out, recovered, t0)
                 continue
             if "error" in r:
                 out[i] = EnvOutcome(error=r["error"], seconds=r["seconds"])
@@ -228,6 +210,29 @@ class EnvPool:
             elif key in self.history:
                 self.history[key][1].append(turn)
         return out
+
+    def _recover(self, w: int, call: tuple, cause: str, pending: dict, out: list, recovered: dict,
+                 t0: float) -> None:
+        """Worker ``w`` died under ``call`` ``(i, w, key, turn)``: replace it, replay its episodes, and make
+        its calls in flight again (into ``pending``, noted in ``recovered``), once per episode; a call
+        whose episode was replayed before, or whose replay failed, ends in ``out`` with an error."""
+        died = [call] + [c for c in pending.values() if c[1] == w]  # the others running on that worker
+        for ref in [r for r, c in pending.items() if c[1] == w]:
+            del pending[ref]
+        why = f"its environment worker died ({cause})"
+        replayed = self._replace(w, why, replay=True)
+        for i, _, key, turn in died:
+            if key in replayed and replayed[key] is None and key not in self.retried:
+                self.retried.add(key)  # once: a second death is the episode's own doing
+                recovered[i] = (f"{why} during this call; the episode was replayed on a fresh worker "
+                                f"({len(self.history[key][1])} earlier turn(s)) and the call made again")
+                pending[self.workers[w].step.remote(key, None, turn)] = (i, w, key, turn)
+                continue
+            failed = replayed.get(key)
+            out[i] = EnvOutcome(error=f"the environment worker died during this call ({cause})"
+                                + (f"; its replay failed: {failed}" if failed else ""), seconds=time.time() - t0)
+            self.lost.pop(key, None)
+            self._forget(w, key)
 
     def _forget(self, w: int, key: str) -> None:
         """Episode ``key`` is over: nothing to host or replay."""

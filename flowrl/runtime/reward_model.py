@@ -19,10 +19,8 @@ preference pairs (``-log sigmoid(r(chosen) - r(rejected))``), saved with its tok
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import torch
 
 from flowrl.engines.types import TokenBatch
 from flowrl.models.reward import last_token_scores
@@ -56,13 +54,7 @@ class ModelReward:
         """Rewards of texts: each prompt + completion, tokenized with the flow's tokenizer."""
         prompts = prompts if prompts is not None else [""] * len(completions)
         ids = self.data.tokenize([p + c for p, c in zip(prompts, completions)])
-        width = max(len(r) for r in ids)
-        input_ids = torch.full((len(ids), width), int(self.data.pad_id), dtype=torch.long)
-        attn = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, r in enumerate(ids):
-            input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            attn[i, :len(r)] = 1
-        return self.score_tokens(TokenBatch(input_ids, attn, attn.float(), {}), -1)
+        return self.score_tokens(TokenBatch.from_rows(ids, self.data.pad_id), -1)
 
     def close(self) -> None:
         """Nothing of its own: the reward engine is the fleet's."""

@@ -68,7 +68,7 @@ def test_a_reward_model_is_fit_cached_and_reproducible(tmp_path):
     assert _build(tmp_path / "a", seed=1).path != first.path
 
 
-def test_the_saved_reward_model_scores_as_the_fit_left_it(tmp_path):
+def test_the_saved_reward_model_loads_as_a_one_label_classifier_that_ranks(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
     rm = _build(tmp_path)
