@@ -241,6 +241,8 @@ class Runtime:
             # Partial rollout's carried groups (tokens so far, versions): the next steps continue them.
             with open(tmp / "partial.pkl", "wb") as f:
                 pickle.dump({op_id: b.state_dict() for op_id, b in self.partial.items()}, f)
+            if self.faults.in_checkpoint is not None:
+                self.faults.in_checkpoint(step, tmp)
 
         return write_checkpoint(checkpoint_dir(self.out, step), write)
 

@@ -19,12 +19,13 @@ engine stays resident.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +37,8 @@ from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
                                       slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
-from flowrl.runtime.watchdog import EngineDied, EngineHung, Watchdog, WatchdogSettings, died_cause
+from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
+    died_cause
 
 ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
              "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
@@ -55,6 +57,12 @@ class Faults:
     lose_bucket_at_step: int | None = None
     """Lose one bucket (``inplace``: the handoff's last; ``checkpoint``: the first file) of the resync
     sent after this step's update, on the first send only: the resend delivers it."""
+    break_sync_at_step: int | None = None
+    """Break the group of the collective resync (``broadcast``) sent after this step's update, from rollout
+    replica 0 as the sync starts, on the first send only; how: :attr:`break_sync_by`."""
+    break_sync_by: str = "kill"
+    """``kill``: replica 0's process SIGKILLs itself (an engine killed mid-broadcast); ``close``: it shuts its
+    end of the group down and stays alive (a connection that drops)."""
     hang_at_step: int | None = None
     """Every rollout replica's ``generate`` sleeps :data:`HANG_S` at this step: a hung engine (the watchdog's case)."""
     stop_after_step: int | None = None
@@ -68,10 +76,21 @@ class Faults:
     kill_rank: int | None = None
     """With :attr:`kill_at_step` and a train engine that forks its ranks (``fsdp``, ``megatron``, ``torch``
     with dp > 1): SIGKILL this rank's process (in start order) instead of the engine's actor."""
+    nan_at_step: int | None = None
+    """The floating-point inputs of this step's updates (advantages, old and reference log-probs) carry a NaN, as
+    a diverged reward or value would make them: the train engine finds a non-finite loss (``on_nan``)."""
+    in_checkpoint: Callable[[int, Path], None] | None = None
+    """Called with a checkpoint's step and its temporary directory once its files are written, before its
+    manifest: a harness's own fault (``bench/chaos.py`` kills the process there, or raises ENOSPC)."""
     at_generate: Callable[[int], None] | None = None
     """Called with the step right after each generate is sent: a harness's own fault (``bench/chaos.py``
     removes a Ray node there)."""
 
+
+SYNC_SETTLE_S = 10.0
+"""How long the driver waits, once a collective sync's transport broke, for the other ends' calls to end
+(a receiver that died ends at once; one still waiting on the broken group ends at its transport's timeout,
+and is not waited for past this)."""
 
 SETTLE_S = 60.0
 """How long the driver asks Ray about an actor it called unavailable before naming it with that word
@@ -488,6 +507,8 @@ class Fleet:
         rec = self.models[model]
         self.turns.before_train(model, step)
         o = op.options
+        if self.faults.nan_at_step == step:
+            batch = _poisoned(batch)
         ref = rec.train.train.remote(batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]),
                                      int(o["epochs"]), op_seed(self.plan.run.seed, step, op.id))
         self._kill_injected(f"{model}.train", step, [rec.train])
@@ -557,23 +578,69 @@ class Fleet:
         metrics["faults/sync_resent"] = metrics.get("faults/sync_resent", 0) + resent
 
     def _send(self, model: str, version: int, step: int, attempt: int) -> tuple:
-        """Submit one send of ``model``'s weights and every replica's receive; (sender ref, receiver refs).
+        """Submit one send of ``model``'s weights and every replica's receive; (sender ref, handoff ref,
+        receiver refs).
         ``attempt`` 1 is the resend: afresh, so a ``delta`` sends every tensor."""
         ends, f = self.models[model].sync, self.faults
         corrupt = f.corrupt_bucket_at_step == step and (f.corrupt_sends is None or attempt < f.corrupt_sends)
         lose = f.lose_bucket_at_step == step and attempt == 0
+        breaks = f.break_sync_by if f.break_sync_at_step == step and attempt == 0 else None
         sent, handoff = ends.sender.sync_send.options(num_returns=2).remote(version, corrupt, attempt > 0, lose)
-        return sent, [a.sync_receive.remote(None if ends.collective else handoff) for a in ends.receivers]
+        return sent, handoff, [a.sync_receive.remote(None if ends.collective else handoff, breaks if i == 0 else None)
+                               for i, a in enumerate(ends.receivers)]
 
-    def _sent(self, model: str, step: int, sent, pending: list) -> tuple:
-        """Wait for a send (:meth:`_send`): (sender stats, t0, t1, every receiver's result)."""
+    def _sent(self, model: str, step: int, sent, handoff, pending: list) -> tuple:
+        """Wait for a send (:meth:`_send`): (sender stats, t0, t1, every receiver's result). A collective's
+        transport that broke is :meth:`_broken`'s to name."""
+        import ray
+
         ends = self.models[model].sync
-        # the sender's error (an abort) first: the receivers only echo it
-        (sent_stats, s0, s1), = self._wait([(ends.sender, sent, "train actor (the sender)")],
-                                           f"{model}.train", "sync_send", step)
-        results = self._wait([(a, ref, _who("rollout", i)) for i, (a, ref) in enumerate(zip(ends.receivers, pending))],
-                             f"{model}.rollout", "sync_receive", step)  # CorruptedWeights names the tensor
+        receivers = [(a, ref, _who("rollout", i)) for i, (a, ref) in enumerate(zip(ends.receivers, pending))]
+        try:  # the sender's error (an abort) first: the receivers only echo it
+            (sent_stats, s0, s1), = self._wait([(ends.sender, sent, SENDER)], f"{model}.train", "sync_send", step)
+        except Exception as error:
+            if ends.collective:  # nobody reads a collective's handoff: its copy of the sender's error is read here,
+                with contextlib.suppress(Exception):  # or Ray prints it as an "unhandled error" when the ref goes
+                    ray.get(handoff, timeout=0)
+            if _caused_by(error, _transport_broken()):
+                self._broken(model, step, error, receivers)
+            raise
+        try:
+            results = self._wait(receivers, f"{model}.rollout", "sync_receive", step)  # CorruptedWeights names the tensor
+        except Exception as error:
+            if _caused_by(error, _transport_broken()):
+                self._broken(model, step, None, receivers)
+            raise
         return sent_stats, s0, s1, results
+
+    def _broken(self, model: str, step: int, sender_error: BaseException | None, receivers: list) -> None:
+        """A collective sync's transport broke (the sender's error, or a receiver's): raise what broke it.
+
+        A receiver whose actor died (``kill -9`` mid-broadcast, its node lost: the sender then finds the
+        connection closed) is :class:`EngineDied`, named with its node; with every end alive it is
+        :class:`SyncBroken`, with what each end said. Receivers still waiting on the broken group after
+        :data:`SYNC_SETTLE_S` answer nothing until their transport's timeout: they count as lost (killed,
+        not asked to close, when the run's engines stop).
+        """
+        import ray
+
+        refs = [ref for _, ref, _ in receivers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SYNC_SETTLE_S)
+        dead = [call for call in receivers if call[1] in ready and actor_died(call[1])]
+        if dead:
+            self._wait(dead, f"{model}.rollout", "sync_receive", step)  # raises EngineDied, naming its node
+        said = [f"the sender: {_reason(sender_error)}"] if sender_error else []
+        for actor, ref, who in receivers:
+            if ref not in ready:
+                self.lost.add(id(actor))
+                said.append(f"{who}: still waiting on the group")
+                continue
+            try:
+                ray.get(ref)
+                said.append(f"{who}: received the sync")
+            except Exception as failed:  # noqa: BLE001 - each end's own words go into the one line
+                said.append(f"{who}: {_reason(failed)}")
+        raise SyncBroken(model, self.models[model].sync.protocol, step, "; ".join(said), self._resume_hint())
 
     # ---- checkpoints -------------------------------------------------------------------------
     def versions(self) -> dict:
@@ -658,6 +725,15 @@ class Fleet:
         self.pgs = []
 
 
+def _poisoned(batch):
+    """``batch`` with a NaN in every floating-point extra (:attr:`Faults.nan_at_step`)."""
+    extras = {k: v.clone() for k, v in batch.extras.items()}
+    for v in extras.values():
+        if v.is_floating_point() and v.numel():
+            v.view(-1)[0] = float("nan")
+    return replace(batch, extras=extras)
+
+
 def _rank_pids(actor_pid: int) -> list[int]:
     """The rank processes an engine actor forked (through its forkserver: the descendants whose parent is
     not the actor), in start order."""
@@ -672,13 +748,33 @@ def _corrupted(error: BaseException | None) -> bool:
     (``LostWeights`` is a ``CorruptedWeights``)."""
     from flowrl.runtime.weight_sync import CorruptedWeights
 
+    return _caused_by(error, CorruptedWeights)
+
+
+def _reason(error: BaseException) -> str:
+    """What one end of a sync said, without its hint (the fault's own line says what to do)."""
+    return (user_error(error) or type(error).__name__).split("; hint:", 1)[0]
+
+
+def _transport_broken() -> type:
+    from flowrl.runtime.weight_sync import TransportBroken
+
+    return TransportBroken
+
+
+def _caused_by(error: BaseException | None, kind: type) -> bool:
+    """Whether ``error``, or an error it wraps (Ray's actor error, a ``raise ... from``), is a ``kind``."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, CorruptedWeights):
+        if isinstance(error, kind):
             return True
         error = getattr(error, "cause", None) or error.__cause__
     return False
+
+
+SENDER = "train actor (the sender)"
+"""The sender of a weight sync, in words."""
 
 
 def _who(role: str, index: int) -> str:

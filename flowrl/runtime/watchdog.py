@@ -159,6 +159,22 @@ class EngineDied(EngineFault):
             f"stopped and the steps before it keep their metrics; {resume}; {RESTARTS_HINT}")
 
 
+class SyncBroken(EngineFault):
+    """A collective weight sync's transport broke with every end alive (a connection dropped, a
+    collective timed out, an end closed its group): the weights are intact, the group is not, and
+    restarting the engines sets it up anew. An end that died is :class:`EngineDied` instead.
+
+    ``ends``: what each end of the sync said, in one line (``the sender: ...; replica 0: ...``).
+    """
+
+    def __init__(self, model: str, protocol: str, step: int, ends: str, resume: str, op: str | None = None):
+        self.fields = dict(model=model, protocol=protocol, step=step, ends=ends, resume=resume, op=op)
+        during = f" of op {op}" if op else ""
+        super().__init__(
+            f"the `{protocol}` weight sync of `{model}`{during} broke at step {step + 1}, every end alive: {ends}; "
+            f"the run stopped and the steps before it keep their metrics; {resume}; {RESTARTS_HINT}")
+
+
 def died_cause(error: BaseException) -> str:
     """Ray's reason for an actor's death in one line (its attribute lines and final period dropped), at most
     300 characters.
@@ -230,7 +246,7 @@ class Watchdog:
         except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as error:
             if getattr(error, "actor_init_failed", False):
                 raise
-            dead = [r for r in ready if _died(r)] or ready
+            dead = [r for r in ready if actor_died(r)] or ready
             cause = died_cause(error)
             if isinstance(error, ray.exceptions.OutOfMemoryError):  # Ray's memory monitor killed the process
                 cause += (" (Ray's memory monitor killed it: this run's engines and the machine's other processes "
@@ -250,7 +266,7 @@ def _failed(ref) -> bool:
     return False
 
 
-def _died(ref) -> bool:
+def actor_died(ref) -> bool:
     """Whether ``ref`` (a finished call) failed because its actor died."""
     import ray
 
@@ -263,4 +279,5 @@ def _died(ref) -> bool:
     return False
 
 
-__all__ = ["ENV_VAR", "WatchdogSettings", "Deadlines", "EngineHung", "EngineDied", "Watchdog", "died_cause"]
+__all__ = ["ENV_VAR", "WatchdogSettings", "Deadlines", "EngineHung", "EngineDied", "SyncBroken", "Watchdog",
+           "actor_died", "died_cause"]

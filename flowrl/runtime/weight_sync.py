@@ -76,6 +76,13 @@ class LostWeights(CorruptedWeights):
     gone): the receiver loaded nothing; sending it again may cure it, as damage may."""
 
 
+class TransportBroken(WeightSyncError):
+    """A collective sync's transport broke under it (a peer's process died or closed its end, a
+    connection dropped, a collective timed out): this group carries no further sync, and nothing
+    in the weights is wrong. The ends must be set up anew; the driver restarts the engines
+    (``flowrl run --restarts N``), naming the end that died if one did."""
+
+
 class TensorMeta(NamedTuple):
     """Where one tensor lives inside a bucket."""
 

@@ -209,17 +209,18 @@ class RolloutWorker:
 
         self.sync, _ = open_end(protocol, role, options)
 
-    def sync_receive(self, handoff: Any = None) -> tuple[dict, float, float]:
+    def sync_receive(self, handoff: Any = None, breaks: str | None = None) -> tuple[dict, float, float]:
         """Receive one resync, verify every checksum, then load the weights in place.
 
         ``handoff``: the sender's record (None for collectives, which run concurrently
         with the sender). Returns (ProtocolStats as a dict, t0, t1 in ``time.time()``
         seconds). Raises WeightSyncError naming a corrupted tensor before loading anything.
+        ``breaks``: break a collective's group first (tests: ``kill`` or ``close``).
         """
         from flowrl.runtime.sync.endpoint import receive_weights
 
         t0 = time.time()
-        pairs, stats = receive_weights(self.sync, handoff)
+        pairs, stats = receive_weights(self.sync, handoff, breaks)
         self.engine.update_weights(pairs)
         return stats, t0, time.time()
 

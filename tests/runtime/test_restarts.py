@@ -15,7 +15,7 @@ from flowrl import launch
 from flowrl.plan import OpPlan
 from flowrl.runtime.checkpoints import MANIFEST
 from flowrl.runtime.errors import EngineFault, user_error
-from flowrl.runtime.watchdog import EngineDied, EngineHung, died_cause
+from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, died_cause
 
 OP = OpPlan("grpo.rollouts", "generate", "generate", {}, {}, "policy", "rollout", ("samples",), "f.flow:12:3")
 
@@ -46,6 +46,19 @@ def test_a_dead_engine_is_named_with_its_node_op_step_and_what_to_do():
     assert "`flowrl run --resume /r` continues from its checkpoint of step 4" in message
     assert message.endswith("`flowrl run --restarts N` restarts the engines from the last checkpoint by itself")
     assert with_op.during(OP) is with_op and isinstance(with_op, EngineFault)
+
+
+def test_a_broken_sync_group_is_an_engine_fault_naming_what_each_end_said():
+    broken = SyncBroken("policy", "broadcast", 3, "the sender: broadcast: transport failed on rank 0: Connection "
+                        "closed by peer; replica 0: broadcast: the group is unusable on rank 1 (closed)",
+                        "`flowrl run --resume /r` continues from its checkpoint of step 2")
+    resync = OpPlan("resync.policy", "resync", "resync", {}, {}, "policy", None, (), "f.flow:30:3")
+    message = user_error(broken.during(resync))
+    assert message.startswith("the `broadcast` weight sync of `policy` of op `resync.policy` (f.flow:30:3) broke at "
+                              "step 4, every end alive: the sender: broadcast: transport failed on rank 0"), message
+    assert "; replica 0: broadcast: the group is unusable on rank 1 (closed); the run stopped" in message
+    assert message.endswith("`flowrl run --restarts N` restarts the engines from the last checkpoint by itself")
+    assert isinstance(broken, EngineFault) and "\n" not in message
 
 
 def _plan():

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
-from e2e_kit import local_ray, make_workdir, write_flow  # noqa: E402
+from e2e_kit import local_ray, make_workdir, stable, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
@@ -38,13 +38,13 @@ def ray_address():
     yield from local_ray()
 
 
-def _run(workdir: Path, ray_address: str, name: str, resync: str, steps: int, faults=None):
+def _run(workdir: Path, ray_address: str, name: str, resync: str, steps: int, faults=None, **kwargs):
     path = write_flow(workdir / f"{name}.flow", GRPO, steps, f"""
 schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   resync policy via {resync}
 }}
 """)
-    return run_file(str(path), out=str(workdir / name), ray_address=ray_address, faults=faults)
+    return run_file(str(path), out=str(workdir / name), ray_address=ray_address, faults=faults, **kwargs)
 
 
 def _check_synced(rows, protocol: str, every: int = 1) -> None:
@@ -89,6 +89,33 @@ def test_corrupted_broadcast_bucket_stops_the_run_naming_the_tensor(broadcast_ru
     message = user_error(broadcast_run[2])
     assert message is not None and "corrupted" in message and "crc32" in message, message
     assert "tensor 'model." in message and "bucket 0" in message, message
+
+
+@pytest.mark.parametrize("breaks", ["kill", "close"])
+def test_a_broadcast_whose_group_breaks_is_restarted_from_the_checkpoint(workdir, ray_address, broadcast_run, breaks):
+    """The rollout replica breaks step 2's broadcast as it starts: its process is SIGKILLed (``kill``: the
+    sender finds the connection closed, and the replica is named dead), or it drops out of the group alive
+    (``close``: the sync broke with every end alive). Either is an engine fault: ``--restarts 1`` starts the
+    engines again from step 1's checkpoint, with a new group, and the run ends as an undisturbed one."""
+    import io
+
+    said = io.StringIO()
+    result = _run(workdir, ray_address, f"broken_{breaks}", "broadcast(bucket = 64KB)", steps=3, save_every=1,
+                  restarts=1, stream=said, faults=Faults(break_sync_at_step=1, break_sync_by=breaks))
+    restart = next(line for line in said.getvalue().splitlines() if line.startswith("flowrl: restart"))
+    if breaks == "kill":
+        assert restart.startswith("flowrl: restart 1 of 1: engine `policy.rollout` (replica 0) on plan node 0"), restart
+        assert "died during `sync_receive` of op `resync.policy` (" in restart, restart
+    else:
+        assert restart.startswith("flowrl: restart 1 of 1: the `broadcast` weight sync of `policy` of op "
+                                  "`resync.policy` ("), restart
+        assert "broke at step 2, every end alive: the sender: broadcast: transport failed on rank 0" in restart
+        assert "replica 0: broadcast: the group is unusable on rank 1 (closed)" in restart, restart
+    assert restart.endswith("the engines start again from its checkpoint of step 1"), restart
+    rows = [r for r in result.rows if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert stable(rows[:2]) == stable(broadcast_run[1])  # the undisturbed steps (step 3's resync was corrupted there)
+    _check_synced(rows, "broadcast")
 
 
 @pytest.mark.long  # make test-long, 56 s; in make test: the checkpoint protocol over Ray (tests/sync/test_through_ray.py, test_checkpoint.py)

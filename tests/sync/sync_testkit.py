@@ -120,6 +120,27 @@ def broadcast_receiver(rendezvous, rank: int, syncs: int, overlap: bool, default
     return outcomes, alive
 
 
+def broadcast_receiver_that_breaks(rendezvous, rank: int, breaks: str | None, timeout_s: float):
+    """Receive sync 1, then sync 2 breaking the group first when ``breaks`` says how (``kill``: this
+    process dies; ``close``: it closes its end); returns ``(outcome of sync 2, seconds it took)``,
+    where an outcome is ``("ok", version)`` or ``(error class name, message)``."""
+    import time
+
+    from flowrl.runtime.sync import BroadcastSync
+    from flowrl.runtime.sync.endpoint import receive_weights
+
+    sync = BroadcastSync("receiver", rendezvous=rendezvous, rank=rank, timeout_s=timeout_s)
+    receive_weights(sync)
+    t0 = time.monotonic()
+    try:
+        receive_weights(sync, breaks=breaks)
+        outcome = ("ok", sync.version)
+    except Exception as error:  # noqa: BLE001 - the class and message go back to the test
+        outcome = (type(error).__name__, str(error))
+    sync.close()
+    return outcome, time.monotonic() - t0
+
+
 def checkpoint_receiver(directory: str, handoffs: list):
     """Read one checkpoint sync per handoff (None = LATEST); ``("ok", version, digest)`` or ``("error", msg)``."""
     from flowrl.runtime.sync import CheckpointSync, WeightSyncError

@@ -7,7 +7,9 @@ import torch.distributed as dist
 from flowrl.runtime.sync import BroadcastSync, Rendezvous, WeightSyncError
 from flowrl.runtime.sync.broadcast import HEADER_LEN, trailer_bytes
 from flowrl.runtime.weight_sync import pack_buckets
-from sync_testkit import broadcast_receiver, collect, digest, model_weights, start_children
+from flowrl.runtime.weight_sync import TransportBroken
+from sync_testkit import broadcast_receiver, broadcast_receiver_that_breaks, collect, digest, model_weights, \
+    start_children
 
 BUCKET = 512  # bytes: every sync spans several buckets
 
@@ -91,6 +93,53 @@ def test_each_bucket_is_one_message_of_the_size_the_layout_announced():
     assert outcomes[0][:3] == ("ok", 1, digest(model_weights(1)))
     assert sizes[1:] == [b.data.nbytes + trailer_bytes(len(b.tensors)) for b in buckets]  # sizes[0]: the layout
     assert stats.wire_bytes == 8 * HEADER_LEN + sum(sizes)
+
+
+@pytest.mark.parametrize("breaks", ["kill", "close"])
+def test_a_receiver_that_dies_or_drops_out_mid_sync_breaks_the_group_at_once(breaks):
+    """Receiver 1 breaks the group as sync 2 starts: SIGKILLed, or closing its end. The sender's send fails
+    with ``TransportBroken`` long before its timeout, and so does every later use of its group; receiver 2,
+    left waiting for bytes that will not come, fails the same way (at the latest at its own timeout)."""
+    import time
+
+    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, timeout_s=60)
+    procs, q = start_children(broadcast_receiver_that_breaks, [(sender.rendezvous, 1, breaks, 60),
+                                                               (sender.rendezvous, 2, None, 5)])
+    sender.send(model_weights(1), 1)
+    t0 = time.monotonic()
+    with pytest.raises(TransportBroken, match="transport failed on rank 0"):  # connection closed, or reset
+        sender.send(model_weights(2), 2)
+    assert time.monotonic() - t0 < 30, "the sender waited for its timeout instead of seeing the peer go"
+    with pytest.raises(TransportBroken, match="the group is unusable on rank 0"):
+        sender.send(model_weights(3), 3)
+    sender.close()
+    if breaks == "kill":
+        procs[0].join(timeout=60)
+        assert procs[0].exitcode == -9
+        procs, q = procs[1:], q
+    results = []
+    for _ in procs:
+        index, ok, value = q.get(timeout=120)
+        assert ok, value
+        results.append((index, value))
+    for p in procs:
+        p.join(timeout=60)
+    outcomes = dict(results)
+    kind, message = outcomes[1][0]
+    assert kind == "TransportBroken" and "transport failed on rank 2" in message, message
+    if breaks == "close":
+        kind, message = outcomes[0][0]
+        assert kind == "TransportBroken" and "the group is unusable on rank 1 (closed)" in message, message
+
+
+def test_a_rank_that_never_joins_is_a_broken_transport():
+    """No receiver ever connects: the group cannot form, and the sender says so at its timeout."""
+    sender = BroadcastSync("sender", world_size=2, timeout_s=1)
+    with pytest.raises(TransportBroken, match="rank 0: the group did not form"):
+        sender.send(model_weights(1), 1)
+    with pytest.raises(TransportBroken, match="the group is unusable on rank 0"):
+        sender.send(model_weights(1), 1)
+    sender.close()
 
 
 def test_receiver_needs_rendezvous_and_valid_rank():

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import queue
 import threading
 from dataclasses import dataclass
@@ -54,8 +55,8 @@ import torch.distributed as dist
 
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version
 from flowrl.runtime.sync.packing import BucketPacker, BufferPool
-from flowrl.runtime.weight_sync import Bucket, PlannedBucket, TensorMeta, WeightSyncError, plan_buckets, \
-    unpack_bucket
+from flowrl.runtime.weight_sync import Bucket, PlannedBucket, TensorMeta, TransportBroken, WeightSyncError, \
+    plan_buckets, unpack_bucket
 
 START, BUCKET, ABORT = 1, 2, 3
 """Kinds in the first field of the sync header (START, ABORT) and of a bucket trailer (BUCKET, ABORT)."""
@@ -109,6 +110,23 @@ def _nccl_group(store: dist.Store, rank: int, world: int, timeout: datetime.time
 
 BACKENDS: dict[str, Callable] = {dist.Backend.GLOO: _gloo_group, dist.Backend.NCCL: _nccl_group}
 """Backend name -> ``(store, rank, world, timeout) -> (process group backend, wire device)``."""
+
+
+_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\] ")
+"""gloo's and c10d's ``[/path/to/pair.cc:537] `` before their messages."""
+
+
+def transport_reason(error: BaseException) -> str:
+    """A transport error's own words, in one line: its first line without the C++ source location and
+    gloo's advice after the reason.
+
+    >>> transport_reason(RuntimeError("[/w/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    ...                               "[127.0.0.1]:3298. This is typically caused by a remote worker crashing."))
+    'Connection closed by peer [127.0.0.1]:3298'
+    """
+    lines = str(error).strip().splitlines()
+    text = _SOURCE_PREFIX.sub("", lines[0]) if lines else type(error).__name__
+    return text.split(". This is typically caused", 1)[0].rstrip(".") or type(error).__name__
 
 
 class _Prefetch:
@@ -251,12 +269,17 @@ class BroadcastSync:
     def _connect(self) -> None:
         """Form the group (collective: every rank enters its first send/receive)."""
         if self._broken:
-            raise WeightSyncError(f"broadcast: the group is unusable ({self._broken}); hint: close() every rank "
-                                  "and set up a new rendezvous")
+            raise TransportBroken(f"broadcast: the group is unusable on rank {self.rank} ({self._broken}); hint: "
+                                  "close() every rank and set up a new rendezvous")
         if self._group is None:
             store = dist.PrefixStore("flowrl-weight-sync", self._store)
-            self._group, self._device = BACKENDS[self.backend](store, self.rank, self.rendezvous.world_size,
-                                                               self.timeout)
+            try:
+                self._group, self._device = BACKENDS[self.backend](store, self.rank, self.rendezvous.world_size,
+                                                                   self.timeout)
+            except RuntimeError as error:  # a rank never joined (dead or unreachable): DistStoreError, a timeout
+                self._broken = f"the group did not form: {transport_reason(error)}"
+                raise TransportBroken(f"broadcast: rank {self.rank}: {self._broken}; hint: every rank must reach the "
+                                      "sender's store and each other within the timeout") from None
 
     def close(self) -> None:
         """Shut the group and the store down (idempotent); torch's default group is left untouched."""
@@ -277,8 +300,8 @@ class BroadcastSync:
         try:
             self._group.broadcast([tensor], options).wait()
         except RuntimeError as error:
-            self._broken = f"broadcast failed: {str(error).splitlines()[0]}"
-            raise WeightSyncError(f"broadcast: transport failed on rank {self.rank}: {self._broken}; hint: a peer "
+            self._broken = f"broadcast failed: {transport_reason(error)}"
+            raise TransportBroken(f"broadcast: transport failed on rank {self.rank}: {self._broken}; hint: a peer "
                                   "died or timed out; close() every rank and set up a new rendezvous") from None
         return tensor
 

@@ -11,11 +11,16 @@ a bucket of the handoff (``inplace``), a bucket on the wire (``broadcast``), the
 first published file (``checkpoint``), or the inner protocol's bytes (``delta``). The
 receiver must then stop the run naming the damaged tensor. ``lose=True`` drops one bucket of
 the handoff (``inplace``) or deletes the first published file (``checkpoint``): the receiver
-must find it missing (``LostWeights``) and load nothing.
+must find it missing (``LostWeights``) and load nothing. ``breaks=...`` in :func:`receive_weights`
+breaks a collective's group as the sync starts, from a receiver: ``"kill"`` SIGKILLs its process
+(a replica killed mid-broadcast), ``"close"`` shuts its end of the group down (a connection that
+drops): the sender must fail with ``TransportBroken`` instead of hanging.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 from dataclasses import asdict
 from pathlib import Path
@@ -115,8 +120,10 @@ def _transport(sync: WeightSync) -> WeightSync:
 
 
 # ---- receiving -------------------------------------------------------------------------------------
-def receive_weights(sync: WeightSync, handoff: Any = None) -> tuple[list[tuple[str, torch.Tensor]], dict]:
+def receive_weights(sync: WeightSync, handoff: Any = None, breaks: str | None = None
+                    ) -> tuple[list[tuple[str, torch.Tensor]], dict]:
     """Receive and verify one resync; return (the pairs to load into the engine, the receiver's stats).
+    ``breaks``: a key of :data:`BREAKS`, break the group first (tests; see the module docstring).
 
     Every bucket/file is verified before anything is returned, so a corrupted sync
     raises :class:`~flowrl.runtime.weight_sync.WeightSyncError` naming the tensor
@@ -124,6 +131,8 @@ def receive_weights(sync: WeightSync, handoff: Any = None) -> tuple[list[tuple[s
     the weights, not only the changed tensors: vLLM reloads a layer's fused tensors
     (q/k/v -> qkv_proj) together and leaves the parts not sent undefined.
     """
+    if breaks is not None:
+        _break_hook(_transport(sync), breaks)(_transport(sync))
     pairs = list(sync.receive(handoff))
     state = getattr(sync, "state", None)
     if state:
@@ -206,4 +215,26 @@ LOSSES: dict[type, Callable[[WeightSync, Any], Any]] = {InPlaceSync: _lose_bucke
 """Transport class -> how a test loses part of one sync of it (see the module docstring)."""
 
 
-__all__ = ["open_end", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES"]
+def _kill_self(sync: BroadcastSync) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _close_end(sync: BroadcastSync) -> None:
+    sync.close()
+
+
+BREAKS: dict[str, Callable[[BroadcastSync], None]] = {"kill": _kill_self, "close": _close_end}
+"""How a test breaks a collective's group from a receiver as a sync starts (see the module docstring)."""
+
+
+def _break_hook(transport: WeightSync, how: str) -> Callable[[BroadcastSync], None]:
+    if not isinstance(transport, BroadcastSync):
+        raise WeightSyncError(f"fault injection: a {type(transport).__name__} sync has no group to break; hint: "
+                              "Faults.break_sync_at_step works with the collective protocols (broadcast, gloo, nccl)")
+    if how not in BREAKS:
+        raise WeightSyncError(f"fault injection: break_sync_by={how!r}; hint: one of {', '.join(BREAKS)}")
+    return BREAKS[how]
+
+
+__all__ = ["open_end", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES",
+           "BREAKS"]
