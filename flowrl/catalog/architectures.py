@@ -12,6 +12,11 @@ share it, so they cannot disagree:
   records that name it);
 * the HF <-> Megatron weight conversion (:mod:`flowrl.engines.megatron.convert`).
 
+A mixture-of-experts family (Qwen3-MoE) names its expert facts too (``experts``,
+``experts_per_token``, ``expert_intermediate``): the compiler counts every expert's weights
+in the model's size, and only the engines that load any decoder run it (no converter maps
+experts to Megatron, and fsdp's wrapping is Llama's).
+
 :data:`TINY_ARCHS` are the variants ``tiny(arch = ...)`` builds locally (one per family, plus
 Llama 3.x's RoPE scaling), read by ``flowrl check`` and by :mod:`flowrl.models.families`.
 
@@ -42,6 +47,8 @@ _LLAMA_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": 
                "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size",
                "max_positions": "max_position_embeddings", "head_dim": "head_dim", "norm_eps": "rms_norm_eps",
                "activation": "hidden_act"}
+_MOE_KEYS = {**_LLAMA_KEYS, "experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+             "expert_intermediate": "moe_intermediate_size"}
 _GPT2_KEYS = {"hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "intermediate": "n_inner",
               "max_positions": "n_positions", "norm_eps": "layer_norm_epsilon", "activation": "activation_function"}
 
@@ -62,8 +69,10 @@ class ArchitectureSpec:
     decoder transformers loads."""
     config_keys: dict[str, str]
     """Fact (``hidden``, ``layers``, ``heads``, ``kv_heads``, ``intermediate``, ``max_positions``,
-    ``head_dim``, ``norm_eps``, ``activation``) -> the key this family's ``config.json`` holds
-    it under; a fact without a key is not in the family's config (GPT-2 has no KV heads)."""
+    ``head_dim``, ``norm_eps``, ``activation``; mixtures of experts: ``experts``,
+    ``experts_per_token``, ``expert_intermediate``) -> the key this family's ``config.json``
+    holds it under; a fact without a key is not in the family's config (GPT-2 has no KV
+    heads, dense families no experts)."""
     positions: str = "rope"
     """``rope`` (rotary, computed from positions: any padding works) or ``absolute`` (a
     learned position table, GPT-2)."""
@@ -84,6 +93,15 @@ class ArchitectureSpec:
     the window applies whenever ``sliding_window`` is set (Mistral)."""
     has_window: bool = False
     """The family has a ``sliding_window`` option."""
+    dense_layer_keys: tuple[str, ...] = ()
+    """Mixtures of experts: config keys that make some layers dense (Qwen3-MoE's ``mlp_only_layers``,
+    a list of layer indices, and ``decoder_sparse_step``: layer i has experts when (i + 1) divides
+    by it), read by :func:`moe_layers`."""
+
+    @property
+    def moe(self) -> bool:
+        """The family's MLPs are mixtures of experts (its config names ``experts``)."""
+        return "experts" in self.config_keys
 
     def key(self, fact: str) -> str | None:
         """The config key of ``fact`` in this family, or None."""
@@ -108,6 +126,11 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {a.name: a for a in (
     ArchitectureSpec(
         "Qwen3ForCausalLM", "qwen3", "Qwen3 (dense): no q/k/v biases, per-head RMSNorm of queries and keys (QK-norm)",
         _LLAMA_LIKE, _LLAMA_KEYS, qk_norm=True, has_window=True, window_flag="use_sliding_window"),
+    ArchitectureSpec(
+        "Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3-MoE: Qwen3's attention (QK-norm); each MLP a router over "
+        "`num_experts` SwiGLU experts, `num_experts_per_tok` of them per token",
+        _LOADERS, _MOE_KEYS, qk_norm=True, has_window=True, window_flag="use_sliding_window",
+        dense_layer_keys=("mlp_only_layers", "decoder_sparse_step")),
     ArchitectureSpec(
         "GPT2LMHeadModel", "gpt2", "GPT-2: LayerNorm, GELU (tanh) MLP, learned absolute positions, tied LM head",
         _LOADERS, _GPT2_KEYS, positions="absolute", rope_types=(), gated_mlp=False, activation="gelu_new",
@@ -158,6 +181,22 @@ def sliding_window(cfg: dict) -> int | None:
     if arch.window_flag is not None and not cfg.get(arch.window_flag):
         return None
     return int(cfg["sliding_window"])
+
+
+def moe_layers(cfg: dict, layers: int) -> int:
+    """How many of a config's ``layers`` layers hold experts (0 for a dense family).
+
+    >>> moe_layers({"architectures": ["Qwen3MoeForCausalLM"], "mlp_only_layers": [0]}, 4)
+    3
+    >>> moe_layers({"architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 2}, 4)
+    2
+    """
+    arch = architecture_of(cfg)
+    if arch is None or not arch.moe:
+        return 0
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or ()} if "mlp_only_layers" in arch.dense_layer_keys else set()
+    step = int(cfg.get("decoder_sparse_step") or 1) if "decoder_sparse_step" in arch.dense_layer_keys else 1
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
 
 
 def conversion_issue(cfg: dict) -> str:
@@ -218,10 +257,16 @@ TINY_ARCHS: dict[str, TinyArch] = {t.name: t for t in (
              {"head_dim": 64}),
     TinyArch("mistral", "MistralForCausalLM", "Mistral without a sliding window (v0.2 and later)",
              {"sliding_window": None}),
+    TinyArch("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3-MoE: 8 experts of width 64, 2 per token (weights "
+             "renormalised over the 2), head size 64; every layer sparse",
+             # An expert width that divides by 32: vLLM's CPU MoE kernel pads others, and then its
+             # in-place reload fails (flowrl.catalog.models.CPU_MOE_ALIGN).
+             {"head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+              "norm_topk_prob": True}),
     TinyArch("gpt2", "GPT2LMHeadModel", "GPT-2: learned positions, LayerNorm, gelu_new, dropout 0.1 in its config"),
 )}
 """``tiny(arch = ...)`` variants by name."""
 
 
 __all__ = ["ArchitectureSpec", "ARCHITECTURES", "ROPE_TYPES", "TinyArch", "TINY_ARCHS", "architecture_of",
-           "architectures_run_by", "rope_parameters", "sliding_window", "conversion_issue"]
+           "architectures_run_by", "rope_parameters", "sliding_window", "moe_layers", "conversion_issue"]

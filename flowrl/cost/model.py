@@ -163,7 +163,7 @@ def decode_iter_s(f: ModelFacts, hw: Profile, *, tp: int, batch: int, context: f
     weight_bytes = f.params * hw.weight_bytes / tp
     kv_bytes = batch * context * kv_bytes_per_token_per_gpu(f, hw, tp)
     t_mem = (weight_bytes + kv_bytes) / (hw.hbm_gbs * GB * hw.bw_eff)
-    t_flops = 2 * f.params * batch / (tp * hw.tflops * 1e12 * hw.mfu_forward)
+    t_flops = 2 * f.active_params * batch / (tp * hw.tflops * 1e12 * hw.mfu_forward)
     t_comm = 0.0
     if tp > 1:
         per_layer = batch * f.hidden * hw.weight_bytes * 2 * (tp - 1) / tp
@@ -183,8 +183,9 @@ def decode_iter_parts(f: ModelFacts, hw: Profile, *, tp: int, batch: int, contex
 
 
 def prefill_s(f: ModelFacts, hw: Profile, *, tp: int, tokens: float) -> float:
-    """Seconds to prefill ``tokens`` prompt tokens on one replica (compute-bound)."""
-    return 2 * f.params * tokens / (tp * hw.tflops * 1e12 * hw.mfu_forward)
+    """Seconds to prefill ``tokens`` prompt tokens on one replica (compute-bound; a mixture of
+    experts' token multiplies by the experts it is routed to: ``active_params``)."""
+    return 2 * f.active_params * tokens / (tp * hw.tflops * 1e12 * hw.mfu_forward)
 
 
 def pipeline_bubble(pp: int, n_micro: int) -> float:
@@ -194,7 +195,7 @@ def pipeline_bubble(pp: int, n_micro: int) -> float:
 
 def forward_s(f: ModelFacts, hw: Profile, *, world: int, tokens: float, pp: int = 1, n_micro: int = 1) -> float:
     """Seconds of a forward pass over ``tokens`` tokens on ``world`` GPUs (log-probs, values)."""
-    t = 2 * f.params * tokens / (world * hw.tflops * 1e12 * hw.mfu_forward)
+    t = 2 * f.active_params * tokens / (world * hw.tflops * 1e12 * hw.mfu_forward)
     return t * pipeline_bubble(pp, n_micro) + hw.op_overhead_s
 
 
@@ -203,7 +204,7 @@ def train_s(f: ModelFacts, hw: Profile, *, kind: str, tp: int, pp: int, dp: int,
     """Seconds of one update (``epochs`` passes of forward+backward+optimizer over ``tokens``,
     in ``n_micro`` micro-batches per pass, each with the profile's fixed ``micro_overhead_s``)."""
     world = tp * pp * dp * cp
-    t = 6 * f.params * tokens * epochs / (world * hw.tflops * 1e12 * hw.mfu_train)
+    t = 6 * f.active_params * tokens * epochs / (world * hw.tflops * 1e12 * hw.mfu_train)
     t *= pipeline_bubble(pp, n_micro)
     if dp > 1:  # gradient all-reduce (ring) of each rank's gradient shard, once per step
         shard = f.params * (2 if hw.kind == "gpu" else 4) / (tp * pp)

@@ -62,6 +62,8 @@ class TorchRolloutEngine:
             kwargs["attn_implementation"] = attn_implementation
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(self.device).eval()
+        self._slices: dict | None = None
+        """Checkpoint names of fused weights (:func:`_checkpoint_slices`), found on the first update naming one."""
         self.tokenizer = _load_tokenizer(model_path)
         self.eos_ids = set(stop_ids(self.tokenizer, self.model.generation_config))
         pad = getattr(self.tokenizer, "pad_token_id", None)
@@ -165,27 +167,59 @@ class TorchRolloutEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy ``(hf_name, tensor)`` pairs into the model's parameters in place.
 
-        Names are transformers state-dict keys; an unknown name or a shape mismatch
-        raises :class:`EngineConfigError` before later tensors are copied.
+        Names are transformers state-dict keys or, for weights transformers 5 fuses in memory (a
+        mixture of experts' ``mlp.experts.gate_up_proj``), the checkpoint's own
+        (``mlp.experts.3.up_proj.weight``), each copied into its rows of the fused parameter
+        (:func:`_checkpoint_slices`); an unknown name or a shape mismatch raises
+        :class:`EngineConfigError` before later tensors are copied.
         """
         state = self.model.state_dict()  # detached views sharing the parameters' storage
         with torch.no_grad():
             for name, tensor in named_tensors:
                 if name not in state:
-                    raise EngineConfigError(
-                        f"update_weights got unknown weight {name!r}; expected transformers names like "
-                        f"{next(iter(state))!r}"
-                    )
-                if tuple(tensor.shape) != tuple(state[name].shape):
-                    raise EngineConfigError(
-                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
-                        f"the model has {tuple(state[name].shape)}"
-                    )
+                    if self._slices is None:
+                        self._slices = _checkpoint_slices(self.model)
+                    if name not in self._slices:
+                        raise EngineConfigError(
+                            f"update_weights got unknown weight {name!r}; expected transformers names like "
+                            f"{next(iter(state))!r}"
+                        )
+                    key, index = self._slices[name]
+                    _check_shape(name, tensor, index.shape)
+                    state[key].view(-1)[index.view(-1)] = tensor.reshape(-1).to(state[key])
+                    continue
+                _check_shape(name, tensor, state[name].shape)
                 state[name].copy_(tensor)
 
     def shutdown(self) -> None:
         """Drop the model so its memory can be freed."""
         self.model = None
+
+
+def _check_shape(name: str, tensor: torch.Tensor, shape) -> None:
+    if tuple(tensor.shape) != tuple(shape):
+        raise EngineConfigError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                                f"the model has {tuple(shape)}")
+
+
+def _checkpoint_slices(model) -> dict[str, tuple[str, torch.Tensor]]:
+    """Checkpoint name -> (the state-dict key holding it, the flat indices of its elements there), for
+    the weights ``from_pretrained`` fused (its ``_weight_conversions``; {} when it fused none).
+
+    Found by undoing the conversions on each fused parameter's element indices: the reverse
+    conversion (chunks, splits) moves indices exactly as it moves weights.
+    """
+    if not getattr(model, "_weight_conversions", None):
+        return {}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    out = {}
+    for key, tensor in model.state_dict().items():
+        index = torch.arange(tensor.numel()).view(tensor.shape)
+        for name, part in revert_weight_conversion(model, {key: index}).items():
+            if name != key:
+                out[name] = (key, part)
+    return out
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -347,8 +347,20 @@ class TorchTrainEngine:
         Tensors are detached views of the live parameters (no copy): consume them before
         the next ``train_step``. A critic yields its base model under ``model.`` plus
         ``value_head.weight`` / ``value_head.bias``.
+
+        transformers 5 holds some families' weights fused in memory (a mixture of experts' experts
+        as one ``mlp.experts.gate_up_proj`` [experts, 2 * width, hidden]); they are split back into
+        the checkpoint's tensors (``mlp.experts.{e}.gate_proj.weight``...: copies), the names
+        every rollout engine loads (SGLang ignores the fused ones without an error), by undoing
+        the conversions ``from_pretrained`` applied. Dense families' state dicts are their
+        checkpoints' already (no conversion applied).
         """
-        for name, tensor in self.model.state_dict().items():
+        state = self.model.state_dict()
+        if getattr(self.model, "_weight_conversions", None):  # what from_pretrained converted (actor only)
+            from transformers.core_model_loading import revert_weight_conversion
+
+            state = revert_weight_conversion(self.model, state)
+        for name, tensor in state.items():
             yield name, tensor.detach()
 
     def save(self, path: str) -> None:

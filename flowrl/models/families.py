@@ -10,6 +10,14 @@ and the weights are :mod:`flowrl.models.tiny`'s.
 ...                     intermediate=128, max_position=32, pad_id=0, bos_id=1, eos_id=2)
 >>> type(cfg).__name__, cfg.n_embd, cfg.n_positions, cfg.tie_word_embeddings
 ('GPT2Config', 64, 32, True)
+
+A mixture of experts' expert entries are its variant's (Qwen3-MoE: 8 experts of width 64, 2 per token);
+``intermediate`` sizes the dense MLP of layers without experts (none in the tiny variant):
+
+>>> cfg = family_config("qwen3_moe", vocab_size=20, hidden=64, layers=1, heads=2, kv_heads=1,
+...                     intermediate=128, max_position=32, pad_id=0, bos_id=1, eos_id=2)
+>>> cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.head_dim
+(8, 2, 64, 64)
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ resync (the trainer's exported weights loaded into vLLM in place).
 Llama 3.x (RoPE scaled by rope_type llama3), Qwen3 (QK-norm, head size 64 != hidden / heads)
 and Mistral train in Megatron (their weights convert: Qwen3 at tp = 2, so the QK-norm weights
 are replicated over TP ranks); GPT-2 (learned positions, tied LM head, dropout 0.1 in its
-config, not converted) trains in the torch engine, whose resync sends the tied head.
+config, not converted) trains in the torch engine, whose resync sends the tied head. Qwen3-MoE
+(8 experts, 2 per token; not converted) trains in the torch engine too: its resync sends each
+expert's checkpoint tensors, which vLLM's CPU MoE kernel gets prepacked again
+(flowrl.engines.vllm_engine); without that the updated experts are 2 nats off.
 
 Tolerance 1e-4: the issue's acceptance bound. The engines compute the same functions in fp32
 with different kernels (vLLM's CPU attention, Megatron's unfused attention, transformers'
@@ -33,7 +36,7 @@ TOL = 1e-4
 OPTIM = OptimConfig(lr=1e-3, max_grad_norm=1.0, eps=1e-3)
 SPEC = SamplingSpec(n=2, temperature=1.0, max_tokens=12, seed=5)
 
-FAMILIES = {"llama3": 1, "qwen3": 2, "mistral": 1, "gpt2": None}
+FAMILIES = {"llama3": 1, "qwen3": 2, "mistral": 1, "gpt2": None, "qwen3_moe": None}
 """Family -> Megatron's tp (None: not converted to Megatron; the torch engine trains it)."""
 
 

@@ -65,8 +65,10 @@ def test_building_does_not_disturb_the_global_rng(tmp_path):
         ({"hidden": 160, "heads": 4}, r"head size hidden / heads = 160 / 4 = 40, which"),
         ({"hidden": 128, "heads": 3}, "hidden = 128 does not divide by heads = 3"),
         ({"heads": 4, "kv_heads": 3}, "heads = 4 does not divide by kv_heads = 3"),
-        ({"arch": "gpt3"}, r"unknown tiny model arch 'gpt3'; choose one of \['gpt2', 'llama', 'llama3', 'mistral', 'qwen2', 'qwen3'\]"),
+        ({"arch": "gpt3"}, r"unknown tiny model arch 'gpt3'; choose one of \['gpt2', 'llama', 'llama3', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe'\]"),
         ({"arch": "qwen2", "chars": "0 1"}, r"arch='qwen2' cannot use characters \[' '\]"),
+        ({"arch": "qwen3_moe", "hidden": 80, "heads": 2, "kv_heads": 1},
+         r"hidden = 80 is not a multiple of 32, which vLLM's CPU MoE kernel needs; use hidden = 96"),
     ],
 )
 def test_bad_shapes_are_refused(tmp_path, kwargs, pattern):

@@ -8,7 +8,7 @@ source shards into empty destination shards and compared exactly. TP=2 -> TP=1 a
 TP=1 -> TP=2 are covered, plus fused QKV with grouped-query attention (Megatron's
 per-group interleave vs vLLM's per-rank concatenation, KV heads replicated when tp > KV
 heads), fused gate/up, row-parallel and vocab-parallel tensors with a vocabulary that does
-not divide by tp.
+not divide by tp, and a mixture of experts (each expert's gate/up and down, the router replicated).
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from flowrl.compiler.reshard import reshard_plan  # noqa: E402
 GQA = ModelFacts("gqa", hidden=64, layers=4, heads=8, kv_heads=2, intermediate=96, vocab=37, tied=False,
                  qkv_bias=True, dtype_bytes=4)
 """8 query heads in 2 KV groups (head dim 8), a bias on q/k/v, a vocabulary of 37 (prime)."""
+MOE = ModelFacts("moe", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=37, dtype_bytes=4,
+                 experts=4, experts_per_token=2, expert_intermediate=48, moe_layers=2)
+"""Every layer a mixture of 4 experts of width 48 (``{e}`` in the tensor names: one expert's values)."""
+REPLICATED = ("norm.weight", "mlp.gate.weight")
+"""Tensors every rank holds whole: the norms, a MoE layer's router."""
 
 
 def hf_tensors(f: ModelFacts, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -65,10 +70,13 @@ def shards(f: ModelFacts, engine: str, tp: int, hf: dict) -> dict[str, list[torc
                     ks, vs = k[h * hd:(h + 1) * hd], v[h * hd:(h + 1) * hd]
                 ranks.append(torch.cat([qs, ks, vs]))
             out[names["qkv"] + suffix] = ranks
-    gate, up = lay("mlp.gate_proj.weight"), lay("mlp.up_proj.weight")
-    out[names["gate_up"] + ".weight"] = [torch.cat([g_, u_]) for g_, u_ in zip(gate.chunk(tp), up.chunk(tp))]
+    mlps = [("gate_up", "down", "mlp.")] if f.moe_layers < f.layers else []
+    mlps += [("expert_gate_up", "expert_down", "mlp.experts.{e}.")] if f.moe_layers else []
+    for gate_up, down, prefix in mlps:
+        gate, up = lay(prefix + "gate_proj.weight"), lay(prefix + "up_proj.weight")
+        out[names[gate_up] + ".weight"] = [torch.cat([g_, u_]) for g_, u_ in zip(gate.chunk(tp), up.chunk(tp))]
+        out[names[down] + ".weight"] = list(lay(prefix + "down_proj.weight").chunk(tp, dim=1))
     out[names["o"] + ".weight"] = list(lay("self_attn.o_proj.weight").chunk(tp, dim=1))
-    out[names["down"] + ".weight"] = list(lay("mlp.down_proj.weight").chunk(tp, dim=1))
     out[names["embed"] + ".weight"] = _rows(hf["model.embed_tokens.weight"], tp)
     if not f.tied:
         out[names["lm_head"] + ".weight"] = _rows(hf["lm_head.weight"], tp)
@@ -97,6 +105,8 @@ CASES = [
     (GQA, "fsdp", 1, "vllm", 2),                     # unfused checkpoint names -> fused shards
     (GQA, "megatron", 2, "hf_generate", 1),          # fused shards -> unfused checkpoint names
     (GQA, "megatron", 2, "sglang", 8),
+    (MOE, "torch", 1, "vllm", 2),                    # each expert's checkpoint tensors -> vLLM's stacked experts
+    (MOE, "megatron", 2, "vllm", 1),
 ]
 
 
@@ -109,8 +119,8 @@ def test_pieces_rebuild_the_destination_exactly(f, src_engine, src_tp, dst_engin
     plan = reshard_plan(f, src_engine, src_tp, 1, dst_engine, dst_tp)
     sharded = {t.name for t in plan.tensors if t.dim >= 0}
     replicated = {t.name for t in plan.tensors if t.dim < 0}
-    assert sharded == {n for n in want if "norm" not in n}  # every sharded tensor has a plan
-    assert replicated == {n for n, _shape in f.tensors() if "norm" in n}  # norms: copied whole
+    assert sharded == {n for n in want if not n.endswith(REPLICATED)}  # every sharded tensor has a plan
+    assert replicated == {n for n, _shape in f.tensors() if n.endswith(REPLICATED)}  # copied whole
     got = apply(plan, src, {n: want[n] for n in sharded})
     for name in sharded:
         for r, (a, b) in enumerate(zip(got[name], want[name])):

@@ -40,6 +40,7 @@ doc.flow:3:72: error[E609]: `max_tokens = 200` and the prompt (at least 1 token)
 
 from __future__ import annotations
 
+from flowrl.catalog.architectures import ARCHITECTURES
 from flowrl.catalog.engines import ENGINES, EngineSpec
 from flowrl.catalog.models import ModelFacts, default_context, tiny_problems
 from flowrl.catalog.ops import OPS, FactsFrom, OpKind
@@ -117,8 +118,11 @@ def _check_architecture(graph: FlowGraph, key: str, kind: str, facts: ModelFacts
     others = [e.name for e in ENGINES.values() if e.serves == spec.serves and _runs(e, arch)
               and e.support(st.hw.platform).ok]
     via = f" (`{kind}` runs on `{refusing.name}`'s ranks)" if refusing is not spec else ""
+    moe = (f" (a mixture of {facts.experts} experts; `{refusing.name}` takes no MoE architecture)"
+           if facts.experts and not any(ARCHITECTURES[a].moe for a in refusing.architectures if a in ARCHITECTURES)
+           else "")
     errors.error("E607", f"`{model}` is a {arch} ({_config_words(graph, model, facts)}), which `{refusing.name}` "
-                         f"does not run{via}; `{refusing.name}` runs {', '.join(sorted(refusing.architectures))}",
+                         f"does not run{via}{moe}; `{refusing.name}` runs {', '.join(sorted(refusing.architectures))}",
                  _layout_span(graph, key, st),
                  (f"give `{key}` an engine that runs {arch}: " + ", ".join(f"`{o}(...)`" for o in others))
                  if others else f"no {spec.serves} engine runs {arch}: use a model of a supported architecture")
