@@ -150,8 +150,12 @@ class OffloadingEngine(Protocol):
         ...
 
 
-def check_sampling_spec(spec: SamplingSpec) -> None:
-    """Raise :class:`EngineConfigError` naming the first out-of-range field of ``spec``."""
+def check_sampling_spec(spec: SamplingSpec, *, routes: bool = False) -> None:
+    """Raise :class:`EngineConfigError` naming the first out-of-range field of ``spec``, or its
+    ``routes`` when the engine cannot return routed experts (``routes=False``)."""
+    if spec.routes and not routes:
+        raise EngineConfigError("SamplingSpec.routes=True asked of a rollout engine that cannot return a "
+                                "mixture of experts' routes; use vllm (routing replay)")
     checks = (
         (spec.n >= 1, "n", spec.n, "use n >= 1 completions per prompt"),
         (spec.temperature >= 0.0, "temperature", spec.temperature, "use 0 (greedy) or a positive value"),

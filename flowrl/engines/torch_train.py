@@ -23,7 +23,8 @@ from torch import nn
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
-from flowrl.engines.types import TokenBatch
+from flowrl.engines.route_replay import replayed_routes
+from flowrl.engines.types import ROUTES, TokenBatch
 
 STATE_FILE = "engine_state.pt"
 """File name, inside the directory given to ``save``/``load``, of the full engine state."""
@@ -242,8 +243,16 @@ class TorchTrainEngine:
             raw = self.model(ids, attn)  # [B, T]: value of the prefix ending at t
             # values[t] must estimate the state *before* token t, i.e. the hidden state at t-1.
             return {"values": _shift_right(raw[:, :-1]) * attn.float()}
-        logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
-        out = {"logprobs": token_logprobs(logits, ids, attn)}
+        routes = batch.extras.get(ROUTES)
+        if routes is None:
+            logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
+            out = {}
+        else:  # routing replay: the rollout engine's experts (flowrl.engines.route_replay)
+            differ = torch.zeros(ids.shape, dtype=torch.float32)
+            with replayed_routes(self.model, routes.to(self.device), differ):
+                logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
+            out = {"routes_differ": differ * attn.cpu().float()}
+        out["logprobs"] = token_logprobs(logits, ids, attn)
         if entropy:
             out["entropy"] = token_entropy(logits, attn)
         return out
@@ -259,7 +268,11 @@ class TorchTrainEngine:
         """Per-token outputs without grad, each [B, T] float32 on CPU.
 
         Actor: ``"logprobs"`` (log_softmax(logits / temperature) of each token) and,
-        with ``entropy=True``, ``"entropy"`` (nats). Critic: ``"values"``, where
+        with ``entropy=True``, ``"entropy"`` (nats). A batch carrying ``extras["routed_experts"]``
+        (a mixture of experts' routes from the rollout engine, [B, T, layers, top_k]) is forwarded
+        with those experts instead of the router's top-k (:mod:`flowrl.engines.route_replay`), and
+        ``"routes_differ"`` counts, per token, the layers where they differ from the router's own.
+        Critic: ``"values"``, where
         ``values[b, t]`` is the value of the state ``input_ids[b, :t]``. Position 0
         and padding are 0. ``micro_batch_size`` bounds the rows run at once.
         """

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+ROUTES = "routed_experts"
+"""The key of a mixture of experts' routes: a :class:`Completion`'s field, ``TokenBatch.extras``'
+entry and the experience table's field (routing replay, :mod:`flowrl.engines.route_replay`)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,9 @@ class SamplingSpec:
     """Strings that end a completion (not included in the output)."""
     seed: int | None = None
     """Base seed; engines derive one seed per request from it, for reproducibility."""
+    routes: bool = False
+    """Return each token's routed experts (:attr:`Completion.routed_experts`); engines that cannot
+    refuse it (a mixture of experts' routing replay)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,11 @@ class Completion:
     """"stop" (EOS or a stop string) or "length"."""
     text: str = ""
     """The decoded response."""
+    routed_experts: np.ndarray | None = field(default=None, compare=False)
+    """Mixtures of experts, when the sampling spec asked for routes: [P + R, L, k] int16, the k
+    experts each prompt and response token was routed to in each of the L MoE layers by the engine
+    that sampled it; -1 where it has none (the last response token, which is sampled but never
+    forwarded)."""
 
 
 @dataclass
@@ -96,7 +109,9 @@ class TokenBatch:
 
     @staticmethod
     def from_completions(completions: list[Completion], pad_id: int) -> "TokenBatch":
-        """Right-pad prompt+response rows; put rollout logprobs in ``extras["rollout_logprobs"]``."""
+        """Right-pad prompt+response rows; put rollout logprobs in ``extras["rollout_logprobs"]``, and
+        the completions' routes, when they have some, in ``extras["routed_experts"]`` [B, T, L, k]
+        (-1 on padding)."""
         rows = [list(c.prompt_ids) + list(c.response_ids) for c in completions]
         width = max(len(r) for r in rows)
         n = len(rows)
@@ -111,4 +126,22 @@ class TokenBatch:
             resp[i, p : p + r] = 1.0
             if r:
                 rollout_lp[i, p : p + r] = torch.tensor(c.logprobs, dtype=torch.float32)
-        return TokenBatch(ids, attn, resp, {"rollout_logprobs": rollout_lp})
+        extras = {"rollout_logprobs": rollout_lp}
+        routes = [c.routed_experts for c in completions]
+        if any(r is not None for r in routes):
+            extras[ROUTES] = _padded_routes(routes, width)
+        return TokenBatch(ids, attn, resp, extras)
+
+
+def _padded_routes(routes: list, width: int) -> torch.Tensor:
+    """Per-completion [n_i, L, k] routes -> one [B, width, L, k] int16 tensor padded with -1; every
+    completion must have routes of one [L, k] shape (a batch is routed by one model)."""
+    if any(r is None for r in routes):
+        raise ValueError("some completions carry routed experts and some do not; a batch is routed by one engine")
+    shapes = {tuple(r.shape[1:]) for r in routes}
+    if len(shapes) != 1:
+        raise ValueError(f"completions routed over different layers x top-k: {sorted(shapes)}")
+    out = torch.full((len(routes), width, *shapes.pop()), -1, dtype=torch.int16)
+    for i, r in enumerate(routes):
+        out[i, : len(r)] = torch.from_numpy(np.asarray(r, dtype=np.int16))
+    return out

@@ -21,6 +21,16 @@ layer computes garbage without an error (measured: 2.1 nats off transformers aft
 update). :meth:`VLLMRolloutEngine.update_weights` therefore has each worker prepack again the
 experts of every layer the update sent (:meth:`FlowrlWorkerExtension.flowrl_prepack_cpu_experts`);
 GPU kernels redo their own layout on a reload and are left alone.
+
+Routing replay (R3): ``generate`` with ``SamplingSpec.routes`` returns each token's experts per MoE
+layer (:attr:`~flowrl.engines.types.Completion.routed_experts`), prompt tokens included (the
+trainer's forward routes them too). On GPUs vLLM returns them itself (``enable_return_routed_experts``,
+``CompletionOutput.routed_experts``; :attr:`VLLMOptions.return_routes`); that option does not start
+on CPU (it needs Model Runner V2, which needs Triton), so there the worker hooks each MoE layer's
+router for the call (:meth:`FlowrlWorkerExtension.flowrl_record_routes`) and maps each forward's rows
+to (request, position) through the model runner's batch. The last sampled token of a completion is
+never forwarded and has no route. The prefix cache is dropped before such a call (a cached prompt is
+not forwarded); a prefix shared within the call is forwarded once and its routes shared.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from flowrl.catalog.engines import ENGINES
@@ -85,6 +96,11 @@ class VLLMOptions:
     is split, vLLM rewinds its random generator (``set_offset``), which CPU generators lack
     ("RuntimeError: CPU Generator does not use offset", seen with 300 prompts of 40 tokens,
     n = 2, above the 4096-token step budget). Unsplit, a step schedules whole prompts only."""
+    return_routes: bool | None = None
+    """GPUs: build vLLM with ``enable_return_routed_experts`` so that completions carry each token's
+    experts (routing replay); default: on for a mixture of experts. On CPU vLLM cannot (its
+    routed-experts output needs Model Runner V2, which needs Triton): routes are recorded by router
+    hooks instead, whatever this says."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to ``vllm.LLM`` as they are (e.g. block_size)."""
 
@@ -134,6 +150,69 @@ class FlowrlWorkerExtension:
             _, module, experts = layers[prefix]
             experts.process_weights_after_loading(module)
         return [layers[p][0] for p in sorted(reached)]
+
+
+    def flowrl_record_routes(self, on: bool) -> int:
+        """Start (``on``) or stop recording, in every forward, the top-k experts each token is routed
+        to in each MoE layer (forward hooks on the routers, ``model.layers.{i}.mlp.gate``); returns the
+        MoE layers hooked. Rows are mapped to (request, position) through the model runner's batch
+        (``input_batch.req_ids``, ``query_start_loc``, ``positions``), as it stands during the forward.
+
+        The experts are recomputed from the router's logits by the routers' rule (softmax in fp32,
+        top-k): the set vLLM's MoE kernel uses, but for an exact tie of two logits.
+        """
+        for handle in getattr(self, "_flowrl_route_hooks", []):
+            handle.remove()
+        self._flowrl_route_hooks, self._flowrl_routes = [], []
+        if not on:
+            return 0
+        from flowrl.engines.route_replay import ROUTER
+
+        model = self.model_runner.model
+        routers = [m for name, m in model.named_modules() if name.endswith(ROUTER)
+                   and hasattr(model.get_submodule(name.rsplit(".", 1)[0]), "experts")]
+        if not routers:
+            raise RuntimeError("routing replay: this model has no MoE router (`...mlp.gate` beside `experts`)")
+        top_k = int(self.model_runner.model_config.hf_config.num_experts_per_tok)
+        for layer, router in enumerate(routers):
+            self._flowrl_route_hooks.append(router.register_forward_hook(self._flowrl_route_hook(layer, top_k)))
+        return len(routers)
+
+    def _flowrl_route_hook(self, layer: int, top_k: int):
+        """The forward hook of MoE layer ``layer``'s router: appends (layer, request ids, each request's
+        first row, positions [N], token ids [N], experts [N, top_k]) to the worker's record."""
+        import numpy as np
+
+        def hook(module, args, output):
+            logits = output[0] if isinstance(output, tuple) else output
+            runner = self.model_runner
+            n = runner.input_batch.num_reqs
+            starts = [int(x) for x in runner.query_start_loc.cpu[: n + 1]]
+            if starts[-1] > logits.shape[0]:
+                raise RuntimeError(f"router saw {logits.shape[0]} rows, the batch schedules {starts[-1]}")
+            rows = logits[: starts[-1]].float()
+            experts = torch.topk(torch.softmax(rows, dim=-1), top_k, dim=-1).indices
+            self._flowrl_routes.append((layer, list(runner.input_batch.req_ids[:n]), starts,
+                                        runner.positions[: starts[-1]].cpu().numpy().copy(),
+                                        runner.input_ids.cpu[: starts[-1]].numpy().copy(),
+                                        experts.cpu().numpy().astype(np.int16)))
+
+        return hook
+
+    def flowrl_take_routes(self) -> dict:
+        """The routes recorded since the last call, per vLLM request id: ``{req_id: {position:
+        (token id, [[experts of layer 0], [layer 1], ...])}}`` (plain lists: they may cross
+        processes); cleared."""
+        record, self._flowrl_routes = getattr(self, "_flowrl_routes", []), []
+        layers = 1 + max((entry[0] for entry in record), default=-1)
+        out: dict = {}
+        for layer, req_ids, starts, positions, tokens, experts in record:
+            for r, req in enumerate(req_ids):
+                per_position = out.setdefault(req, {})
+                for row in range(starts[r], starts[r + 1]):
+                    entry = per_position.setdefault(int(positions[row]), (int(tokens[row]), [None] * layers))
+                    entry[1][layer] = experts[row].tolist()
+        return out
 
 
 def _import_vllm():
@@ -195,6 +274,11 @@ class VLLMRolloutEngine:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         # Tensors can be handed over as they are only when the worker lives in this process.
         self._direct_weights = self.in_process and backend == "uni"
+        self._moe_layers = _moe_layers(model_path)
+        # gpu: vLLM returns routes itself (CompletionOutput.routed_experts); on CPU router hooks do
+        self._native_routes = not cpu and bool(self._moe_layers if options.return_routes is None
+                                               else options.return_routes)
+        extra = {"enable_return_routed_experts": True} if self._native_routes else {}
         self.llm = LLM(
             model=model_path,
             dtype=options.dtype,
@@ -210,6 +294,7 @@ class VLLMRolloutEngine:
             else not cpu,
             logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
             worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
+            **extra,
             **options.engine_kwargs,
         )
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
@@ -236,8 +321,10 @@ class VLLMRolloutEngine:
         ``Completion.logprobs[k]`` is the sampled token's log-probability under
         ``log_softmax(processed logits)`` (divided by T, top-k/top-p applied; greedy:
         raw logits). Prompt ``i`` uses seed ``spec.seed + i * n`` (its samples ``+ j``).
+        With ``spec.routes`` (a mixture of experts) each completion carries ``routed_experts``: the
+        experts vLLM routed each prompt and response token to (module docstring).
         """
-        check_sampling_spec(spec)
+        check_sampling_spec(spec, routes=True)
         check_prompts(prompts, self.vocab_size)
         check_lengths(prompts, spec.max_tokens, self.options.max_model_len)
         # vLLM rejects n > 1 with greedy decoding; the n greedy samples are identical,
@@ -245,13 +332,63 @@ class VLLMRolloutEngine:
         copies = spec.n if spec.temperature == 0.0 else 1
         request_spec = replace(spec, n=spec.n // copies)
         params = [self._sampling_params(request_spec, derive_seed(spec, i)) for i in range(len(prompts))]
-        outputs = self.llm.generate(
-            [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
-        )
-        return [
-            [_completion(prompt, out) for out in request.outputs] * copies
-            for prompt, request in zip(prompts, outputs)
-        ]
+        hooked = spec.routes and self._start_route_hooks()
+        try:
+            outputs = self.llm.generate(
+                [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+            )
+        finally:
+            recorded = self._stop_route_hooks() if hooked else None
+        groups = [[_completion(prompt, out) for out in request.outputs] for prompt, request in zip(prompts, outputs)]
+        if spec.routes:
+            groups = self._with_routes(groups, outputs, recorded)
+        return [group * copies for group in groups]
+
+    # ------------------------------------------------------------------ routes
+
+    def _start_route_hooks(self) -> bool:
+        """Before a generate that returns routes: on CPU, hook the routers (True); on GPUs vLLM
+        returns them itself (False). The prefix cache is dropped first: a prompt served from the
+        cache is not forwarded, so its routes would be missing (within the call, a prefix shared
+        by several requests is forwarded once and its routes are shared: :func:`routes_of`)."""
+        if not self._moe_layers:
+            raise EngineConfigError("routes asked of a dense model (no MoE layer in its config.json); "
+                                    "routing replay is for mixtures of experts")
+        if self._native_routes:
+            return False
+        if not self._cpu:
+            raise EngineConfigError("routes asked of a vLLM engine built without them on a GPU; build it with "
+                                    "return_routes=True (vLLM's enable_return_routed_experts)")
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM refused to reset its prefix cache before recording routes")
+        hooked = self.llm.collective_rpc("flowrl_record_routes", args=(True,))
+        if hooked[0] != self._moe_layers:
+            self.llm.collective_rpc("flowrl_record_routes", args=(False,))
+            raise EngineError(f"hooked {hooked[0]} MoE routers, config.json has {self._moe_layers} MoE layers")
+        return True
+
+    def _stop_route_hooks(self) -> dict:
+        """Remove the router hooks; the routes recorded (rank 0's: the routers are replicated over tp)."""
+        recorded = self.llm.collective_rpc("flowrl_take_routes")[0]
+        self.llm.collective_rpc("flowrl_record_routes", args=(False,))
+        return recorded
+
+    def _with_routes(self, groups: list[list[Completion]], outputs: list, recorded: dict | None) -> list:
+        """Each completion with its ``routed_experts`` [P + R, L, k]: vLLM's own (GPUs), else the
+        router hooks' record, matched to the completion by vLLM's request ids."""
+        if recorded is None:  # gpu
+            return [[replace(c, routed_experts=native_routes(c, o.routed_experts, self._moe_layers))
+                     for c, o in zip(group, request.outputs)] for group, request in zip(groups, outputs)]
+        by_request = {}  # vLLM's internal id (`<external id>-<8 chars>`) -> its record
+        for internal, positions in recorded.items():
+            by_request[internal.rsplit("-", 1)[0]] = positions
+        records = []
+        for group, request in zip(groups, outputs):
+            for c, o in zip(group, request.outputs):
+                external = f"{o.index}_{request.request_id}" if len(request.outputs) > 1 else request.request_id
+                records.append((c, by_request.get(external, {})))
+        return _regroup(groups, [replace(c, routed_experts=hooked_routes(c, own, records, self._moe_layers))
+                                 for c, own in records])
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Log-probability of every token given its prefix, from vLLM's prompt logprobs.
@@ -344,6 +481,81 @@ def _forget_cached_environment() -> None:
     disable = getattr(vllm.envs, "disable_envs_cache", None)
     if disable is not None:
         disable()
+
+
+def _moe_layers(model_path: str) -> int:
+    """The MoE layers of the checkpoint in ``model_path`` (0: a dense model)."""
+    import json
+
+    from flowrl.catalog.architectures import moe_layers
+
+    with open(os.path.join(model_path, "config.json")) as f:
+        cfg = json.load(f)
+    return moe_layers(cfg, int(cfg.get("num_hidden_layers") or 0))
+
+
+def _regroup(groups: list[list], flat: list) -> list[list]:
+    """``flat`` cut into lists of the sizes of ``groups``."""
+    out, i = [], 0
+    for g in groups:
+        out.append(flat[i: i + len(g)])
+        i += len(g)
+    return out
+
+
+def hooked_routes(c: Completion, own: dict, records: list, layers: int) -> np.ndarray:
+    """The routes of completion ``c`` [P + R, L, k] from the router hooks' record.
+
+    ``own``: its request's record, ``{position: (token id, [experts per layer])}``. A position its
+    request did not forward was served from the prefix cache, i.e. computed by another request of the
+    same call with the same tokens up to there: it is taken from that one (``records``: every
+    completion of the call with its record). Every position but the last (sampled, never forwarded)
+    must have a route, and every recorded token must be the completion's, or :class:`EngineError`.
+    """
+    tokens = list(c.prompt_ids) + list(c.response_ids)
+    out = None
+    for p in range(len(tokens)):
+        entry = own.get(p) or _shared(tokens, p, records)
+        if entry is None:
+            if p == len(tokens) - 1:
+                break  # the last sampled token: never forwarded, native routing in the trainer
+            raise EngineError(f"no route recorded for position {p} of a {len(tokens)}-token sequence; vLLM "
+                              "forwarded it in no request of this call")
+        token, experts = entry
+        if token != tokens[p] or any(e is None for e in experts) or len(experts) != layers:
+            raise EngineError(f"routes recorded for position {p} do not match the completion (token {token} vs "
+                              f"{tokens[p]}, {len(experts)} of {layers} layers): vLLM's request ids or batch "
+                              "layout are not what flowrl.engines.vllm_engine reads")
+        if out is None:
+            out = np.full((len(tokens), layers, len(experts[0])), -1, dtype=np.int16)
+        out[p] = np.asarray(experts, dtype=np.int16)
+    if out is None:
+        raise EngineError("no route recorded for a completion; was the router hook installed?")
+    return out
+
+
+def _shared(tokens: list[int], p: int, records: list):
+    """Position ``p``'s record in another request of the call whose tokens equal ``tokens`` up to ``p``."""
+    for other, record in records:
+        entry = record.get(p)
+        if entry is not None and list(other.prompt_ids + other.response_ids)[: p + 1] == tokens[: p + 1]:
+            return entry
+    return None
+
+
+def native_routes(c: Completion, routed: Any, layers: int) -> np.ndarray:
+    """``CompletionOutput.routed_experts`` (GPUs, ``enable_return_routed_experts``: [tokens, L, k] for
+    the tokens vLLM forwarded, prompt first) as :attr:`Completion.routed_experts` [P + R, L, k], -1
+    past what vLLM returned (the last sampled token)."""
+    n = len(c.prompt_ids) + len(c.response_ids)
+    if routed is None:
+        raise EngineError("vLLM returned no routed_experts; was it built with enable_return_routed_experts?")
+    routed = np.asarray(routed)
+    if routed.ndim != 3 or routed.shape[1] != layers or not n - 1 <= routed.shape[0] <= n:
+        raise EngineError(f"vLLM's routed_experts has shape {routed.shape}; expected [{n - 1} or {n}, {layers}, k]")
+    out = np.full((n, layers, routed.shape[2]), -1, dtype=np.int16)
+    out[: routed.shape[0]] = routed
+    return out
 
 
 def _completion(prompt: list[int], out: Any) -> Completion:
