@@ -86,6 +86,31 @@ def mismatch_metrics(
 
 
 @torch.no_grad()
+def routing_metrics(routes_differ: torch.Tensor, routes: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, float]:
+    """How much routing replay changed a mixture of experts' forward.
+
+    Args:
+        routes_differ: ``[B, T]`` per token, the MoE layers where the replayed experts (as a set)
+            were not the train engine's own router's choice (the train engine's ``routes_differ``).
+        routes: ``[B, T, L, k]`` the replayed expert ids, -1 where a token has none.
+        attention_mask: ``[B, T]``: real tokens (prompt and response: the forward routes both).
+
+    Returns:
+        ``routing_replayed``: token-layers routed by the rollout engine's experts;
+        ``routing_differ``: of them, those where the train engine's router would have picked other
+        experts (without replay, routes that differ between rollout and training). Counts, so
+        micro-batches' metrics add up (:func:`flowrl.algos.losses.combine_metrics`).
+
+    >>> routes = torch.tensor([[[[0, 1], [2, 3]], [[-1, -1], [-1, -1]]]])
+    >>> routing_metrics(torch.tensor([[1.0, 0.0]]), routes, torch.tensor([[1, 1]]))
+    {'routing_replayed': 2.0, 'routing_differ': 1.0}
+    """
+    real = attention_mask.bool()[..., None]
+    replayed = ((routes[..., 0] >= 0) & real).sum()
+    return {"routing_replayed": float(replayed), "routing_differ": float((routes_differ * attention_mask).sum())}
+
+
+@torch.no_grad()
 def tis_weights(
     train_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,

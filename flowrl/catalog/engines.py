@@ -106,6 +106,10 @@ class EngineSpec:
     """Train engines: roles its adapter takes beyond ``actor`` and ``critic`` (``reward``: a one-label
     sequence classifier serving ``reward_model(m)``); ``flowrl plan`` refuses a served model on an
     engine (or, with several ranks, the ``multi_rank_as`` engine) without its role (E512)."""
+    routing_replay: bool = False
+    """Mixtures of experts' routing replay (``routing = "replay"``): a rollout engine returns the
+    experts it routed each token to; a train engine routes its forward by given experts. ``flowrl
+    check`` refuses replay on an engine without it (E612)."""
     context_option: str | None = None
     """Rollout engines: the option bounding one sequence's prompt + completion tokens
     (``max_model_len``). A schedule that does not set it gets the checkpoint's maximum
@@ -241,7 +245,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         package="torch", install="pip install torch",
         memory="replicated", ranks="single", multi_rank_as="fsdp", frees_memory="offload",
         cpu_rank_gb=0.3,  # its rank runs in the actor: transformers and the optimizer loaded
-        platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"})),
+        platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"}),
+        routing_replay=True),  # flowrl.engines.route_replay
     EngineSpec(
         "vllm", "rollout", ("tp", "dp"),
         {"gpu_memory_utilization": KwSpec("float", 0.5, min=0.05, max=1.0,
@@ -255,6 +260,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
         cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
         sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
+        routing_replay=True,  # router hooks on CPU, enable_return_routed_experts on GPUs (flowrl.engines.vllm_engine)
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
         # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS},

@@ -42,6 +42,8 @@ FIELDS: dict[str, str] = {
     "observations": "tool/environment output tokens [B, O] int",
     "truncated": "the episode hit the context limit before it was done (agentic flows) [B] bool",
     "rows": "the dataset row each sample came from, every field (rewards and environments read it) [B] dict",
+    "routed_experts": "a mixture of experts' routes: the experts the rollout engine sent each token to, per MoE "
+                      "layer [B, T, L, k] int (-1: none); carried when an op replays them (routing = \"replay\")",
 }
 """Every field of the step's experience table -> what it holds and its shape (B samples,
 P prompt tokens, R response tokens, T = the padded prompt + response width). Ops' ``needs`` and
@@ -59,6 +61,20 @@ BAD_ROW_POLICIES = ("error", "skip")
 """``jsonl(..., bad_rows = ...)`` / ``parquet``: a row with an empty prompt, a missing field, bytes
 that are not UTF-8 or a prompt too long for the rollout engine's context. ``error``: refused,
 naming the file and row; ``skip``: left out, and counted (``data/rows_skipped``, events.log)."""
+
+ROUTES = "routed_experts"
+"""The field of a mixture of experts' routes (:data:`FIELDS`): a replaying op's rollouts carry it, the
+runtime's token batches hold it as ``extras["routed_experts"]``."""
+
+ROUTING_MODES = ("native", "replay")
+"""``logprobs(routing = ...)`` / ``update(routing = ...)``, for a mixture of experts: ``native``, the
+train engine's own router picks each token's experts; ``replay`` (routing replay, R3), the experts the
+rollout engine picked when it sampled the rollouts (which then carry ``routed_experts``)."""
+
+_ROUTING = KwSpec("str", "native", choices=ROUTING_MODES,
+                  doc="a mixture of experts' routing in the train engine's forward: `native` (its own "
+                      "router's top-k) or `replay` (the experts the rollout engine routed each token to; R3)")
+"""The one ``routing`` option of the train-engine ops that read a policy's rollouts."""
 
 NAN_POLICIES = ("skip", "stop")
 """``update(on_nan = ...)``: what a non-finite loss or gradient does. ``skip``: the optimizer step
@@ -354,7 +370,7 @@ _op(OpSpec("score", OpKind.SCORE, (_a("reward", "reward"), _a("rollouts", "data"
            produces=_F({"rewards"}), engine="reward",
            doc="Score completions with a reward function; `r(x)` for a reward `r` means `score(r, x)`."))
 _op(OpSpec("logprobs", OpKind.LOGPROBS, (_a("model", "model"), _a("rollouts", "data", *_TOKENS)),
-           kwargs={"entropy": KwSpec("bool", False)},
+           kwargs={"entropy": KwSpec("bool", False), "routing": _ROUTING},
            produces=_F({"logprobs"}), engine="train",
            doc="Per-token log-probs of the rollouts under a model (train engine forward)."))
 _op(OpSpec("values", OpKind.VALUES, (_a("critic", "model"), _a("rollouts", "data", *_TOKENS)),
@@ -458,7 +474,8 @@ _op(OpSpec("update", OpKind.UPDATE,
                    "micro_batch": KwSpec("int", 8, min=1),
                    "on_nan": KwSpec("str", "skip", choices=NAN_POLICIES,
                                     doc="a non-finite loss or gradient: skip that optimizer step and count it "
-                                        "(faults/nan_skipped), or stop the run naming the op and step")},
+                                        "(faults/nan_skipped), or stop the run naming the op and step"),
+                   "routing": _ROUTING},
            engine="train", effect=True,
            doc="One optimisation step of a trainable model on the step's samples."))
 _op(OpSpec("resync", OpKind.RESYNC, (_a("model", "model"),),

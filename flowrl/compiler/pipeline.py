@@ -21,6 +21,7 @@ from flowrl.compiler.passes.check_model_fit import check_model_fit
 from flowrl.compiler.passes.check_platform import check_platform
 from flowrl.compiler.passes.check_resources import check_resources
 from flowrl.compiler.passes.check_roles import check_roles
+from flowrl.compiler.passes.check_routing import check_routing
 from flowrl.compiler.passes.check_run_settings import check_run_settings
 from flowrl.compiler.passes.check_schedule import check_schedule
 from flowrl.compiler.passes.check_schedule_once import check_schedule_once
@@ -64,6 +65,7 @@ PASSES: tuple[Pass, ...] = (
     check_chat_templates,
     check_resources,
     check_model_fit,
+    check_routing,
 )
 PASS_NAMES = tuple(p.__name__ for p in PASSES)
 

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-ROUTES = "routed_experts"
-"""The key of a mixture of experts' routes: a :class:`Completion`'s field, ``TokenBatch.extras``'
-entry and the experience table's field (routing replay, :mod:`flowrl.engines.route_replay`)."""
+from flowrl.catalog.ops import ROUTES  # a mixture of experts' routes: Completion's field, TokenBatch.extras' key
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ def _sampling_spec(op: OpPlan, ctx: StepContext) -> SamplingSpec:
     o = op.options
     return SamplingSpec(n=int(o["n"]), temperature=float(o["temperature"]), top_p=float(o["top_p"]),
                         top_k=int(o["top_k"]), max_tokens=int(o["max_tokens"]), stop=tuple(o.get("stop") or ()),
+                        routes=ROUTES in op.fields,  # an op replays them (compiler: check_routing)
                         seed=op_seed(ctx.services.seed + int(o.get("seed", 0)), ctx.step,
                                      f"{op.id}/draw{ctx.draw}" if ctx.draw else op.id))
 
@@ -147,6 +148,8 @@ def generate(op: OpPlan, ctx: StepContext) -> StepValue:
         "group_ids": torch.arange(len(groups)).repeat_interleave(n),
         "version": [v for v in versions for _ in range(n)],
     }
+    if ROUTES in batch.extras:
+        out[ROUTES] = batch.extras[ROUTES]
     for key in (fields[0] if fields else {}):  # passthrough: per-prompt fields repeat for each of the n completions
         if key not in out:
             out[key] = [f[key] for f in fields for _ in range(n)]
@@ -223,16 +226,32 @@ def logprobs(op: OpPlan, ctx: StepContext) -> StepValue:
     rollouts = _rollouts(op, roll)
     engines = ctx.services.engines
     entropy = bool(op.options.get("entropy", False))
-    out = engines.forward(op.model, rollouts.batch, ctx.step, entropy=entropy)
+    batch = _routed(op, rollouts.batch)
+    out = engines.forward(op.model, batch, ctx.step, entropy=entropy)
     lp = out["logprobs"]
     if rollouts.model == op.model and all(v == engines.train_version(op.model) for v in roll["version"]):
         # Same weights on both engines: any gap is the train/inference mismatch.
         m = mismatch_metrics(lp, roll["rollout_logprobs"], roll["response_mask"])
+        if "routes_differ" in out:  # replayed routes: how many the trainer's router would have changed
+            m.update(routing_metrics(out["routes_differ"], batch.extras[ROUTES], batch.attention_mask))
         ctx.metrics.update({_per_policy(k, op, ctx): float(v) for k, v in m.items()})
     fields = {"logprobs": lp}
     if entropy:
         fields["entropy"] = out["entropy"]
     return StepValue(fields)
+
+
+def _routed(op: OpPlan, batch: TokenBatch) -> TokenBatch:
+    """``batch`` as ``op``'s ``routing`` option wants it: with the rollout engine's routes
+    (``replay``: the compiler made the generate record them) or without (``native``)."""
+    replay = op.options.get("routing", "native") == "replay"
+    if replay and ROUTES not in batch.extras:
+        raise RuntimeFlowError(f"{op.origin}: `{op.id}` replays routes, but its rollouts carry none; "
+                               "the compiler marks the generate that records them (check_routing)")
+    if replay or ROUTES not in batch.extras:
+        return batch
+    return TokenBatch(batch.input_ids, batch.attention_mask, batch.response_mask,
+                      {k: v for k, v in batch.extras.items() if k != ROUTES})
 
 
 def values(op: OpPlan, ctx: StepContext) -> StepValue:
@@ -250,7 +269,7 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
     """
     roll = ctx.input(op, "rollouts")
     rollouts = _rollouts(op, roll)
-    batch = rollouts.batch
+    batch = _routed(op, rollouts.batch)
     mask = batch.response_mask
     loss = dict(op.options["loss"])
     record = loss_record(loss, op.origin)
@@ -297,22 +316,22 @@ def update(op: OpPlan, ctx: StepContext) -> StepValue:
     ctx.metrics.update(apply_nan_policy(op, ctx.step, stats))  # on_nan: count skipped steps, or stop
     same_weights = not bool(lags.any())
     for key in sorted({k for s in stats for k in s}):
-        if key.startswith("mismatch_") and not same_weights:
+        if key.startswith(("mismatch_", "routing_")) and not same_weights:
             continue  # rollout and trainer weights differ (a skipped resync): not the engines' mismatch
         vals = [float(s[key]) for s in stats if key in s]
         if key.startswith("offpolicy_"):  # measured in the loss (no old_logprobs): one optimiser step
             ctx.metrics[_per_policy(key, op, ctx)] = float(max(vals) if key.endswith("_max") else
                                                    min(vals) if key.endswith("_min") else np.mean(vals))
-        elif key.startswith("mismatch_"):  # measured in the loss when the plan elided the old-logprob
-            ctx.metrics[_per_policy(key, op, ctx)] = float(np.mean(vals))  # pass (lower.elide_old_logprobs)
+        elif key.startswith(("mismatch_", "routing_")):  # measured in the loss when the plan elided the
+            ctx.metrics[_per_policy(key, op, ctx)] = float(np.mean(vals))  # old-logprob pass (elide_logprobs)
         else:
             ctx.metrics[_per_policy(key, op, ctx) if key == "kl_ref" else f"train/{op.model}/{key}"] = float(np.mean(vals))
     return StepValue()
 
 
-_PER_POLICY = ("offpolicy", "mismatch", "staleness", "kl")
+_PER_POLICY = ("offpolicy", "mismatch", "staleness", "kl", "routing")
 """Families measured per trained policy: its behaviour gap, its engines' mismatch, its samples' lags,
-its divergence from the reference."""
+its divergence from the reference, its replayed routes."""
 
 
 def _per_policy(key: str, op: OpPlan, ctx: StepContext, model: str | None = None) -> str:

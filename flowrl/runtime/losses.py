@@ -37,7 +37,8 @@ import torch
 
 from flowrl.algos.kl import kl_k3
 from flowrl.algos.losses import aggregate, cispo_loss, entropy_bonus, gspo_loss, kl_loss, ppo_clip_loss, value_loss
-from flowrl.algos.mismatch import importance_correction, mismatch_metrics
+from flowrl.algos.mismatch import importance_correction, mismatch_metrics, routing_metrics
+from flowrl.catalog.ops import ROUTES
 from flowrl.catalog.losses import LOSSES, LossSpec
 from flowrl.engines.base import LossFn
 from flowrl.engines.types import TokenBatch
@@ -110,6 +111,9 @@ def _policy_loss(spec: dict, objective: PolicyObjective) -> LossFn:
             old = lp.detach()
             if "rollout_logprobs" in mb.extras:
                 on_policy = mismatch_metrics(old, mb.extras["rollout_logprobs"], mask, tokens=denom["tokens"])
+            if "routes_differ" in outputs:  # a mixture of experts replaying the rollout engine's routes
+                on_policy.update(routing_metrics(outputs["routes_differ"].detach(), mb.extras[ROUTES],
+                                                 mb.attention_mask))
             if "ref_logprobs" in mb.extras:
                 on_policy["kl_ref"] = float(aggregate(kl_k3(old, mb.extras["ref_logprobs"]), mask, "token-mean",
                                                       denom))

@@ -2,7 +2,7 @@
 
 Some metric families are written by one op or one model of the plan each: ``reward/*``
 (a score op), ``filter/*`` (a dynamic-sampling op), ``adv/*`` (an advantage op), and per
-trained policy ``staleness/*``, ``mismatch/*``, ``offpolicy/*`` and ``kl/*``, per generating model
+trained policy ``staleness/*``, ``mismatch/*``, ``offpolicy/*``, ``kl/*`` and ``routing/*``, per generating model
 ``response/*``. A flow with two trained
 models, or two score ops, has two producers of the same family: :func:`metric_name` gives
 each its own name, so that neither overwrites the other in a step's row of ``metrics.jsonl``.
@@ -58,7 +58,8 @@ def unowned_name(name: str, plain: Collection[str]) -> str | None:
     return None
 
 
-OWNED_FAMILIES = frozenset({"reward", "filter", "adv", "staleness", "mismatch", "offpolicy", "kl", "response"})
+OWNED_FAMILIES = frozenset({"reward", "filter", "adv", "staleness", "mismatch", "offpolicy", "kl", "response",
+                            "routing"})
 """The families named by :func:`metric_name`: each written per op or per trained model."""
 
 

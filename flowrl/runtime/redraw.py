@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from flowrl.catalog.ops import ROUTES
 from flowrl.engines.types import TokenBatch
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.errors import RuntimeFlowError
@@ -65,13 +66,15 @@ def _take(x: Any, rows: torch.Tensor, count: int) -> Any:
 
 
 def _cat(parts: list, fill: float) -> Any:
-    """Concatenate per-row parts: lists joined, tensors catenated (``[B, T]`` right-padded with ``fill``)."""
+    """Concatenate per-row parts: lists joined, tensors catenated (``[B, T, ...]`` right-padded along T
+    with ``fill``)."""
     if not isinstance(parts[0], torch.Tensor):
         return [x for p in parts for x in p]
     if parts[0].dim() >= 2:
         width = max(p.shape[1] for p in parts)
-        parts = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill) if p.shape[1] < width else p
-                 for p in parts]
+        # F.pad's pairs run from the last dimension back: pad only T (dimension 1)
+        parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1]), value=fill)
+                 if p.shape[1] < width else p for p in parts]
     return torch.cat(parts)
 
 
@@ -80,7 +83,8 @@ def _batch(parts: list[tuple[TokenBatch, torch.Tensor]], pad_id: int) -> TokenBa
     return TokenBatch(_cat([b.input_ids for b in batches], pad_id),
                       _cat([b.attention_mask for b in batches], 0),
                       _cat([b.response_mask for b in batches], 0.0),
-                      {k: _cat([b.extras[k] for b in batches], 0.0) for k in batches[0].extras})
+                      {k: _cat([b.extras[k] for b in batches], -1 if k == ROUTES else 0.0)  # -1: no route
+                       for k in batches[0].extras})
 
 
 def gather_rows(parts: list[tuple[StepValue, torch.Tensor]], pad_id: int) -> StepValue:
@@ -90,7 +94,7 @@ def gather_rows(parts: list[tuple[StepValue, torch.Tensor]], pad_id: int) -> Ste
     to the widest part, token ids with ``pad_id``, everything else with 0.
     """
     counts = [_rows_of(v) for v, _ in parts]
-    fields = {key: _cat([_take(v[key], rows, n) for (v, rows), n in zip(parts, counts)], 0.0)
+    fields = {key: _cat([_take(v[key], rows, n) for (v, rows), n in zip(parts, counts)], -1 if key == ROUTES else 0.0)
               for key in parts[0][0].fields}
     first = parts[0][0].rollouts
     if first is None:

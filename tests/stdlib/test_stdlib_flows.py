@@ -220,7 +220,7 @@ env tools = python_env("flowrl.envs.calculator:Calculator")
 
 _STR_ALTERNATIVES = {"k1": "k2", "k2": "k3", "k3": "k1", "token-mean": "seq-mean-token-mean",
                      "seq-mean-token-mean": "token-mean", "constant": "cosine", "token": "sequence",
-                     "geometric": "token", "skip": "stop"}
+                     "geometric": "token", "skip": "stop", "native": "replay"}
 
 
 def _other_value(p: ast.Param) -> str:
