@@ -59,6 +59,22 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     return routers
 
 
+@torch.no_grad()
+def router_top_k(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The experts ``model``'s own routers pick for each token of a forward: [B, T, L, k] (native
+    routing; what a rollout engine's routes are compared with)."""
+    seen: list[torch.Tensor] = []
+    hooks = [r.register_forward_hook(lambda m, a, out: seen.append(out[2].detach()))
+             for r in moe_routers(model)]
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    b, t = input_ids.shape
+    return torch.stack([s.view(b, t, -1) for s in seen], dim=2)
+
+
 @contextmanager
 def replayed_routes(model: nn.Module, routes: torch.Tensor, differ: torch.Tensor) -> Iterator[None]:
     """Within the block, every forward of ``model`` on a ``[B, T]`` batch routes by ``routes``.
@@ -105,4 +121,4 @@ def _replay_hook(layer: int, routes: torch.Tensor, differ: torch.Tensor):
     return hook
 
 
-__all__ = ["ROUTER", "NO_ROUTE", "moe_routers", "replayed_routes"]
+__all__ = ["ROUTER", "NO_ROUTE", "moe_routers", "replayed_routes", "router_top_k"]

@@ -141,5 +141,5 @@ def _padded_routes(routes: list, width: int) -> torch.Tensor:
         raise ValueError(f"completions routed over different layers x top-k: {sorted(shapes)}")
     out = torch.full((len(routes), width, *shapes.pop()), -1, dtype=torch.int16)
     for i, r in enumerate(routes):
-        out[i, : len(r)] = torch.from_numpy(np.asarray(r, dtype=np.int16))
+        out[i, : len(r)] = torch.from_numpy(np.array(r, dtype=np.int16))  # a copy: Ray hands back read-only arrays
     return out

@@ -153,49 +153,50 @@ class FlowrlWorkerExtension:
 
 
     def flowrl_record_routes(self, on: bool) -> int:
-        """Start (``on``) or stop recording, in every forward, the top-k experts each token is routed
-        to in each MoE layer (forward hooks on the routers, ``model.layers.{i}.mlp.gate``); returns the
-        MoE layers hooked. Rows are mapped to (request, position) through the model runner's batch
-        (``input_batch.req_ids``, ``query_start_loc``, ``positions``), as it stands during the forward.
+        """Start (``on``) or stop recording, in every forward, the experts vLLM routes each token to in
+        each MoE layer; returns the MoE layers recorded.
 
-        The experts are recomputed from the router's logits by the routers' rule (softmax in fp32,
-        top-k): the set vLLM's MoE kernel uses, but for an exact tie of two logits.
+        vLLM's own capture point is used: each MoE layer's router (``FusedMoERouter``) copies the
+        expert ids it selected into ``_routing_replay_out`` when that buffer is set (what vLLM's
+        routed-experts capturer binds on GPUs); a forward hook on the layer (``mlp.experts``, the
+        MoE runner owning the router) then reads the forward's rows and maps them to (request,
+        position) through the model runner's batch (``input_batch.req_ids``, ``query_start_loc``,
+        ``positions``, ``input_ids``), as it stands during the forward. So the ids are the ones
+        vLLM's kernel computed with, ties included.
         """
         for handle in getattr(self, "_flowrl_route_hooks", []):
             handle.remove()
-        self._flowrl_route_hooks, self._flowrl_routes = [], []
+        for router in getattr(self, "_flowrl_routers", []):
+            router._routing_replay_out = None
+        self._flowrl_route_hooks, self._flowrl_routers, self._flowrl_routes = [], [], []
         if not on:
             return 0
-        from flowrl.engines.route_replay import ROUTER
+        runner = self.model_runner
+        layers = [m for m in runner.model.modules() if hasattr(getattr(m, "router", None), "_routing_replay_out")]
+        if not layers:
+            raise RuntimeError("routing replay: this model has no MoE layer whose router vLLM can capture "
+                               "(FusedMoERouter._routing_replay_out)")
+        top_k = int(runner.model_config.hf_config.num_experts_per_tok)
+        for index, layer in enumerate(layers):
+            layer.router._routing_replay_out = torch.full((runner.max_num_tokens, top_k), -1, dtype=torch.int16)
+            self._flowrl_routers.append(layer.router)
+            self._flowrl_route_hooks.append(layer.register_forward_hook(self._flowrl_route_hook(index, layer.router)))
+        return len(layers)
 
-        model = self.model_runner.model
-        routers = [m for name, m in model.named_modules() if name.endswith(ROUTER)
-                   and hasattr(model.get_submodule(name.rsplit(".", 1)[0]), "experts")]
-        if not routers:
-            raise RuntimeError("routing replay: this model has no MoE router (`...mlp.gate` beside `experts`)")
-        top_k = int(self.model_runner.model_config.hf_config.num_experts_per_tok)
-        for layer, router in enumerate(routers):
-            self._flowrl_route_hooks.append(router.register_forward_hook(self._flowrl_route_hook(layer, top_k)))
-        return len(routers)
-
-    def _flowrl_route_hook(self, layer: int, top_k: int):
-        """The forward hook of MoE layer ``layer``'s router: appends (layer, request ids, each request's
-        first row, positions [N], token ids [N], experts [N, top_k]) to the worker's record."""
-        import numpy as np
+    def _flowrl_route_hook(self, layer: int, router):
+        """The forward hook of MoE layer ``layer``: appends (layer, request ids, each request's first
+        row, positions [N], token ids [N], experts [N, top_k]) to the worker's record."""
 
         def hook(module, args, output):
-            logits = output[0] if isinstance(output, tuple) else output
             runner = self.model_runner
             n = runner.input_batch.num_reqs
             starts = [int(x) for x in runner.query_start_loc.cpu[: n + 1]]
-            if starts[-1] > logits.shape[0]:
-                raise RuntimeError(f"router saw {logits.shape[0]} rows, the batch schedules {starts[-1]}")
-            rows = logits[: starts[-1]].float()
-            experts = torch.topk(torch.softmax(rows, dim=-1), top_k, dim=-1).indices
+            rows = starts[-1]
             self._flowrl_routes.append((layer, list(runner.input_batch.req_ids[:n]), starts,
-                                        runner.positions[: starts[-1]].cpu().numpy().copy(),
-                                        runner.input_ids.cpu[: starts[-1]].numpy().copy(),
-                                        experts.cpu().numpy().astype(np.int16)))
+                                        runner.positions[:rows].cpu().numpy().copy(),
+                                        runner.input_ids.cpu[:rows].numpy().copy(),
+                                        router._routing_replay_out[:rows].cpu().numpy().copy()))
+            router._routing_replay_out[:rows] = -1  # a row the next forward's router does not write reads -1
 
         return hook
 
@@ -522,7 +523,7 @@ def hooked_routes(c: Completion, own: dict, records: list, layers: int) -> np.nd
             raise EngineError(f"no route recorded for position {p} of a {len(tokens)}-token sequence; vLLM "
                               "forwarded it in no request of this call")
         token, experts = entry
-        if token != tokens[p] or any(e is None for e in experts) or len(experts) != layers:
+        if token != tokens[p] or len(experts) != layers or any(e is None or min(e) < 0 for e in experts):
             raise EngineError(f"routes recorded for position {p} do not match the completion (token {token} vs "
                               f"{tokens[p]}, {len(experts)} of {layers} layers): vLLM's request ids or batch "
                               "layout are not what flowrl.engines.vllm_engine reads")

@@ -29,9 +29,9 @@ import torch
 from flowrl.algos import advantages as A
 from flowrl.algos.filtering import dynamic_sample
 from flowrl.algos.kl import kl_k3, kl_penalty_in_reward
-from flowrl.algos.mismatch import importance_correction, mismatch_metrics
+from flowrl.algos.mismatch import importance_correction, mismatch_metrics, routing_metrics
 from flowrl.algos.shaping import overlong_penalty as overlong_shaping
-from flowrl.catalog.ops import OPS, OpKind
+from flowrl.catalog.ops import OPS, ROUTES, OpKind
 from flowrl.engines.types import SamplingSpec, TokenBatch
 from flowrl.plan import OpPlan
 from flowrl.runtime.episodes import continue_episodes, env_step, response_length_name

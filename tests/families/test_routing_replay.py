@@ -7,6 +7,8 @@ The compiler's side (the `routing` option, where it is refused) is in tests/comp
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from family_cases import PROMPTS, build_family, max_gap, pg_loss
 from flowrl.engines.base import EngineConfigError
-from flowrl.engines.route_replay import moe_routers, replayed_routes
+from flowrl.engines.route_replay import moe_routers, replayed_routes, router_top_k
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine
 from flowrl.engines.types import ROUTES, Completion, SamplingSpec, TokenBatch
 
@@ -34,17 +36,8 @@ def _batch(routes: torch.Tensor | None = None) -> TokenBatch:
 
 
 def native_top_k(model, batch: TokenBatch) -> torch.Tensor:
-    """The experts the model's own routers pick: [B, T, L, k], recorded by hooks on its routers."""
-    seen = []
-    hooks = [r.register_forward_hook(lambda m, a, out: seen.append(out[2].detach())) for r in moe_routers(model)]
-    try:
-        with torch.no_grad():
-            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    finally:
-        for h in hooks:
-            h.remove()
-    b, t = batch.input_ids.shape
-    return torch.stack([s.view(b, t, -1) for s in seen], dim=2)
+    """The experts the model's own routers pick: [B, T, L, k]."""
+    return router_top_k(model, batch.input_ids, batch.attention_mask)
 
 
 def forced_logprobs(model, batch: TokenBatch, routes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,3 +137,145 @@ def test_completions_routes_pad_into_the_batch():
     assert routes[1].tolist() == [[[4, 5]], [[-1, -1]], [[-1, -1]]]
     with pytest.raises(ValueError, match="some completions carry routed experts"):
         TokenBatch.from_completions([a, Completion((1,), (3,), (-0.2,), "stop")], pad_id=0)
+
+
+# ---- vLLM's routes ------------------------------------------------------------------------------------
+
+SPEC = SamplingSpec(n=2, temperature=1.0, max_tokens=12, seed=5, routes=True)
+
+
+def _differing(routes: torch.Tensor, own: torch.Tensor, attention_mask: torch.Tensor) -> tuple[int, int]:
+    """(token-layers whose routes differ from ``own`` as sets, token-layers with a route)."""
+    has = (routes[..., 0] >= 0) & attention_mask.bool()[..., None]
+    differ = (routes.long().sort(-1).values != own.sort(-1).values).any(-1) & has
+    return int(differ.sum()), int(has.sum())
+
+
+def test_vllm_returns_the_experts_it_routed_each_token_to(moe_path):
+    """vLLM's routes (its routers' own ids, captured on CPU) for every prompt and response token but the
+    last; in fp32 they are the trainer's own top-k, and the trainer replaying them matches vLLM."""
+    pytest.importorskip("vllm")
+    from flowrl.engines.vllm_engine import VLLMRolloutEngine
+
+    rollout = VLLMRolloutEngine(moe_path, dtype="float32", max_model_len=64)
+    try:
+        routed = [c for g in rollout.generate(PROMPTS, SPEC) for c in g]
+        plain = [c for g in rollout.generate(PROMPTS, replace(SPEC, routes=False)) for c in g]
+    finally:
+        rollout.shutdown()
+    assert [c.response_ids for c in routed] == [c.response_ids for c in plain]  # recording changes nothing
+    assert all(c.routed_experts is None for c in plain)
+    for c in routed:
+        n = len(c.prompt_ids) + len(c.response_ids)
+        assert c.routed_experts.shape == (n, 2, 2)
+        assert (c.routed_experts[:-1] >= 0).all() and (c.routed_experts[-1] == -1).all()  # last: never forwarded
+    batch = TokenBatch.from_completions(routed, pad_id=0)
+    trainer = TorchTrainEngine(moe_path)
+    differ, total = _differing(batch.extras[ROUTES], native_top_k(trainer.model, batch), batch.attention_mask)
+    out = trainer.forward(batch)
+    gap = max_gap(out["logprobs"], batch)
+    print(f"\nvLLM fp32 routes: {differ} of {total} token-layers differ from the trainer's; replayed gap {gap}")
+    assert total == sum(2 * (len(c.prompt_ids) + len(c.response_ids) - 1) for c in routed)
+    assert differ == 0 and float(out["routes_differ"].sum()) == 0
+    assert gap[0] <= 1e-4
+
+
+def shift_vllm_routes(worker, shift: int) -> int:
+    """Run in vLLM's worker: each MoE layer's router picks, for every token, its own experts' ids +
+    ``shift`` (mod the experts), weighted by the softmax of the router logits there, renormalised (the
+    rule the trainer replays by); ``shift = 0`` restores vLLM's own routing. Returns the layers changed."""
+    changed = 0
+    for module in worker.model_runner.model.modules():
+        router = getattr(module, "router", None)
+        if not hasattr(router, "_routing_replay_out"):
+            continue
+        changed += 1
+        if shift == 0:
+            router.__dict__.pop("select_experts", None)
+            continue
+        own = type(router).select_experts
+
+        def select(hidden_states, router_logits, topk_indices_dtype=None, *, input_ids=None, router=router, own=own):
+            weights, ids = own(router, hidden_states, router_logits, topk_indices_dtype, input_ids=input_ids)
+            ids = ((ids.long() + shift) % router_logits.shape[-1]).to(ids.dtype).contiguous()
+            chosen = torch.softmax(router_logits.float(), -1).gather(-1, ids.long())
+            weights = (chosen / chosen.sum(-1, keepdim=True)).to(weights.dtype).contiguous()
+            if router._routing_replay_out is not None:
+                router._routing_replay_out[: ids.shape[0]].copy_(ids.to(torch.int16))
+            return weights, ids
+
+        router.select_experts = select
+    return changed
+
+
+def test_the_trainer_replaying_forced_routes_matches_vllm_routed_by_them(moe_path):
+    """vLLM forced to route every token to other experts than its router's top-2 (each id + 1): the
+    routes it returns are those, the trainer's own routing is then nats off vLLM's log-probs, and the
+    trainer replaying vLLM's routes matches them to 1e-4."""
+    pytest.importorskip("vllm")
+    from flowrl.engines.vllm_engine import VLLMRolloutEngine
+
+    rollout = VLLMRolloutEngine(moe_path, dtype="float32", max_model_len=64)
+    try:
+        assert rollout.llm.collective_rpc(shift_vllm_routes, args=(1,)) == [2]
+        forced = [c for g in rollout.generate(PROMPTS, SPEC) for c in g]
+        rollout.llm.collective_rpc(shift_vllm_routes, args=(0,))
+    finally:
+        rollout.shutdown()
+    batch = TokenBatch.from_completions(forced, pad_id=0)
+    trainer = TorchTrainEngine(moe_path)
+    replayed = max_gap(trainer.forward(batch)["logprobs"], batch)
+    routes = batch.extras.pop(ROUTES)
+    native = max_gap(trainer.forward(batch)["logprobs"], batch)
+    differ, total = _differing(routes, native_top_k(trainer.model, batch), batch.attention_mask)
+    print(f"\nforced vLLM routes: {differ} of {total} differ from the trainer's own; native gap {native}, "
+          f"replayed {replayed}")
+    assert differ >= total // 2  # every token of layer 0 (layer 1: most, its input moved too)
+    assert native[0] > 0.1 and replayed[0] <= 1e-4
+
+
+# ---- through the whole stack ---------------------------------------------------------------------------
+
+FLOW = """import stdlib.grpo
+
+model policy = tiny(task = "arith", arch = "qwen3_moe", warm_start = 0)
+dataset arith = jsonl("{data}")
+reward exact = verifier("math")
+
+flow main(steps: int = 3, eval_every: int = 0) {{
+  grpo(policy, arith, exact, batch = 4, group = 2, max_tokens = 6, lr = 5e-4, kl = 0.0, micro_batch = 8,
+       routing = "replay")
+}}
+
+schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
+  colocate policy.train, policy.rollout, ref on all
+  policy.train = torch()
+  policy.rollout = vllm(tp = 1)
+  resync policy via inplace() every 1
+}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_grpo_with_routing_replay_through_ray_and_vllm(tmp_path):
+    """3 GRPO steps with routing = "replay": vLLM records every token's experts, the trainer's update
+    (whose first forward is the old policy's: the old-logprob pass is elided) replays them, and after
+    every resync the mismatch is the fp32 level; metrics.jsonl counts the replayed token-layers."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("ray")
+    from flowrl.launch import run_file
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "stdlib").symlink_to(root / "stdlib")
+    (tmp_path / "r3.flow").write_text(FLOW.format(data=root / "data/arith/train.jsonl"))
+    result = run_file(str(tmp_path / "r3.flow"), steps=3, out=str(tmp_path / "run"))
+    plan = json.loads((result.out / "plan.json").read_text())
+    generate = next(o for o in plan["ops"] if o["kind"] == "generate")
+    assert ROUTES in generate["fields"]
+    assert len(result.rows) == 3
+    for row in result.rows:
+        # prompt + response tokens but each sequence's last, x 2 layers, for 4 x 2 completions
+        assert row["routing/replayed"] >= 2 * 8 * 6, row
+        assert 0 <= row["routing/differ"] <= row["routing/replayed"]
+        assert row["mismatch/abs_max"] < 1e-4, row
