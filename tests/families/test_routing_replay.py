@@ -279,3 +279,59 @@ def test_grpo_with_routing_replay_through_ray_and_vllm(tmp_path):
         assert row["routing/replayed"] >= 2 * 8 * 6, row
         assert 0 <= row["routing/differ"] <= row["routing/replayed"]
         assert row["mismatch/abs_max"] < 1e-4, row
+
+
+def test_vllms_gpu_routes_pad_to_the_completion():
+    """``CompletionOutput.routed_experts`` (GPUs) covers the tokens vLLM forwarded: [P + R - 1, L, k]
+    pads to the completion with -1 at the last token; a shape that fits no completion is an error."""
+    import numpy as np
+
+    from flowrl.engines.base import EngineError
+    from flowrl.engines.vllm_engine import native_routes
+
+    c = Completion((1, 2, 3), (4, 5), (-0.1, -0.2), "stop")
+    routes = native_routes(c, np.arange(16).reshape(4, 2, 2), layers=2)
+    assert routes.shape == (5, 2, 2) and routes[:4].flatten().tolist() == list(range(16))
+    assert (routes[4] == -1).all()
+    with pytest.raises(EngineError, match=r"expected \[4 or 5, 2, k\]"):
+        native_routes(c, np.zeros((3, 2, 2)), layers=2)
+    with pytest.raises(EngineError, match="returned no routed_experts"):
+        native_routes(c, None, layers=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU: vLLM's enable_return_routed_experts "
+                                                          "does not start on CPU (Model Runner V2 needs Triton)")
+def test_vllm_on_a_gpu_returns_routes_itself(moe_path):
+    """On a GPU vLLM returns the routes (enable_return_routed_experts): every token but the last has one,
+    and the trainer replaying them matches vLLM's log-probs (fp32)."""
+    pytest.importorskip("vllm")
+    from flowrl.engines.vllm_engine import VLLMRolloutEngine
+
+    rollout = VLLMRolloutEngine(moe_path, dtype="float32", max_model_len=64)
+    try:
+        assert rollout._native_routes
+        routed = [c for g in rollout.generate(PROMPTS, SPEC) for c in g]
+    finally:
+        rollout.shutdown()
+    for c in routed:
+        assert (c.routed_experts[:-1] >= 0).all()
+    batch = TokenBatch.from_completions(routed, pad_id=0)
+    trainer = TorchTrainEngine(moe_path, device="cuda")
+    assert max_gap(trainer.forward(batch)["logprobs"], batch)[0] <= 1e-4
+
+
+def test_routes_survive_dynamic_sampling_rows():
+    """filter_groups joins the kept rows of several draws: routes [B, T, L, k] pad along T with -1."""
+    from flowrl.runtime.redraw import gather_rows
+    from flowrl.runtime.step import Rollouts, StepValue
+
+    def value(width: int, fill: int) -> StepValue:
+        batch = TokenBatch.from_rows([[1] * width, [2] * width], pad_id=0)
+        batch.extras[ROUTES] = torch.full((2, width, 2, 2), fill, dtype=torch.int16)
+        return StepValue({ROUTES: batch.extras[ROUTES]}, Rollouts("m", batch, ("a", "b")))
+
+    out = gather_rows([(value(3, 5), torch.tensor([1])), (value(5, 6), torch.tensor([0]))], pad_id=0)
+    routes = out.rollouts.batch.extras[ROUTES]
+    assert routes.shape == (2, 5, 2, 2) and out[ROUTES] is routes
+    assert (routes[0, :3] == 5).all() and (routes[0, 3:] == -1).all() and (routes[1] == 6).all()
