@@ -43,7 +43,8 @@ def test_unowned_name():
     assert unowned_name("reward/x/overlong_penalty", plain) is None  # not a summary key
     assert unowned_name("perf/x/step_s", plain) is None  # perf is not a family with owners
     assert unowned_name("kl/policy/ref", plain) == "kl/ref"
-    assert {"reward", "filter", "adv", "staleness", "mismatch", "offpolicy", "kl", "response"} == OWNED_FAMILIES
+    assert {"reward", "filter", "adv", "staleness", "mismatch", "offpolicy", "kl", "response",
+            "routing"} == OWNED_FAMILIES
 
 
 def test_summarize_reports_each_owners_series():
