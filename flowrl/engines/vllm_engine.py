@@ -26,9 +26,10 @@ Routing replay (R3): ``generate`` with ``SamplingSpec.routes`` returns each toke
 layer (:attr:`~flowrl.engines.types.Completion.routed_experts`), prompt tokens included (the
 trainer's forward routes them too). On GPUs vLLM returns them itself (``enable_return_routed_experts``,
 ``CompletionOutput.routed_experts``; :attr:`VLLMOptions.return_routes`); that option does not start
-on CPU (it needs Model Runner V2, which needs Triton), so there the worker hooks each MoE layer's
-router for the call (:meth:`FlowrlWorkerExtension.flowrl_record_routes`) and maps each forward's rows
-to (request, position) through the model runner's batch. The last sampled token of a completion is
+on CPU (it needs Model Runner V2, which needs Triton), so there the worker sets, for the call, the
+capture buffer vLLM's routers write their expert ids into and hooks each MoE layer to read it
+(:meth:`FlowrlWorkerExtension.flowrl_record_routes`), mapping each forward's rows to (request,
+position) through the model runner's batch. The last sampled token of a completion is
 never forwarded and has no route. The prefix cache is dropped before such a call (a cached prompt is
 not forwarded); a prefix shared within the call is forwarded once and its routes shared.
 """
@@ -150,7 +151,6 @@ class FlowrlWorkerExtension:
             _, module, experts = layers[prefix]
             experts.process_weights_after_loading(module)
         return [layers[p][0] for p in sorted(reached)]
-
 
     def flowrl_record_routes(self, on: bool) -> int:
         """Start (``on``) or stop recording, in every forward, the experts vLLM routes each token to in
@@ -348,10 +348,10 @@ class VLLMRolloutEngine:
     # ------------------------------------------------------------------ routes
 
     def _start_route_hooks(self) -> bool:
-        """Before a generate that returns routes: on CPU, hook the routers (True); on GPUs vLLM
+        """Before a generate that returns routes: on CPU, capture the routers' ids (True); on GPUs vLLM
         returns them itself (False). The prefix cache is dropped first: a prompt served from the
         cache is not forwarded, so its routes would be missing (within the call, a prefix shared
-        by several requests is forwarded once and its routes are shared: :func:`routes_of`)."""
+        by several requests is forwarded once and its routes are shared: :func:`hooked_routes`)."""
         if not self._moe_layers:
             raise EngineConfigError("routes asked of a dense model (no MoE layer in its config.json); "
                                     "routing replay is for mixtures of experts")
@@ -369,7 +369,7 @@ class VLLMRolloutEngine:
         return True
 
     def _stop_route_hooks(self) -> dict:
-        """Remove the router hooks; the routes recorded (rank 0's: the routers are replicated over tp)."""
+        """Stop capturing; the routes recorded (rank 0's: every tp rank routes every token alike)."""
         recorded = self.llm.collective_rpc("flowrl_take_routes")[0]
         self.llm.collective_rpc("flowrl_record_routes", args=(False,))
         return recorded
