@@ -85,3 +85,14 @@ def test_cuda_handles_cross_into_another_process_on_the_same_gpu():
     (got, devices, nbytes), = collect(procs, q)
     assert got == digest(model_weights(5)) and devices == {"cuda"} and nbytes == stats.bytes
     sender.close()
+
+
+def test_release_frees_the_buffers_and_the_next_send_packs_anew():
+    sender, receiver = CudaIpcSync("sender", bucket_bytes=700, device="cpu"), CudaIpcSync("receiver")
+    sender.send(model_weights(1), 1)
+    handoff = sender.handoff()
+    assert digest(receiver.receive(handoff)) == digest(model_weights(1))
+    sender.release()
+    assert sender._held == []
+    sender.send(model_weights(2), 2)
+    assert digest(receiver.receive(sender.handoff())) == digest(model_weights(2))

@@ -26,10 +26,11 @@ runs on either); a flipped bit changes the first sum, two swapped words the seco
 sender sums each tensor after packing it, the receiver the same bytes in the shared buffer
 before loading anything, and a mismatch names the tensor (:class:`CorruptedWeights`).
 
-Lifetime: a handle does not keep the sender's memory alive; the sender holds its buffers
-until the next :meth:`~CudaIpcSync.send` or :meth:`~CudaIpcSync.close`. The driver's resync is
-sequential (every receiver loads before the next step's update), so a receiver never reads a
-buffer being refilled; receivers copy their tensors out (``clone``) before returning them.
+Lifetime: a handle does not keep the sender's memory alive; the sender holds its buffers (one
+packed copy of the weights on its GPU) until :meth:`~CudaIpcSync.release`, which the train worker
+calls when it offloads for the colocated rollout engine's turn (every receiver has loaded by then:
+the driver's resync waits for them), or the next :meth:`~CudaIpcSync.send` or
+:meth:`~CudaIpcSync.close`. Receivers copy their tensors out (``clone``) before returning them.
 
 On a CPU machine the same class shares host buffers by shared-memory file handles
 (``UntypedStorage._share_filename_cpu_``, what ``torch.multiprocessing`` uses with its
@@ -276,11 +277,17 @@ class CudaIpcSync:
         stats.seconds = time.perf_counter() - t0
         self.version = handoff.version
 
+    def release(self) -> None:
+        """Free the shared buffers once every receiver has loaded them (the train worker calls it when it
+        gives its GPU to the colocated rollout engine); the next :meth:`send` packs new ones."""
+        self._held = []
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # free what receivers have unmapped
+
     def close(self) -> None:
         """Release the shared buffers and a handoff not yet taken."""
-        self._held, self._outbox = [], None
-        if self.device.type == "cuda":
-            torch.cuda.ipc_collect()
+        self.release()
+        self._outbox = None
 
 
 __all__ = ["CudaIpcSync", "IpcBucket", "IpcHandoff", "IpcTensor", "SHARING", "word_checksum"]
