@@ -1,7 +1,7 @@
 """`make gpu-check`: the engines on one accelerator, end to end, in at most 10 minutes; one table, one JSON.
 
     .venv/bin/python bench/gpu_check.py                # CUDA when there is one, else the CPU-side part
-    .venv/bin/python bench/gpu_check.py --cpu --quick  # what `make test` runs (tests/bench/test_gpu_check.py)
+    .venv/bin/python bench/gpu_check.py --cpu --quick  # what `make test` runs (tests/engines/test_gpu_check.py)
 
 Checks, in order (each a function returning its figures; a check that fails records its error and the
 script goes on):
@@ -88,7 +88,6 @@ class Ctx:
     device: str
     model_dir: str
     work: Path
-    quick: bool
     engines: dict = field(default_factory=dict)
 
 
@@ -180,8 +179,13 @@ def check_model(ctx: Ctx) -> dict:
     from flowrl.tasks import get_task
 
     shape = GPU_MODEL if ctx.device == "cuda" else CPU_MODEL
+    from safetensors import safe_open
+
     path = build_tiny_model(ctx.model_dir, chars=get_task("arith").chars, seed=0, **shape)
-    params = sum(os.path.getsize(p) for p in Path(path).glob("*.safetensors")) // 4  # fp32 weights
+    params = 0
+    for f in Path(path).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     return {"arch": shape["arch"], "layers": shape["layers"], "hidden": shape["hidden"], "params": params,
             "random_init": True}
 
@@ -434,7 +438,7 @@ def check_grpo(ctx: Ctx) -> dict:
     flow = ctx.work / "grpo.flow"
     flow.write_text(GRPO_FLOW.format(
         model=json.dumps(ctx.model_dir), train=json.dumps(str(REPO / "data/arith/train.jsonl")), steps=steps,
-        batch=64 if cuda else 8, gpu=f', gpu = "{gpu_profile()}"' if cuda else "",
+        batch=32 if cuda else 8, gpu=f', gpu = "{gpu_profile()}"' if cuda else "",
         rollout=", gpu_memory_utilization = 0.4" if cuda else "", protocol="cuda_ipc" if cuda else "inplace"))
     t0 = time.perf_counter()
     result = run_plan(build_plan(str(flow), steps=steps, save_every=0), ctx.work / "grpo-run", stream=sys.stderr)
@@ -548,6 +552,7 @@ def run_all(device: str, quick: bool, budget_s: float, work: Path, only: list[st
             continue
         limit = min(left, sum(c.limit_s for c in checks) * scale)
         rows_path = work / f"rows-{group}.jsonl"
+        rows_path.unlink(missing_ok=True)  # a --work directory of an earlier run keeps its rows
         cmd = [sys.executable, str(Path(__file__).resolve()), "--_group", group, "--device", device,
                "--work", str(work), "--only", ",".join(c.name for c in checks), "--_scale", str(scale)]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=stream, stderr=stream, start_new_session=True,
@@ -619,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown check(s) {', '.join(unknown)}; checks: {', '.join(c.name for c in CHECKS)}")
     if args._group:  # a group's process (see run_all)
         work = Path(args.work)
-        run_group(args._group, Ctx(args.device, str(work / "model"), work, args.quick), only or [],
+        run_group(args._group, Ctx(args.device, str(work / "model"), work), only or [],
                   work / f"rows-{args._group}.jsonl", args._scale)
         return 0
     import torch
