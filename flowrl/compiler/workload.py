@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
+from flowrl.catalog.adapters import ALL_LINEAR
 from flowrl.catalog.models import ModelFacts
 from flowrl.cost.sim import LengthDist
-from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, plain
 from flowrl.catalog.ops import OPS, PRODUCER_KINDS, OpKind
 
 LENGTH_MEDIAN_FRACTION = 0.25
@@ -70,6 +71,8 @@ class Workload:
     epochs: dict = field(default_factory=dict)
     max_tokens: dict = field(default_factory=dict)
     """Model id -> the largest ``max_tokens`` of its generate ops (its training sequences' length)."""
+    lora: dict = field(default_factory=dict)
+    """Model id -> ``(r, targets)`` of a model that trains LoRA adapters (``lora = lora(...)``)."""
 
     def gen_of(self, model: str) -> GenWork | None:
         return next((g for g in self.gens if g.model == model), None)
@@ -128,7 +131,10 @@ def workload(graph: FlowGraph) -> Workload:
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
     gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
-    return Workload(tuple(gens), samples, micro, epochs, max_tok)
+    lora = {n.id: (int(n.attr("lora").get("r", 8)), n.attr("lora").get("targets", ALL_LINEAR)) for n in graph.nodes()
+            if n.kind == OpKind.MODEL and isinstance(n.attr("lora"), Config)}
+    lora = {m: (r, tuple(plain(t)) if isinstance(t, tuple) else t) for m, (r, t) in lora.items()}
+    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora)
 
 
 def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:

@@ -75,13 +75,16 @@ def _shards(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                  trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
-                 n_micro: int | None = None) -> Memory:
+                 n_micro: int | None = None, trained_params: int | None = None) -> Memory:
     """Memory per GPU of a train engine ``kind`` (an engine name; its record's memory model).
 
     ``micro_batch`` is sequences per micro-batch, ``seq_len`` tokens per sequence (prompt +
     response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count),
     ``offload`` the engine's option keeping gradients and optimizer states in host memory.
     A frozen model (``trainable=False``) holds weights and one layer of activations only.
+    ``trained_params``: the parameters that train when not all do (LoRA adapters,
+    :func:`~flowrl.catalog.adapters.lora_params`): only they have gradients, fp32 master copies and
+    Adam states; the frozen base weights are held as weights only.
     """
     mm: MemoryModel = ENGINES[kind].memory_model
     P, wb = f.params, hw.weight_bytes
@@ -93,8 +96,10 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
         weights += mm.gathered_layers * f.layer_params * wb  # layers gathered whole at a time (prefetch)
     grads = optim = 0.0
     if trainable:
-        grads = P * 4 / w_shard
-        optim = P * (8 + master) / o_shard
+        T = P if trained_params is None else trained_params
+        weights += T * wb / w_shard if trained_params is not None else 0  # the adapters' own weights
+        grads = T * 4 / w_shard
+        optim = T * (8 + master) / o_shard
         if mm.offload_option and offload:
             grads = optim = 0.0
     s, b, h = seq_len, micro_batch, f.hidden

@@ -58,7 +58,7 @@ def check_adapters(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
 
 def _check_targets(node: Node, lora: Config, facts, errors: Collector) -> None:
     modules = lora_modules(facts)
-    value = lora.get("targets")
+    value = dict(lora.options).get("targets")  # the value as written (Const / tuple of Consts), with spans
     span = getattr(value, "span", None) or lora.span
     what = f"{facts.name}'s layers ({facts.architecture or 'architecture unknown'})"
     if facts.experts:
@@ -108,10 +108,11 @@ def _check_engine(node: Node, lora: Config, st, role: str, errors: Collector) ->
                                                                     else "") for k in able)
                      + ", or drop `lora` to train the full weights")
         return
-    r = plain(lora.get("r"))
+    rank = dict(lora.options).get("r")
+    r = plain(rank)
     if runs.lora_max_rank is not None and isinstance(r, int) and r > runs.lora_max_rank:
         errors.error("E613", f"`lora` of `{node.id}` has rank r = {r}, above the {runs.lora_max_rank} its rollout "
-                             f"engine `{eng.kind}` loads adapters of", getattr(lora.get("r"), "span", None) or span,
+                             f"engine `{eng.kind}` loads adapters of", getattr(rank, "span", None) or span,
                      f"use r <= {runs.lora_max_rank}")
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from flowrl.catalog.adapters import lora_params
 from flowrl.catalog.engines import ENGINES, FORKED_RANKS_WHY, EngineSpec, default_engine
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.ops import OpKind
@@ -247,9 +248,10 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
     samples = max((g.samples for g in work.gens), default=mb)
     n_micro = max(1, samples // max(plan.dp * mb, 1))
     offload = spec.memory_model.offload_option
+    lora = work.lora.get(model)  # LoRA: only the adapters have gradients and optimizer states
     return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, trainable=trainable,
                         micro_batch=mb, seq_len=seq, offload=bool(plan.options.get(offload, False)) if offload else False,
-                        n_micro=n_micro)
+                        n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None)
 
 
 def micro_batch(spec: EngineSpec, options: dict, update_micro_batch: int) -> int:
