@@ -109,19 +109,20 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
     return value
 
 
-_CONFIG_WORDS = {"loss": ("loss", "ppo_clip(0.2)", "E211"), "adapter": ("adapter", "lora(r = 16)", "E211")}
-"""Each configuration table: what its values are called, an example, the code of an unknown name."""
+_CONFIG_WORDS = {"loss": ("loss", "losses", "ppo_clip(0.2)"), "adapter": ("adapter", "adapters", "lora(r = 16)")}
+"""Each configuration table: what one of its values is called, and many, and an example."""
 
 
 def _check_config(key: str, value: Value, kspec: KwSpec, errors: Collector, what: str, span) -> Value:
     """A configuration value (``ppo_clip(0.2)``, ``lora(r = 16)``) of the table ``kspec.config`` names:
     its name known, its options checked against its record, positional values named."""
     table = CONFIG_TABLES[kspec.config]
-    word, example, code = _CONFIG_WORDS[kspec.config]
-    listing = f"{word}s: {', '.join(sorted(table))}"
+    word, words, example = _CONFIG_WORDS[kspec.config]
+    listing = f"{words}: {', '.join(sorted(table))}"
     if isinstance(value, Const) and value.kind == "str":
         if value.value not in table:
-            errors.error(code, f"unknown {word} {show(value.value)}", span, did_you_mean(value.value, table) or listing)
+            errors.error("E211", f"unknown {word} {show(value.value)}", span,
+                         did_you_mean(value.value, table) or listing)
             return value
         value = Config(value.value, (), value.span)
     if not isinstance(value, Config):
@@ -130,7 +131,7 @@ def _check_config(key: str, value: Value, kspec: KwSpec, errors: Collector, what
         return value
     cspec = table.get(value.name)
     if cspec is None:
-        errors.error(code, f"unknown {word} `{value.name}`", value.span, did_you_mean(value.name, table) or listing)
+        errors.error("E211", f"unknown {word} `{value.name}`", value.span, did_you_mean(value.name, table) or listing)
         return value
     names = [k for k, _ in cspec.params]
     opts = dict(value.options)

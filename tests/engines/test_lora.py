@@ -98,14 +98,21 @@ def _gap(groups, trainer) -> float:
     return gap
 
 
-def test_hf_generate_gets_merged_weights(tiny_model_dir):
-    from flowrl.engines.torch_rollout import TorchRolloutEngine
+def test_rollout_worker_merges_for_hf_generate(tiny_model_dir):
+    """hf_generate's record says `merged`: its worker merges each resync's adapters into the base."""
+    from types import SimpleNamespace
+
+    from flowrl.runtime.workers import RolloutWorker
 
     eng = _trained(tiny_model_dir)
-    rollout = TorchRolloutEngine(tiny_model_dir)
-    rollout.update_weights(Merger(tiny_model_dir, eng.lora).merged(eng.named_weights()))
-    groups = rollout.generate(_prompts(), SamplingSpec(n=2, temperature=0.7, max_tokens=10, seed=1))
+    plan = SimpleNamespace(kind="hf_generate", tp=1, pp=1, dp=1, cp=1, options={})
+    worker = RolloutWorker(plan, tiny_model_dir, seed=0, threads=1, lora=LORA)
+    spec = SamplingSpec(n=2, temperature=0.7, max_tokens=10, seed=1)
+    base = worker.engine.generate(_prompts(), spec)
+    worker._load(eng.named_weights())
+    groups = worker.engine.generate(_prompts(), spec)
     assert _gap(groups, eng) < TOL
+    assert _gap(base, eng) > 100 * TOL  # before the resync it served the base: the check can fail
 
 
 def test_vllm_serves_the_adapter_after_a_resync(tiny_model_dir):
