@@ -136,3 +136,23 @@ def test_vllm_serves_the_adapter_after_a_resync(tiny_model_dir):
         assert [c.response_ids for g in groups for c in g] != [c.response_ids for g in base for c in g]
     finally:
         rollout.shutdown()
+
+
+def test_engine_records_pair_with_their_adapters():
+    """Each record's `lora` mode is what its adapter does: `train` and `adapters` adapters take `lora=`,
+    `adapters` ones load adapters, `merged` ones take weights in place; every mode is a runtime loader's."""
+    from flowrl.catalog.adapters import LORA_MODES
+    from flowrl.catalog.engines import ENGINES
+    from flowrl.engines.registry import LORA_KWARG, adapter_class, adapter_parameters
+    from flowrl.runtime.workers import _LOAD_WEIGHTS
+
+    assert set(LORA_KWARG) == set(LORA_MODES) and set(_LOAD_WEIGHTS) == {"", "adapters", "merged"}
+    assert {k for k, e in ENGINES.items() if e.lora} == {"torch", "vllm", "sglang", "hf_generate"}
+    for spec in ENGINES.values():
+        if not spec.lora:
+            continue
+        assert spec.lora in (("train",) if spec.serves == "train" else ("adapters", "merged")), spec.name
+        cls = adapter_class(spec)
+        assert ("lora" in adapter_parameters(cls)) == LORA_KWARG[spec.lora], spec.name
+        assert hasattr(cls, "load_adapter" if spec.lora == "adapters" else
+                       "update_weights" if spec.lora == "merged" else "named_weights"), spec.name
