@@ -111,18 +111,30 @@ def expand_targets(targets, modules: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(str(t) for t in targets)
 
 
-def lora_params(facts: ModelFacts, r: int, targets) -> int:
-    """Parameters of the adapters: ``r x (in + out)`` for each targeted module of each layer that has
-    it (a dense MLP's modules only in the dense layers of a model with MoE layers)."""
+def lora_tensors(facts: ModelFacts, r: int, targets) -> list[tuple[str, tuple[int, int], int]]:
+    """The adapter tensors of each targeted module: ``(name template, shape, layers that have it)``, ``A``
+    [r, in] and ``B`` [out, r] under PEFT's names (``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A
+    .weight``); a dense MLP's modules only in the dense layers of a model with MoE layers."""
     names = set(expand_targets(targets, lora_modules(facts)))
-    total = 0
+    out = []
     for template, shape in facts.tensors():
         parts = template.split(".")
         if len(parts) == 6 and parts[-1] == "weight" and parts[-2] in names:
             layers = facts.layers - facts.moe_layers if parts[3] == "mlp" else facts.layers
-            total += layers * r * (shape[0] + shape[1])
-    return total
+            module = "base_model.model." + template[: -len(".weight")]
+            out += [(f"{module}.lora_A.weight", (r, shape[1]), layers), (f"{module}.lora_B.weight", (shape[0], r), layers)]
+    return out
+
+
+def lora_params(facts: ModelFacts, r: int, targets) -> int:
+    """Parameters of the adapters: ``r x (in + out)`` for each targeted module of each layer that has it."""
+    return sum(layers * shape[0] * shape[1] for _, shape, layers in lora_tensors(facts, r, targets))
+
+
+ADAPTER_BYTES = 4
+"""Bytes per adapter parameter in the trainer and on the wire: PEFT keeps adapters in fp32 even on a
+bf16 base model (its ``autocast_adapter_dtype``)."""
 
 
 __all__ = ["ADAPTERS", "AdapterSpec", "ALL_LINEAR", "LORA_MODES", "LoraConfig", "lora_modules", "expand_targets",
-           "lora_params"]
+           "lora_tensors", "lora_params", "ADAPTER_BYTES"]

@@ -498,7 +498,7 @@ def _state(prob: _Problem, c: _Choice) -> SchedState:
     resyncs = {}
     for n in prob.graph.nodes():
         if n.kind == OpKind.RESYNC:
-            resyncs[n.id] = sync_plan(n.id, n.model, "", st, str(n.span))[0]
+            resyncs[n.id] = sync_plan(n.id, n.model, "", st, str(n.span), prob.work.lora.get(n.model))[0]
     return replace(st, resyncs=resyncs)
 
 

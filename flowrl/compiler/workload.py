@@ -131,10 +131,21 @@ def workload(graph: FlowGraph) -> Workload:
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
     gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
-    lora = {n.id: (int(n.attr("lora").get("r", 8)), n.attr("lora").get("targets", ALL_LINEAR)) for n in graph.nodes()
+    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph))
+
+
+def lora_of(graph: FlowGraph) -> dict[str, tuple[int, object]]:
+    """Model id -> ``(r, targets)`` of each model declared with ``lora = lora(...)``."""
+    return {n.id: _lora(n.attr("lora")) for n in graph.nodes()
             if n.kind == OpKind.MODEL and isinstance(n.attr("lora"), Config)}
-    lora = {m: (r, tuple(plain(t)) if isinstance(t, tuple) else t) for m, (r, t) in lora.items()}
-    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora)
+
+
+def _lora(value: Config) -> tuple[int, object]:
+    """``(r, targets)`` of a ``lora(...)`` value (targets: ``"all-linear"`` or a tuple of module names)."""
+    targets = dict(value.options).get("targets")
+    if targets is None:
+        return int(value.get("r", 8)), ALL_LINEAR
+    return int(value.get("r", 8)), tuple(plain(targets)) if isinstance(targets, tuple) else plain(targets)
 
 
 def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:
@@ -179,4 +190,4 @@ def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
     return 0
 
 
-__all__ = ["Workload", "GenWork", "workload", "prompt_tokens", "lengths", "seq_len"]
+__all__ = ["Workload", "GenWork", "workload", "lora_of", "prompt_tokens", "lengths", "seq_len"]

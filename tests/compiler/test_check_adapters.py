@@ -53,6 +53,9 @@ def test_lora_is_accepted_and_lowered_with_its_targets(tmp_path, rollout):
     assert policy.args["lora"] == {"r": 8, "alpha": 16.0, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
     ref = next(m for m in plan.models if m.role == "frozen")
     assert ref.base == "policy" and "lora" not in ref.args  # the KL reference is the base, without adapters
+    resync, = plan.resyncs  # the adapters only: A [8, in] and B [out, 8] of q and v in 2 layers, fp32, no resharding
+    assert resync.total_bytes == 4 * 2 * 8 * ((128 + 128) + (128 + 64)) and resync.reshard is None
+    assert resync.largest_tensor == "base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"
     every = lower(_compile(tmp_path, lora='lora(4, 8, 0.1)').graph)  # positional; targets: "all-linear"
     assert next(m for m in every.models if m.id == "policy").args["lora"]["targets"] == [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
