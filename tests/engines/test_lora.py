@@ -115,7 +115,11 @@ def test_rollout_worker_merges_for_hf_generate(tiny_model_dir):
     assert _gap(base, eng) > 100 * TOL  # before the resync it served the base: the check can fail
 
 
+@pytest.mark.long
 def test_vllm_serves_the_adapter_after_a_resync(tiny_model_dir):
+    """vLLM's processed log-probs after each of two adapter loads equal the trainer's (and the base's do not).
+    `make test` runs the same path through Ray in tests/families/test_family_lora.py; this one, with its own
+    vLLM start, runs in `make test-long`."""
     pytest.importorskip("vllm")
     from flowrl.engines.vllm_engine import VLLMRolloutEngine
 
