@@ -64,8 +64,9 @@ def _check_targets(node: Node, lora: Config, facts, errors: Collector) -> None:
     if facts.experts:
         errors.error("E613", f"`{node.id}` is a mixture of experts ({facts.name}: {facts.experts} experts); flowrl "
                              "trains LoRA adapters on dense models only", lora.span,
-                     "train the full weights (drop `lora`): a mixture of experts' experts are fused tensors, "
-                     "not linear layers an adapter wraps")
+                     "train the full weights (drop `lora`): its experts are fused tensors, not linear layers "
+                     "an adapter wraps, and vLLM serves a MoE's adapters with Triton kernels (its CPU build "
+                     "fails at start-up)")
         return
     if not modules:
         errors.error("E613", f"`{node.id}` has no linear modules flowrl adapts ({what}: GPT-2-style `Conv1D` "
