@@ -242,9 +242,23 @@ def _full_weights(engine, model_path: str, lora: dict | None):
     return engine.update_weights
 
 
+class _HeldAdapters:
+    """The LoRA adapter tensors a replica holds, each resync's laid over the last: a ``delta`` resync
+    sends only the tensors that changed (after the first update only the ``lora_B`` ones: ``lora_A``'s
+    gradient is zero while ``B`` is), and an adapter is loaded or merged whole."""
+
+    def __init__(self, load):
+        self.load = load
+        self.held: dict = {}
+
+    def __call__(self, pairs) -> None:
+        self.held.update((name, tensor.detach().clone()) for name, tensor in pairs)  # pairs may view sync buffers
+        self.load(list(self.held.items()))
+
+
 def _adapter(engine, model_path: str, lora: dict | None):
     """A resync's LoRA adapter tensors are loaded by the engine as an adapter (vLLM)."""
-    return engine.load_adapter
+    return _HeldAdapters(engine.load_adapter)
 
 
 def _merged(engine, model_path: str, lora: dict | None):
@@ -253,7 +267,7 @@ def _merged(engine, model_path: str, lora: dict | None):
     from flowrl.engines.lora import Merger, config_of
 
     merger = Merger(model_path, config_of(lora, model_path))
-    return lambda pairs: engine.update_weights(merger.merged(pairs))
+    return _HeldAdapters(lambda pairs: engine.update_weights(merger.merged(pairs)))
 
 
 _LOAD_WEIGHTS = {"": _full_weights, "adapters": _adapter, "merged": _merged}

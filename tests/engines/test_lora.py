@@ -113,6 +113,16 @@ def test_rollout_worker_merges_for_hf_generate(tiny_model_dir):
     groups = worker.engine.generate(_prompts(), spec)
     assert _gap(groups, eng) < TOL
     assert _gap(base, eng) > 100 * TOL  # before the resync it served the base: the check can fail
+    # A `delta` resync sends only the tensors that changed: after a fresh adapter's first update, the B's
+    # (A's gradient is zero while B is); the worker merges them with the A's it holds.
+    fresh = make_trainer(tiny_model_dir, lora=LORA, temperature=0.7)
+    first = {n: t.clone() for n, t in fresh.named_weights()}
+    worker._load(first.items())  # a delta's first sync: everything
+    train_a_few_steps(fresh, 1)
+    changed = [(n, t) for n, t in fresh.named_weights() if not torch.equal(t, first[n])]
+    assert changed and all(".lora_B." in n for n, _ in changed)
+    worker._load(changed)
+    assert _gap(worker.engine.generate(_prompts(), spec), fresh) < TOL
 
 
 @pytest.mark.long
