@@ -49,7 +49,7 @@ from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.compiler.sched import (LayoutSpec, PlaceSpec, PoolSpec, ResyncSpec, SchedState, ScheduleSpec,
                                    engine_label, model_of, role_of)
 from flowrl.compiler.schedule.estimate import build_sim, estimate
-from flowrl.compiler.schedule.layouts import layout_engine
+from flowrl.compiler.schedule.layouts import layout_engine, lora_engine_problem
 from flowrl.compiler.schedule.memory import pool_memory, pool_problems, with_memory
 from flowrl.compiler.schedule.placement import base_models, place
 from flowrl.compiler.schedule.staleness import pipeline_plan, staleness_problems
@@ -83,6 +83,7 @@ REASONS = {
     "E441": "a layout exceeds the platform's limits", "E442": "forked ranks would span nodes",
     "E443": "a protocol does not run on the platform",
     "E445": "a protocol's transport is missing on the platform",
+    "E613": "the engine cannot train or serve the model's LoRA adapters",
 }
 
 
@@ -374,6 +375,10 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
                 plan, probs = layout_engine(key, engines[key], lspec, prob.facts.get(model_of(key)), prob.hw, pool,
                                             prob.work, role == "train" and model_of(key) in prob.trained,
                                             prob.spec.span)
+                lora = prob.work.lora.get(model_of(key))
+                why = lora_engine_problem(model_of(key), role, plan, lora[0]) if lora and not probs else None
+                if why is not None:  # a LoRA model: only engines that train / serve adapters
+                    probs = [Diagnostic("E613", why[0], prob.spec.span, why[1])]
                 if probs:
                     problem = probs[0]
                     break

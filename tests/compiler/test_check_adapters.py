@@ -105,3 +105,17 @@ def test_the_builder_writes_the_same_lora_value(tmp_path):
     text = lower(_compile(tmp_path).graph)
     assert next(m for m in built.models if m.id == "policy").args == next(m for m in text.models
                                                                           if m.id == "policy").args
+
+
+def test_schedule_auto_keeps_to_engines_that_train_adapters(tmp_path):
+    """`schedule auto` on 2 GPUs picks megatron(tp = 2) for the full model; with LoRA it rejects the engines
+    that cannot train adapters (E613, counted in its report) and picks torch(dp = 1)."""
+    text = FLOW.split("schedule")[0] + "schedule main auto on cluster(gpus_per_node = 2) {{}}\n"
+    path = tmp_path / "auto.flow"
+    path.write_text(text.format(arch="llama", lora=LORA, data=DATA))
+    plan = lower(compile_file(str(path)).graph)
+    train = plan.model("policy").train_engine
+    assert (train.kind, train.world_size) == ("torch", 1)
+    assert any(reason.startswith("E613") for reason in plan.search.rejected)
+    path.write_text(text.replace(", lora = {lora}", "").format(arch="llama", data=DATA))
+    assert lower(compile_file(str(path)).graph).model("policy").train_engine.kind == "megatron"

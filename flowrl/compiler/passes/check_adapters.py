@@ -34,7 +34,8 @@ from __future__ import annotations
 from flowrl.catalog.adapters import ALL_LINEAR, lora_modules
 from flowrl.catalog.engines import ENGINES
 from flowrl.compiler.context import CompileContext
-from flowrl.diagnostics import Collector, Span
+from flowrl.compiler.schedule.layouts import lora_engine_problem
+from flowrl.diagnostics import Collector
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, plain
 from flowrl.catalog.ops import OpKind
 
@@ -92,29 +93,15 @@ def _check_targets(node: Node, lora: Config, facts, errors: Collector) -> None:
 
 
 def _check_engine(node: Node, lora: Config, st, role: str, errors: Collector) -> None:
-    key = f"{node.id}.{role}"
-    eng = st.engines.get(key)
+    eng = st.engines.get(f"{node.id}.{role}")
     if eng is None or eng.kind not in ENGINES:
         return
-    spec = ENGINES[eng.kind]
-    runs = ENGINES[spec.multi_rank_as] if spec.multi_rank_as and eng.world_size > 1 else spec
-    wanted = ("train",) if role == "train" else ("adapters", "merged")
-    span: Span = lora.span
-    if runs.lora not in wanted:
-        able = sorted(k for k, e in ENGINES.items() if e.serves == spec.serves and e.lora in wanted)
-        via = f" (with {eng.world_size} ranks it runs on `{runs.name}`'s)" if runs is not spec else ""
-        errors.error("E613", f"`{node.id}` trains LoRA adapters, but its {role} engine `{eng.kind}`{via} cannot "
-                             + ("train them" if role == "train" else "serve them"), span,
-                     f"give `{key}` " + " or ".join(f"`{k}(...)`" + (" with one rank" if ENGINES[k].multi_rank_as
-                                                                    else "") for k in able)
-                     + ", or drop `lora` to train the full weights")
-        return
     rank = dict(lora.options).get("r")
-    r = plain(rank)
-    if runs.lora_max_rank is not None and isinstance(r, int) and r > runs.lora_max_rank:
-        errors.error("E613", f"`lora` of `{node.id}` has rank r = {r}, above the {runs.lora_max_rank} its rollout "
-                             f"engine `{eng.kind}` loads adapters of", getattr(rank, "span", None) or span,
-                     f"use r <= {runs.lora_max_rank}")
+    problem = lora_engine_problem(node.id, role, eng, int(plain(rank) or 0))
+    if problem is not None:
+        message, hint = problem
+        at = getattr(rank, "span", None) if message.startswith("`lora` of") else None  # a rank: at the rank
+        errors.error("E613", message, at or lora.span, hint)
 
 
 __all__ = ["check_adapters"]
