@@ -119,3 +119,15 @@ def test_schedule_auto_keeps_to_engines_that_train_adapters(tmp_path):
     assert any(reason.startswith("E613") for reason in plan.search.rejected)
     path.write_text(text.replace(", lora = {lora}", "").format(arch="llama", data=DATA))
     assert lower(compile_file(str(path)).graph).model("policy").train_engine.kind == "megatron"
+
+
+def test_lora_options_are_checked_against_the_record(tmp_path):
+    """`lora(...)`'s options are checked like an op's (its record in flowrl.catalog.adapters), at the value."""
+    with pytest.raises(FlowError) as e:
+        _compile(tmp_path, lora="lora(r = 0, dropout = 1.5, rank = 4)")
+    first = (tmp_path / "lora.flow").read_text().splitlines()[0]
+    got = {(d.code, d.span.column) for d in e.value.diagnostics}
+    assert got == {("E208", first.index("r = 0") + 5), ("E208", first.index("1.5") + 1),
+                   ("E206", first.index("rank = 4") + 8)}, got  # an unknown option: at its value, as for losses
+    with pytest.raises(FlowError, match=r"E211.*unknown adapter \"qlora\""):
+        _compile(tmp_path, lora='"qlora"')
