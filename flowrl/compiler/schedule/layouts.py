@@ -247,7 +247,8 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
     samples = max((g.samples for g in work.gens), default=mb)
     n_micro = max(1, samples // max(plan.dp * mb, 1))
     offload = spec.memory_model.offload_option
-    return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, trainable=trainable,
+    return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
+                        ep=int(plan.options.get("ep", 1)), trainable=trainable,
                         micro_batch=mb, seq_len=seq, offload=bool(plan.options.get(offload, False)) if offload else False,
                         n_micro=n_micro)
 
