@@ -261,6 +261,11 @@ def conversion_issue(cfg: dict) -> str:
     if cfg.get("mlp_bias") or (cfg.get("attention_bias") and not arch.qkv_bias):
         problems.append("mlp_bias / attention_bias (the converters take bias-free projections"
                         + (" besides q/k/v" if arch.qkv_bias else "") + ")")
+    layers = int(cfg.get(arch.key("layers") or "") or 0)
+    if arch.moe and not all(moe_layer_pattern(cfg, layers)):
+        # Megatron's layer spec here makes every layer a MoE layer (one spec for the whole stack)
+        problems.append(f"{' / '.join(arch.dense_layer_keys)} make some layers dense (the converters take "
+                        "mixtures of experts whose every layer is sparse)")
     window = sliding_window(cfg)
     positions = cfg.get(arch.key("max_positions") or "")
     if window is not None and positions and window < int(positions):
