@@ -62,7 +62,7 @@ def test_moe_facts_read_dense_layers_and_both_expert_keys():
     assert moe_layers({**hub, "mlp_only_layers": [], "decoder_sparse_step": 2}, 48) == 24
     assert moe_layers({"architectures": ["Qwen3ForCausalLM"]}, 48) == 0
     assert ARCHITECTURES["Qwen3MoeForCausalLM"].moe and not ARCHITECTURES["Qwen3ForCausalLM"].moe
-    assert TINY_ARCHS["qwen3_moe"].spec.engines == {"torch", "hf_generate", "vllm", "sglang"}
+    assert TINY_ARCHS["qwen3_moe"].spec.engines == {"torch", "hf_generate", "vllm", "sglang", "megatron"}
 
 
 def test_qwen3_30b_a3b_size_from_its_public_config(tmp_path):
@@ -103,7 +103,6 @@ def test_megatron_memory_holds_experts_over_ep_per_rank(tmp_path):
     assert split.weights_gb == pytest.approx(held * hw.weight_bytes / GB)
     assert split.grads_gb == pytest.approx(held * 4 / GB)
     assert split.optimizer_gb == pytest.approx(whole.optimizer_gb)
-    assert train_memory(facts, hw, "fsdp", dp=8).weights_gb == pytest.approx(whole.weights_gb / 8)  # no experts_by
 
 
 FLOW = """model policy = {model}
@@ -141,7 +140,8 @@ def test_check_runs_moe_on_torch_and_megatron_and_refuses_fsdp(how, moe_dir, tmp
     facts = compile_file(str(tmp_path / "torch.flow")).graph.sched.facts["policy"]
     assert (facts.experts, facts.experts_per_token, facts.params) == (8, 2, 596864)
     assert _check(tmp_path, model, "megatron(dp = 2, ep = 2)") == []
-    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 4)")] == ["E613", "E613"]
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 4)")] == ["E613"]  # 4 does not divide dp
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 3)")] == ["E613", "E613"]  # nor 8
     for train, engine in (("fsdp(dp = 2)", "fsdp"), ("torch(dp = 2)", "fsdp")):
         errors = [d for d in _check(tmp_path, model, train) if d.code == "E607"]
         assert len(errors) == 1, errors
