@@ -315,5 +315,5 @@ TINY_ARCHS: dict[str, TinyArch] = {t.name: t for t in (
 
 
 __all__ = ["ArchitectureSpec", "ARCHITECTURES", "ROPE_TYPES", "TinyArch", "TINY_ARCHS", "architecture_of",
-           "architectures_run_by", "rope_parameters", "sliding_window", "moe_layers", "moe_layer_pattern", "conversion_issue",
-           "expert_layout_problems"]
+           "architectures_run_by", "rope_parameters", "sliding_window", "moe_layers", "moe_layer_pattern",
+           "conversion_issue", "expert_layout_problems"]

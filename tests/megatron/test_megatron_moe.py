@@ -12,12 +12,11 @@ rounding would show as an error far above it.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
-from mcore_cases import MICRO_BATCH, OPTIM, TOL, assert_close, assert_same_step, make_batch, pg_loss, run_megatron, run_torch
+from mcore_cases import assert_same_step, run_megatron, run_torch
 from flowrl.catalog.architectures import expert_layout_problems
 from flowrl.engines.base import EngineConfigError
 from flowrl.engines.megatron.convert import (
@@ -106,3 +105,20 @@ def test_ep1_and_pp2_train_the_same_step(moe_dir, torch_moe):
     assert_same_step(ep1, torch_moe)
     assert_same_step(run_megatron(moe_dir, dp=2, ep=2), ep1)
     assert_same_step(run_megatron(moe_dir, pp=2), torch_moe)
+
+
+@pytest.mark.long
+def test_unnormalised_top_k_weights_train_the_same_step(moe_dir, tmp_path):
+    """``norm_topk_prob = false`` (transformers' default): the top-k weights are the softmax over all
+    experts, not renormalised; Megatron's ``moe_router_pre_softmax``. Same weights, another step."""
+    pytest.importorskip("megatron.core")
+    import json
+    import shutil
+
+    path = shutil.copytree(moe_dir, tmp_path / "unnormalised")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "norm_topk_prob": False}))
+    assert not ModelSpec.from_pretrained(path).norm_topk_prob
+    ref = run_torch(str(path))
+    assert abs(ref.stats["loss"] - run_torch(moe_dir).stats["loss"]) > 1e-6  # the setting changes the model
+    assert_same_step(run_megatron(str(path), dp=2, ep=2), ref)

@@ -1,4 +1,5 @@
-"""transformers Llama / Llama 3.x / Mistral / Qwen2 / Qwen3 / Qwen3-MoE checkpoints <-> Megatron-core ``GPTModel`` state dicts.
+"""transformers Llama / Llama 3.x / Mistral / Qwen2 / Qwen3 / Qwen3-MoE checkpoints <-> Megatron-core ``GPTModel``
+state dicts.
 
 Pure tensor bookkeeping (no process groups, no Megatron import), in three layers:
 
@@ -106,8 +107,9 @@ class ModelSpec:
     """Experts the router picks per token (top-k)."""
     expert_ffn: int = 0
     """Each expert's SwiGLU width (``moe_intermediate_size``)."""
-    norm_topk_prob: bool = True
-    """Whether the top-k routing weights are renormalised to sum to 1 (Qwen3-MoE's ``norm_topk_prob``)."""
+    norm_topk_prob: bool = False
+    """Whether the top-k routing weights are renormalised to sum to 1 (Qwen3-MoE's ``norm_topk_prob``;
+    transformers' default, when the config does not say, is False)."""
     moe_pattern: tuple[int, ...] = ()
     """Per layer, 1 if its MLP is a mixture of experts, 0 if dense (empty for a dense model)."""
 
@@ -151,7 +153,7 @@ class ModelSpec:
             moe = dict(experts=int(config_value(cfg, "experts")),
                        experts_per_token=int(config_value(cfg, "experts_per_token")),
                        expert_ffn=int(config_value(cfg, "expert_intermediate")),
-                       norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                       norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),  # transformers' default
                        moe_pattern=moe_layer_pattern(cfg, layers))
         return ModelSpec(
             arch=record.family,
