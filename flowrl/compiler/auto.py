@@ -378,6 +378,7 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
                     problem = probs[0]
                     break
                 plans[key] = plan
+            problem = problem or _architecture_problem(prob, spec, plans)
             if problem is not None:
                 rejected.append(problem)
                 continue
@@ -388,6 +389,27 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
     order = {e.name: i for i, e in enumerate(searched)}
     ok.sort(key=lambda t: (round(t.seconds, 9), order[t.kind], t.tp * t.pp))
     return ok, rejected
+
+
+def _architecture_problem(prob: _Problem, spec: EngineSpec, plans: dict) -> Diagnostic | None:
+    """A candidate engine that does not run a model's architecture, or cannot convert this checkpoint
+    of it (what ``check_model_fit`` refuses, E607, for a written layout): a mixture of experts is not
+    laid out on fsdp, nor on ``torch`` with several ranks (which run on fsdp's)."""
+    for key, plan in plans.items():
+        facts = prob.facts.get(model_of(key))
+        if facts is None or not facts.architecture:
+            continue
+        several = plan.world_size > 1 and spec.multi_rank_as in ENGINES
+        for engine in [spec] + ([ENGINES[spec.multi_rank_as]] if several else []):
+            if engine.architectures is not None and facts.architecture not in engine.architectures:
+                why = f"`{engine.name}` does not run {facts.architecture}"
+            elif engine.converts_weights and facts.unconvertible:
+                why = f"`{engine.name}` cannot convert this {facts.architecture}: {facts.unconvertible}"
+            else:
+                continue
+            return Diagnostic("E607", f"`{key}` = {spec.name}(...) with {plan.world_size} rank(s): {why}",
+                              prob.spec.span, "the search tries the engines that run it")
+    return None
 
 
 def _protocols(prob: _Problem, placement) -> list[str]:

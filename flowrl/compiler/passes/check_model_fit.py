@@ -15,9 +15,6 @@ Guarantees, for each model whose facts are known (``config.json``, preset or ``t
   (:attr:`~flowrl.catalog.engines.EngineSpec.architectures`, from the records of
   :mod:`flowrl.catalog.architectures`), and an engine that converts weights by family can take
   this checkpoint's variant of it (RoPE scaling, sliding window: ``ModelFacts.unconvertible``) (E607);
-* an engine that splits experts (Megatron's ``ep`` option) splits them as it can: ``ep`` only for a
-  mixture of experts, dividing its experts per layer and ``dp``, with tp = cp = 1 for a mixture of
-  experts (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E613);
 * a rollout engine's context option (``max_model_len``) does not exceed the model's maximum
   positions, whatever the config calls them (``n_positions`` for GPT-2): vLLM refuses such an
   engine at start-up (E608);
@@ -43,7 +40,7 @@ doc.flow:3:72: error[E609]: `max_tokens = 200` and the prompt (at least 1 token)
 
 from __future__ import annotations
 
-from flowrl.catalog.architectures import ARCHITECTURES, expert_layout_problems
+from flowrl.catalog.architectures import ARCHITECTURES
 from flowrl.catalog.engines import ENGINES, EngineSpec
 from flowrl.catalog.models import ModelFacts, default_context, tiny_problems
 from flowrl.catalog.ops import OPS, FactsFrom, OpKind
@@ -72,7 +69,6 @@ def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         if facts is None or model_of(key) not in graph:
             continue
         _check_architecture(graph, key, eng.kind, facts, st, errors, reported)
-        _check_experts(graph, key, eng, facts, st, errors)
         if role_of(key) == "rollout":
             _check_context_option(graph, key, eng, facts, st, errors)
     for node in graph.nodes():
@@ -148,25 +144,6 @@ def _check_conversion(graph: FlowGraph, key: str, kind: str, facts: ModelFacts, 
                  _layout_span(graph, key, st),
                  f"give `{key}` an engine that runs the checkpoint with transformers' code: "
                  + ", ".join(f"`{o}(...)`" for o in others))
-
-
-def _check_experts(graph: FlowGraph, key: str, eng, facts: ModelFacts, st, errors: Collector) -> None:
-    """Megatron's expert-parallel layout (its ``ep`` option) for this model (E613)."""
-    spec = ENGINES.get(eng.kind)
-    if spec is None or "ep" not in spec.options or (facts.architecture and not _runs(spec, facts.architecture)):
-        return  # an engine without expert parallelism, or one refusing the architecture already (E607)
-    ep = eng.options.get("ep", 1)
-    if not isinstance(ep, int):
-        return
-    problems = expert_layout_problems(facts.experts, tp=eng.tp, pp=eng.pp, dp=eng.dp, cp=eng.cp, ep=ep)
-    model = model_of(key)
-    for option, reason in problems:
-        what = (f"a mixture of {facts.experts} experts per layer" if facts.experts else "a dense model")
-        errors.error("E613", f"`{key}` = {eng.kind}(...) cannot lay out `{model}` ({what}): {reason}",
-                     _layout_span(graph, key, st),
-                     "use ep = 1 for a dense model" if option == "ep" and not facts.experts else
-                     f"choose ep dividing both the {facts.experts} experts and dp (dp = {eng.dp})" if option == "ep"
-                     else f"use {option} = 1 and split the model with ep (and pp)")
 
 
 def _runs(engine: EngineSpec, arch: str) -> bool:
