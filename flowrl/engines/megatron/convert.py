@@ -564,7 +564,7 @@ def stage_owns(name: str, spec: ModelSpec, layout: Layout, role: str = "actor") 
 
 
 def shard_state(full: Mapping[str, torch.Tensor], spec: ModelSpec, layout: Layout, role: str = "actor") -> StateDict:
-    """Full Megatron state dict -> the local state dict of one (tp_rank, pp_rank).
+    """Full Megatron state dict -> the local state dict of one (tp_rank, pp_rank, ep_rank).
 
     Layers are renumbered from 0 within the stage and experts from 0 within the expert-parallel
     rank (Megatron's local numbering); vocabulary tensors are padded to the TP multiple and split.

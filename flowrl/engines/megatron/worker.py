@@ -598,9 +598,10 @@ class MegatronRank:
         """This pipeline stage's weights (or captured gradients) in transformers naming, full tensors.
 
         ``source``: ``"weights"`` or ``"grads"`` (those of the last ``train_step(capture_grads=True)``).
-        Collective over the TP group (every rank must call it); only ranks with
-        tp_rank == 0, dp_rank == 0 and cp_rank == 0 return tensors, the others return ``{}``
-        (dp and cp ranks hold the same weights).
+        Collective over the TP group, and with ep > 1 over the expert-parallel group (every rank
+        must call it); only ranks with tp_rank == 0, dp_rank == 0 and cp_rank == 0 return tensors,
+        the others return ``{}`` (dp and cp ranks hold the same weights; the experts of the other
+        ep ranks are all-gathered).
         """
         import torch.distributed as dist
 
@@ -616,16 +617,15 @@ class MegatronRank:
                 dist.all_gather(shards, tensor.contiguous(), group=group)
             else:
                 shards = [tensor]
-            merged = merge_tp(name, [s.cpu() for s in shards], self.spec, o.role)
             if o.ep > 1 and expert_index(name) is not None:
-                # Every ep rank holds the same local names for its own experts: gather them
-                # (ep rank r's local expert j is global expert r * E/ep + j).
+                # Every ep rank holds the same local names for its own experts (whole: expert
+                # tensor parallelism 1): gather them; ep rank r's local expert j is global r E/ep + j.
                 parts = [torch.empty_like(tensor) for _ in range(o.ep)]
                 dist.all_gather(parts, tensor.contiguous(), group=self.ps.get_expert_model_parallel_group())
                 for r, part in enumerate(parts):
                     stage.update(experts_to_global({name: part.cpu()}, self.spec, o.ep, r))
             else:
-                stage[name] = merged
+                stage[name] = merge_tp(name, [s.cpu() for s in shards], self.spec, o.role)
         if self.coords["tp"] != 0 or self.coords["dp"] != 0 or self.coords["cp"] != 0:
             return {}
         full = to_global_names(stage, self.spec, self.options.pp, self.layout.pp_rank)
