@@ -217,11 +217,12 @@ def expert_layout_problems(experts: int, *, tp: int = 1, pp: int = 1, dp: int = 
     Expert parallelism carves ``ep`` groups out of the data-parallel ranks (each rank keeps its own
     batch rows and sends each token to the rank holding its experts), so ``ep`` divides ``dp``; each
     rank holds ``experts / ep`` whole experts (expert tensor parallelism 1). MoE layers run with
-    tp = cp = 1: Megatron-core 0.19's ``MoELayer.forward`` raises in training with tp > 1 unless
-    sequence parallelism is on, which this engine does not use; context parallelism (flowrl's own
-    all-gather attention) is not tested with experts.
+    tp = 1: Megatron-core 0.19's ``MoELayer.forward`` raises in training with tp > 1 unless
+    sequence parallelism is on, which this engine does not use. (pp and cp work, tested with ep = 1.)
 
     >>> expert_layout_problems(8, dp=2, ep=2)
+    []
+    >>> expert_layout_problems(8, cp=2, pp=2)
     []
     >>> expert_layout_problems(6, dp=4, ep=4)[0][1]
     "the model's 6 experts per MoE layer do not divide by ep = 4"
@@ -234,13 +235,10 @@ def expert_layout_problems(experts: int, *, tp: int = 1, pp: int = 1, dp: int = 
     if ep > 1 and dp % ep:
         problems.append(("ep", f"ep = {ep} does not divide dp = {dp} (expert-parallel groups are made of "
                                "data-parallel ranks)"))
-    why = {"tp": "Megatron-core's MoE layers train with tp > 1 only under sequence parallelism, which the "
-                 "engine does not use",
-           "cp": "the engine's context parallelism is not tested with experts"}
-    for axis, size in (("tp", tp), ("cp", cp)):
-        if experts and size > 1:
-            problems.append((axis, f"{axis} = {size} with a mixture of experts ({why[axis]}); split the experts "
-                                   "with ep and the batch with dp"))
+    if experts and tp > 1:
+        problems.append(("tp", f"tp = {tp} with a mixture of experts (Megatron-core's MoE layers train with tp > 1 "
+                               "only under sequence parallelism, which the engine does not use); split the experts "
+                               "with ep and the batch with dp"))
     return problems
 
 

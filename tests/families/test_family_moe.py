@@ -152,13 +152,13 @@ def test_check_runs_moe_on_torch_and_megatron_and_refuses_fsdp(how, moe_dir, tmp
 
 def test_schedule_auto_lays_a_moe_out_on_an_engine_that_runs_it(tmp_path):
     """On 4 GPUs the search skips fsdp (and torch with 4 ranks, which run on fsdp's) and Megatron layouts
-    with tp > 1 (E613): it picks a Megatron layout that keeps tp = cp = 1."""
+    with tp > 1 (E613): it picks a Megatron layout that keeps tp = 1."""
     path = tmp_path / "auto.flow"
     path.write_text(FLOW.split("schedule")[0].format(model='tiny(task = "arith", arch = "qwen3_moe", warm_start = 0)',
                                                      data=ROOT / "data/arith/train.jsonl")
                     + "schedule main auto on cluster(gpus_per_node = 4)\n")
     train = compile_file(str(path)).graph.sched.engines["policy.train"]
-    assert (train.kind, train.tp, train.cp) == ("megatron", 1, 1), train
+    assert (train.kind, train.tp) == ("megatron", 1), train
 
 
 def test_check_refuses_a_tiny_moe_width_vllms_cpu_kernel_cannot_serve(tmp_path):

@@ -80,7 +80,7 @@ def test_layouts_that_cannot_split_the_experts_are_refused(moe_dir, tmp_path):
     with pytest.raises(ConversionError, match="ep=2 splits a mixture of experts, and this llama model has none"):
         check_layout(dense, 1, 1, 2)
     assert expert_layout_problems(8, dp=4, ep=2) == [] and expert_layout_problems(0, tp=2) == []
-    assert [o for o, _ in expert_layout_problems(8, tp=2, cp=2, dp=2, ep=4)] == ["ep", "tp", "cp"]
+    assert [o for o, _ in expert_layout_problems(8, tp=2, cp=2, dp=2, ep=4)] == ["ep", "tp"]
     pytest.importorskip("megatron.core")
     from flowrl.engines.megatron import MegatronTrainEngine
 
@@ -98,13 +98,15 @@ def test_ep2_trains_the_torch_engines_step_and_saves_each_ranks_experts(moe_dir,
 
 
 @pytest.mark.long
-def test_ep1_and_pp2_train_the_same_step(moe_dir, torch_moe):
-    """ep = 1 (every expert on the one rank) and two pipeline stages of one MoE layer each."""
+def test_ep1_pp2_and_cp2_train_the_same_step(moe_dir, torch_moe):
+    """ep = 1 (every expert on the one rank), two pipeline stages of one MoE layer each, and two
+    context-parallel ranks each routing its own chunks' tokens."""
     pytest.importorskip("megatron.core")
     ep1 = run_megatron(moe_dir)
     assert_same_step(ep1, torch_moe)
     assert_same_step(run_megatron(moe_dir, dp=2, ep=2), ep1)
     assert_same_step(run_megatron(moe_dir, pp=2), torch_moe)
+    assert_same_step(run_megatron(moe_dir, cp=2), torch_moe)
 
 
 @pytest.mark.long

@@ -14,7 +14,7 @@ limits. A layout
   the KV heads (E426; engines that replicate KV heads also accept tp a multiple of them),
   pp divides the layers (E427); an engine that splits experts (Megatron's ``ep`` option)
   splits them as it can: ``ep`` only for a mixture of experts, dividing its experts per layer
-  and ``dp``, with tp = cp = 1 for a mixture of experts
+  and ``dp``, with tp = 1 for a mixture of experts
   (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E613);
 * keeps each tensor-parallel group on one node (E429), and an engine whose ranks are
   forked by one Ray actor on one node altogether (E442);
