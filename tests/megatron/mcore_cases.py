@@ -5,6 +5,7 @@ resolves here and nowhere else, in pytest and in the spawned rank processes alik
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -70,10 +71,11 @@ class StepResult:
 
 
 def run_megatron(path: str, batch: TokenBatch | None = None, save_and_reload: str | None = None,
-                 **layout) -> StepResult:
+                 then: Callable[[Any], None] | None = None, **layout) -> StepResult:
     """Build a MegatronTrainEngine with ``layout`` and run the reference step on it (on ``batch``,
     default :func:`make_batch`). With ``save_and_reload`` (a directory) the engine then saves, takes
-    another step and loads what it saved, which must give back the step's weights exactly."""
+    another step and loads what it saved, which must give back the step's weights exactly; ``then``
+    is called with the engine last (more checks on the same ranks)."""
     from flowrl.engines.megatron import MegatronTrainEngine
 
     batch = make_batch() if batch is None else batch
@@ -89,6 +91,8 @@ def run_megatron(path: str, batch: TokenBatch | None = None, save_and_reload: st
             assert not all(torch.equal(v, weights[k]) for k, v in eng.named_weights())  # the step moved them
             eng.load(save_and_reload)
             assert_close(dict(eng.named_weights()), weights, tol=0.0)  # and the load put them back
+        if then is not None:
+            then(eng)
     return StepResult(forward, stats, grads, weights, initial)
 
 

@@ -90,11 +90,25 @@ def test_layouts_that_cannot_split_the_experts_are_refused(moe_dir, tmp_path):
 
 def test_ep2_trains_the_torch_engines_step_and_saves_each_ranks_experts(moe_dir, torch_moe, tmp_path):
     """dp = 2 ranks that are one expert-parallel group: forward, one step (gradients gathered over
-    the experts' ranks), weights; then save, another step, load: the first step's weights again."""
+    the experts' ranks), weights; then save, another step, load: the first step's weights again;
+    offload / reload keeps every rank's state; a transformers export loads as the same model."""
     pytest.importorskip("megatron.core")
-    got = run_megatron(moe_dir, dp=2, ep=2, save_and_reload=str(tmp_path / "ckpt"))
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+
+    def offload_and_export(eng) -> None:
+        before = eng.state_checksums()
+        assert eng.offload() > 0 and eng.reload() > 0
+        assert eng.state_checksums() == before
+        eng.save_pretrained(str(tmp_path / "hf"))
+
+    got = run_megatron(moe_dir, dp=2, ep=2, save_and_reload=str(tmp_path / "ckpt"), then=offload_and_export)
     assert "model.layers.1.mlp.experts.7.down_proj.weight" in got.grads
     assert_same_step(got, torch_moe)
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    state = revert_weight_conversion(exported, exported.state_dict())
+    assert sorted(state) == sorted(got.weights)
+    assert all(torch.equal(state[k], got.weights[k]) for k in state)
 
 
 @pytest.mark.long

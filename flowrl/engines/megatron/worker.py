@@ -625,7 +625,10 @@ class MegatronRank:
                 for r, part in enumerate(parts):
                     stage.update(experts_to_global({name: part.cpu()}, self.spec, o.ep, r))
             else:
-                stage[name] = merge_tp(name, [s.cpu() for s in shards], self.spec, o.role)
+                # Copies, never the live parameters: the rank's result queue moves a CPU tensor's
+                # storage into shared memory in place, and a later offload() resizing that storage
+                # crashes the rank (SIGSEGV in reload). On CUDA .cpu() copies anyway.
+                stage[name] = merge_tp(name, [s.to("cpu", copy=True) for s in shards], self.spec, o.role)
         if self.coords["tp"] != 0 or self.coords["dp"] != 0 or self.coords["cp"] != 0:
             return {}
         full = to_global_names(stage, self.spec, self.options.pp, self.layout.pp_rank)
