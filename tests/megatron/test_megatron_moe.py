@@ -86,6 +86,8 @@ def test_layouts_that_cannot_split_the_experts_are_refused(moe_dir, tmp_path):
 
     with pytest.raises(EngineConfigError, match="ep = 2 does not divide dp = 1"):
         MegatronTrainEngine(moe_dir, ep=2)  # refused before any rank process starts
+    with pytest.raises(EngineConfigError, match="ep=0: each must be an integer >= 1"):
+        MegatronTrainEngine(moe_dir, ep=0)
 
 
 def test_ep2_trains_the_torch_engines_step_and_saves_each_ranks_experts(moe_dir, torch_moe, tmp_path):

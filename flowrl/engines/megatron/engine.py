@@ -123,7 +123,7 @@ class MegatronTrainEngine(RankedTrainEngine):
         **unused: Any,
     ):
         _check_installed()
-        _check_args(model_path, role, temperature, tp, pp, dp, cp, dtype)
+        _check_args(model_path, role, temperature, tp, pp, dp, cp, ep, dtype)
         from flowrl.engines.megatron.convert import ModelSpec, check_layout
 
         spec = ModelSpec.from_pretrained(model_path)
@@ -245,13 +245,13 @@ def _check_installed() -> None:
         raise EngineNotInstalledError(f"the megatron train engine needs megatron-core; install it with: {INSTALL_HINT}")
 
 
-def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int,
+def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int, ep: int,
                 dtype: str) -> None:
     checks = (
         (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
         (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
-        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp)),
-         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}: each must be an integer >= 1"),
+        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp, ep)),
+         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}, ep={ep!r}: each must be an integer >= 1"),
         (dtype == "float32" or torch.cuda.is_available(),
          f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
         (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),
