@@ -140,8 +140,8 @@ def test_check_runs_moe_on_torch_and_megatron_and_refuses_fsdp(how, moe_dir, tmp
     facts = compile_file(str(tmp_path / "torch.flow")).graph.sched.facts["policy"]
     assert (facts.experts, facts.experts_per_token, facts.params) == (8, 2, 596864)
     assert _check(tmp_path, model, "megatron(dp = 2, ep = 2)") == []
-    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 4)")] == ["E613"]  # 4 does not divide dp
-    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 3)")] == ["E613", "E613"]  # nor 8
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 4)")] == ["E614"]  # 4 does not divide dp
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 3)")] == ["E614", "E614"]  # nor 8
     for train, engine in (("fsdp(dp = 2)", "fsdp"), ("torch(dp = 2)", "fsdp")):
         errors = [d for d in _check(tmp_path, model, train) if d.code == "E607"]
         assert len(errors) == 1, errors
@@ -152,7 +152,7 @@ def test_check_runs_moe_on_torch_and_megatron_and_refuses_fsdp(how, moe_dir, tmp
 
 def test_schedule_auto_lays_a_moe_out_on_an_engine_that_runs_it(tmp_path):
     """On 4 GPUs the search skips fsdp (and torch with 4 ranks, which run on fsdp's) and Megatron layouts
-    with tp > 1 (E613): it picks a Megatron layout that keeps tp = 1."""
+    with tp > 1 (E614): it picks a Megatron layout that keeps tp = 1."""
     path = tmp_path / "auto.flow"
     path.write_text(FLOW.split("schedule")[0].format(model='tiny(task = "arith", arch = "qwen3_moe", warm_start = 0)',
                                                      data=ROOT / "data/arith/train.jsonl")

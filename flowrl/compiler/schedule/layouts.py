@@ -15,7 +15,7 @@ limits. A layout
   pp divides the layers (E427); an engine that splits experts (Megatron's ``ep`` option)
   splits them as it can: ``ep`` only for a mixture of experts, dividing its experts per layer
   and ``dp``, with tp = 1 for a mixture of experts
-  (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E613);
+  (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E614);
 * keeps each tensor-parallel group on one node (E429), and an engine whose ranks are
   forked by one Ray actor on one node altogether (E442);
 * fits in memory (E428): weights, gradients, optimizer states, activations (train
@@ -182,7 +182,7 @@ def shape_problems(key: str, kind: str, tp: int, pp: int, facts: ModelFacts | No
 
 
 def expert_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, span: Span) -> list[Diagnostic]:
-    """Megatron's expert-parallel layout (its ``ep`` option) for this model (E613); nothing for an engine
+    """Megatron's expert-parallel layout (its ``ep`` option) for this model (E614); nothing for an engine
     without expert parallelism, a model of unknown shape, or an architecture the engine refuses (E607
     says so later)."""
     spec = ENGINES[plan.kind]
@@ -204,7 +204,7 @@ def expert_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, span: 
             hint = f"choose ep dividing both the {facts.experts} experts and dp (dp = {plan.dp})"
         else:
             hint = "use ep = 1 for a dense model"
-        out.append(Diagnostic("E613", f"`{key}` = {plan.kind}(...) cannot lay out `{model}` ({what}): {reason}",
+        out.append(Diagnostic("E614", f"`{key}` = {plan.kind}(...) cannot lay out `{model}` ({what}): {reason}",
                               span, hint))
     return out
 
