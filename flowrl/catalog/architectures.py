@@ -14,8 +14,9 @@ share it, so they cannot disagree:
 
 A mixture-of-experts family (Qwen3-MoE) names its expert facts too (``experts``,
 ``experts_per_token``, ``expert_intermediate``): the compiler counts every expert's weights
-in the model's size, and only the engines that load any decoder run it (no converter maps
-experts to Megatron, and fsdp's wrapping is Llama's).
+in the model's size; the engines that load any decoder run it, and Megatron (its converter maps the
+router and experts to Megatron-core's ``SequentialMLP``, sharded over expert parallelism); fsdp does
+not (its wrapping is Llama's).
 
 :data:`TINY_ARCHS` are the variants ``tiny(arch = ...)`` builds locally (one per family, plus
 Llama 3.x's RoPE scaling), read by ``flowrl check`` and by :mod:`flowrl.models.families`.
@@ -129,7 +130,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {a.name: a for a in (
     ArchitectureSpec(
         "Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3-MoE: Qwen3's attention (QK-norm); each MLP a router over "
         "`num_experts` SwiGLU experts, `num_experts_per_tok` of them per token",
-        _LOADERS, _MOE_KEYS, qk_norm=True, has_window=True, window_flag="use_sliding_window",
+        _LOADERS | {"megatron"}, _MOE_KEYS, qk_norm=True, has_window=True, window_flag="use_sliding_window",
         dense_layer_keys=("mlp_only_layers", "decoder_sparse_step")),
     ArchitectureSpec(
         "GPT2LMHeadModel", "gpt2", "GPT-2: LayerNorm, GELU (tanh) MLP, learned absolute positions, tied LM head",
@@ -191,12 +192,54 @@ def moe_layers(cfg: dict, layers: int) -> int:
     >>> moe_layers({"architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 2}, 4)
     2
     """
+    return sum(moe_layer_pattern(cfg, layers))
+
+
+def moe_layer_pattern(cfg: dict, layers: int) -> tuple[int, ...]:
+    """Per layer, 1 if a config's layer holds experts, 0 if its MLP is dense (all 0 for a dense family).
+
+    >>> moe_layer_pattern({"architectures": ["Qwen3MoeForCausalLM"], "mlp_only_layers": [0]}, 3)
+    (0, 1, 1)
+    """
     arch = architecture_of(cfg)
     if arch is None or not arch.moe:
-        return 0
+        return (0,) * layers
     dense = {int(i) for i in cfg.get("mlp_only_layers") or ()} if "mlp_only_layers" in arch.dense_layer_keys else set()
     step = int(cfg.get("decoder_sparse_step") or 1) if "decoder_sparse_step" in arch.dense_layer_keys else 1
-    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    return tuple(int(i not in dense and (i + 1) % step == 0) for i in range(layers))
+
+
+def expert_layout_problems(experts: int, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
+                           ep: int = 1) -> list[tuple[str, str]]:
+    """Why Megatron cannot split a model with ``experts`` experts per MoE layer (0: dense) over this
+    layout: ``(option, reason)`` pairs, empty when it can. Read by the engine and by ``flowrl check``.
+
+    Expert parallelism carves ``ep`` groups out of the data-parallel ranks (each rank keeps its own
+    batch rows and sends each token to the rank holding its experts), so ``ep`` divides ``dp``; each
+    rank holds ``experts / ep`` whole experts (expert tensor parallelism 1). MoE layers run with
+    tp = 1: Megatron-core 0.19's ``MoELayer.forward`` raises in training with tp > 1 unless
+    sequence parallelism is on, which this engine does not use. (pp and cp work, tested with ep = 1.)
+
+    >>> expert_layout_problems(8, dp=2, ep=2)
+    []
+    >>> expert_layout_problems(8, cp=2, pp=2)
+    []
+    >>> expert_layout_problems(6, dp=4, ep=4)[0][1]
+    "the model's 6 experts per MoE layer do not divide by ep = 4"
+    """
+    problems = []
+    if ep > 1 and not experts:
+        problems.append(("ep", f"ep = {ep} splits experts, and the model is dense (no mixture of experts)"))
+    if experts and experts % ep:
+        problems.append(("ep", f"the model's {experts} experts per MoE layer do not divide by ep = {ep}"))
+    if ep > 1 and dp % ep:
+        problems.append(("ep", f"ep = {ep} does not divide dp = {dp} (expert-parallel groups are made of "
+                               "data-parallel ranks)"))
+    if experts and tp > 1:
+        problems.append(("tp", f"tp = {tp} with a mixture of experts (Megatron-core's MoE layers train with tp > 1 "
+                               "only under sequence parallelism, which the engine does not use); split the experts "
+                               "with ep and the batch with dp"))
+    return problems
 
 
 def conversion_issue(cfg: dict) -> str:
@@ -220,6 +263,11 @@ def conversion_issue(cfg: dict) -> str:
     if cfg.get("mlp_bias") or (cfg.get("attention_bias") and not arch.qkv_bias):
         problems.append("mlp_bias / attention_bias (the converters take bias-free projections"
                         + (" besides q/k/v" if arch.qkv_bias else "") + ")")
+    layers = int(cfg.get(arch.key("layers") or "") or 0)
+    if arch.moe and not all(moe_layer_pattern(cfg, layers)):
+        # Megatron's layer spec here makes every layer a MoE layer (one spec for the whole stack)
+        problems.append(f"{' / '.join(arch.dense_layer_keys)} make some layers dense (the converters take "
+                        "mixtures of experts whose every layer is sparse)")
     window = sliding_window(cfg)
     positions = cfg.get(arch.key("max_positions") or "")
     if window is not None and positions and window < int(positions):
@@ -269,4 +317,5 @@ TINY_ARCHS: dict[str, TinyArch] = {t.name: t for t in (
 
 
 __all__ = ["ArchitectureSpec", "ARCHITECTURES", "ROPE_TYPES", "TinyArch", "TINY_ARCHS", "architecture_of",
-           "architectures_run_by", "rope_parameters", "sliding_window", "moe_layers", "conversion_issue"]
+           "architectures_run_by", "rope_parameters", "sliding_window", "moe_layers", "moe_layer_pattern",
+           "conversion_issue", "expert_layout_problems"]

@@ -164,6 +164,12 @@ class MemoryModel:
     checkpointing: each layer's input, plus one layer recomputed)."""
     offload_option: str | None = None
     """The engine option that keeps gradients and optimizer states in host memory."""
+    experts_by: tuple[str, ...] | None = None
+    """Axes dividing a mixture of experts' expert weights and gradients (Megatron: ``pp`` and the
+    ``ep`` option, experts being whole on each rank); None: divided like the other weights."""
+    expert_optimizer_by: tuple[str, ...] | None = None
+    """Axes dividing the experts' optimizer states (Megatron: ``pp`` x ``ep`` x the expert
+    data-parallel ``dp / ep`` = ``pp`` x ``dp``); None: like the other optimizer states."""
     kv_cache: str = ""
     """Rollout engines: ``reserved`` (a fraction of the GPU taken up front, set by the engine's
     ``memory_option``; the KV cache is what weights and workspace leave) or ``on_demand`` (the
@@ -171,7 +177,8 @@ class MemoryModel:
 
 
 MEMORY_MODELS: dict[str, MemoryModel] = {m.name: m for m in (
-    MemoryModel("megatron", weights_by=("tp", "pp"), optimizer_by=("tp", "pp", "dp"), activations="selective"),
+    MemoryModel("megatron", weights_by=("tp", "pp"), optimizer_by=("tp", "pp", "dp"), activations="selective",
+                experts_by=("pp", "ep"), expert_optimizer_by=("pp", "dp")),
     MemoryModel("fsdp", weights_by=("dp",), optimizer_by=("dp",), gathered_layers=2, offload_option="offload"),
     MemoryModel("replicated"),
     MemoryModel("reserved", kv_cache="reserved"),
@@ -211,7 +218,8 @@ WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
     WeightLayout("megatron", fused=True, qkv_grouped=True, names={
         "qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
         "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",
-        # Megatron-core's names for a MoE layer's experts (SequentialMLP); flowrl converts none (E607)
+        # Megatron-core's names for a MoE layer's experts (SequentialMLP: {e} is the rank-local
+        # expert number, experts / ep of them per expert-parallel rank)
         "expert_gate_up": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1",
         "expert_down": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2",
         "embed": "embedding.word_embeddings", "lm_head": "output_layer"}),
@@ -228,10 +236,12 @@ FORKED_RANKS_WHY = ("its ranks are processes forked by one Ray actor, so all of 
 ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec(
         "megatron", "train", ("tp", "pp", "dp", "cp"),
-        {"micro_batch": KwSpec("int", 1, min=1, doc="sequences per micro-batch (Megatron's own)")},
-        "Megatron-core: tensor/pipeline/data/context parallel training",
+        {"micro_batch": KwSpec("int", 1, min=1, doc="sequences per micro-batch (Megatron's own)"),
+         "ep": KwSpec("int", 1, min=1, doc="expert parallelism (a mixture of experts): each of ep data-parallel "
+                                           "ranks holds experts / ep experts; divides dp, adds no ranks")},
+        "Megatron-core: tensor/pipeline/data/context parallel training, expert parallel for MoE",
         adapter="flowrl.engines.megatron.engine:MegatronTrainEngine",
-        adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp"},
+        adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="forked", frees_memory="offload", converts_weights=True,
         cpu_rank_gb=0.25,  # measured 0.64 GB for an actor with 2 tp ranks (forkserver included)

@@ -89,6 +89,12 @@ class ModelFacts:
         return self.params - self.moe_layers * (self.experts - self.experts_per_token) * self._expert_params
 
     @property
+    def expert_params(self) -> int:
+        """Parameters of every expert of every MoE layer (routers excluded): the part of ``params``
+        expert parallelism splits; 0 for a dense model."""
+        return self.moe_layers * self.experts * self._expert_params
+
+    @property
     def embed_params(self) -> int:
         return self.vocab * self.hidden
 

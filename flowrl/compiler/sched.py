@@ -243,9 +243,12 @@ def spec_from_ast(graph: FlowGraph) -> ScheduleSpec:
 
 def engine_label(e: EnginePlan) -> str:
     """``megatron(tp=2, pp=1, dp=4)`` / ``vllm(tp=1, dp=8)`` / ``fsdp(dp=8)``: the layout with the
-    engine's parallel axes (its record's), context parallelism only when used."""
+    engine's parallel axes (its record's), context parallelism and Megatron's expert parallelism
+    (an option, ``ep``) only when used."""
     axes = ENGINES[e.kind].axes
     parts = [f"{k}={getattr(e, k)}" for k in PAR_KEYS if k in axes and (k != "cp" or e.cp != 1)]
+    if "ep" in ENGINES[e.kind].options and e.options.get("ep", 1) != 1:
+        parts.append(f"ep={e.options['ep']}")
     return f"{e.kind}({', '.join(parts)})"
 
 

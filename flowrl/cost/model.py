@@ -75,7 +75,7 @@ def _shards(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 
 def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
-                 trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
+                 ep: int = 1, trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
                  n_micro: int | None = None, trained_params: int | None = None) -> Memory:
     """Memory per GPU of a train engine ``kind`` (an engine name; its record's memory model).
 
@@ -83,6 +83,8 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
     response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count),
     ``offload`` the engine's option keeping gradients and optimizer states in host memory.
     A frozen model (``trainable=False``) holds weights and one layer of activations only.
+    A mixture of experts' expert weights are divided by the memory model's ``experts_by`` axes
+    (Megatron: pp x ``ep``, each rank holding experts / ep whole experts) when it names them.
     ``trained_params``: the parameters that train when not all do (LoRA adapters,
     :func:`~flowrl.catalog.adapters.lora_params`): only they have gradients and Adam states, and they
     are fp32 themselves (:data:`~flowrl.catalog.adapters.ADAPTER_BYTES`: no master copy); the frozen
@@ -91,16 +93,22 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
     mm: MemoryModel = ENGINES[kind].memory_model
     P, wb = f.params, hw.weight_bytes
     master = 4 if wb < 4 else 0  # fp32 master weights exist only under mixed precision
-    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
     w_shard, o_shard = _shards(mm.weights_by, sizes), _shards(mm.optimizer_by, sizes)
-    weights = P * wb / w_shard
+    # parameters held per rank, as if unsharded (x 1/w_shard) and in the optimizer (x 1/o_shard)
+    held, optimized = float(P), float(P)
+    if f.expert_params and mm.experts_by is not None:
+        E = f.expert_params
+        held = P - E + E * w_shard / _shards(mm.experts_by, sizes)
+        optimized = P - E + E * o_shard / _shards(mm.expert_optimizer_by or mm.optimizer_by, sizes)
+    weights = held * wb / w_shard
     if mm.gathered_layers and w_shard > 1:
         weights += mm.gathered_layers * f.layer_params * wb  # layers gathered whole at a time (prefetch)
     grads = optim = 0.0
     if trainable:
         if trained_params is None:
-            grads = P * 4 / w_shard
-            optim = P * (8 + master) / o_shard
+            grads = held * 4 / w_shard
+            optim = optimized * (8 + master) / o_shard
         else:  # adapters: fp32 weights beside the frozen base's, fp32 gradients, Adam's two moments
             weights += trained_params * ADAPTER_BYTES / w_shard
             grads = trained_params * 4 / w_shard

@@ -323,7 +323,8 @@ def test_megatron_refuses_gpt2_with_what_to_use_instead(tmp, gpt2):
     sched = "schedule main on cluster(gpus_per_node = 2) {\n  policy.train = megatron(dp = 2)\n}\n"
     d = only(codes_of(_gpt2_flow(tmp, gpt2, sched)), "E607")
     assert d.message == (f"`policy` is a GPT2LMHeadModel ({gpt2}/config.json), which `megatron` does not run; "
-                         "`megatron` runs LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+                         "`megatron` runs LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                         "Qwen3MoeForCausalLM")
     assert d.span.line == 10  # the layout line, not the model
     assert d.hint == "give `policy.train` an engine that runs GPT2LMHeadModel: `torch(...)`"
     # fsdp wraps Llama-style layer stacks (model.model.layers): GPT-2's are model.transformer.h.

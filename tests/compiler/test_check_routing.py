@@ -82,10 +82,10 @@ def test_a_rollout_engine_that_cannot_return_routes_is_refused(tmp_path, rollout
 
 
 def test_a_train_engine_that_cannot_replay_is_refused():
-    """No flow reaches it today (fsdp and Megatron take no mixture of experts: E607 first), so the
-    check is called on a schedule state: fsdp, and torch with 2 ranks (which run on fsdp's)."""
+    """Called on a schedule state: fsdp and torch with 2 ranks (which run on fsdp's) take no mixture of
+    experts (E607 first in a flow), and Megatron trains one without replaying routes."""
     span = Span("r3.flow", 3, 5, 3, 20)
-    for kind, ranks in (("fsdp", 2), ("torch", 2), ("torch", 1)):
+    for kind, ranks in (("fsdp", 2), ("torch", 2), ("torch", 1), ("megatron", 2)):
         errors = Collector(None)
         st = SimpleNamespace(engines={"policy.train": SimpleNamespace(kind=kind, world_size=ranks)})
         ok = _engine_replays(st, "policy.train", "routes its forward by given experts", span, errors)

@@ -1,6 +1,7 @@
 """The mixture-of-experts family (Qwen3-MoE) on CPU: built tiny and locally, known to the compiler
-(experts counted in the model's size; Megatron and fsdp refused with a reason), trained by the torch
-engine and served by vLLM's CPU MoE kernel, whose experts an in-place update must prepack again.
+(experts counted in the model's size; Megatron's expert-parallel layouts checked, fsdp refused
+with a reason), trained by the torch engine (the Megatron engine: tests/megatron/test_megatron_moe.py)
+and served by vLLM's CPU MoE kernel, whose experts an in-place update must prepack again.
 
 The train/rollout log-probs of the family, before and after a resync, are compared with the other
 families' in test_family_logprobs.py; the shipped flow (flows/family_qwen3_moe.flow) runs here.
@@ -61,7 +62,7 @@ def test_moe_facts_read_dense_layers_and_both_expert_keys():
     assert moe_layers({**hub, "mlp_only_layers": [], "decoder_sparse_step": 2}, 48) == 24
     assert moe_layers({"architectures": ["Qwen3ForCausalLM"]}, 48) == 0
     assert ARCHITECTURES["Qwen3MoeForCausalLM"].moe and not ARCHITECTURES["Qwen3ForCausalLM"].moe
-    assert TINY_ARCHS["qwen3_moe"].spec.engines == {"torch", "hf_generate", "vllm", "sglang"}
+    assert TINY_ARCHS["qwen3_moe"].spec.engines == {"torch", "hf_generate", "vllm", "sglang", "megatron"}
 
 
 def test_qwen3_30b_a3b_size_from_its_public_config(tmp_path):
@@ -80,6 +81,28 @@ def test_qwen3_30b_a3b_size_from_its_public_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         from_config(tmp_path)
+
+
+def test_megatron_memory_holds_experts_over_ep_per_rank(tmp_path):
+    """Qwen3-30B-A3B on 8 H100s with Megatron: ep = 8 leaves each rank 16 of every layer's 128 experts,
+    so weights and gradients per rank hold 1/8 of the experts (29.0B of the 30.5B parameters) and the
+    rest whole; the distributed optimizer already shards all of it 8 ways (pp x dp), ep or not."""
+    from flowrl.cost.model import GB, train_memory
+    from flowrl.cost.profiles import get_profile
+
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 48,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+           "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+           "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    facts, hw = from_config(tmp_path), get_profile("H100")
+    assert facts.expert_params == 48 * 128 * 3 * 2048 * 768
+    whole, split = (train_memory(facts, hw, "megatron", dp=8, ep=ep) for ep in (1, 8))
+    held = facts.params - facts.expert_params * 7 / 8
+    assert whole.weights_gb == pytest.approx(facts.params * hw.weight_bytes / GB)
+    assert split.weights_gb == pytest.approx(held * hw.weight_bytes / GB)
+    assert split.grads_gb == pytest.approx(held * 4 / GB)
+    assert split.optimizer_gb == pytest.approx(whole.optimizer_gb)
 
 
 FLOW = """model policy = {model}
@@ -111,17 +134,31 @@ def _check(tmp: Path, model: str, train: str) -> list:
 
 
 @pytest.mark.parametrize("how", ["tiny", "hf"])
-def test_check_runs_moe_on_torch_and_refuses_megatron_and_fsdp(how, moe_dir, tmp_path):
+def test_check_runs_moe_on_torch_and_megatron_and_refuses_fsdp(how, moe_dir, tmp_path):
     model = 'tiny(task = "arith", arch = "qwen3_moe", warm_start = 0)' if how == "tiny" else f'hf("{moe_dir}")'
     assert _check(tmp_path, model, "torch()") == []
     facts = compile_file(str(tmp_path / "torch.flow")).graph.sched.facts["policy"]
     assert (facts.experts, facts.experts_per_token, facts.params) == (8, 2, 596864)
-    for train, engine in (("megatron(tp = 1)", "megatron"), ("fsdp(dp = 2)", "fsdp"), ("torch(dp = 2)", "fsdp")):
+    assert _check(tmp_path, model, "megatron(dp = 2, ep = 2)") == []
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 4)")] == ["E614"]  # 4 does not divide dp
+    assert [d.code for d in _check(tmp_path, model, "megatron(dp = 2, ep = 3)")] == ["E614", "E614"]  # nor 8
+    for train, engine in (("fsdp(dp = 2)", "fsdp"), ("torch(dp = 2)", "fsdp")):
         errors = [d for d in _check(tmp_path, model, train) if d.code == "E607"]
         assert len(errors) == 1, errors
         assert f"which `{engine}` does not run" in errors[0].message
         assert f"a mixture of 8 experts; `{engine}` takes no MoE architecture" in errors[0].message
         assert errors[0].span.line == 12 and "`torch(...)`" in errors[0].hint
+
+
+def test_schedule_auto_lays_a_moe_out_on_an_engine_that_runs_it(tmp_path):
+    """On 4 GPUs the search skips fsdp (and torch with 4 ranks, which run on fsdp's) and Megatron layouts
+    with tp > 1 (E614): it picks a Megatron layout that keeps tp = 1."""
+    path = tmp_path / "auto.flow"
+    path.write_text(FLOW.split("schedule")[0].format(model='tiny(task = "arith", arch = "qwen3_moe", warm_start = 0)',
+                                                     data=ROOT / "data/arith/train.jsonl")
+                    + "schedule main auto on cluster(gpus_per_node = 4)\n")
+    train = compile_file(str(path)).graph.sched.engines["policy.train"]
+    assert (train.kind, train.tp) == ("megatron", 1), train
 
 
 def test_check_refuses_a_tiny_moe_width_vllms_cpu_kernel_cannot_serve(tmp_path):
@@ -244,19 +281,23 @@ def test_sglang_cpu_runs_moe_and_takes_the_trainers_expert_tensors(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_shipped_moe_flow_trains_with_vllm_matching_the_trainer(tmp_path):
-    """flows/family_qwen3_moe.flow for 2 steps (its warm start from the user's cache, as `make run`'s;
-    17 s when cold): every resync leaves vLLM's log-probs within 1e-4 of the torch trainer's."""
+@pytest.mark.parametrize("flow", ["family_qwen3_moe.flow",
+                                  pytest.param("family_qwen3_moe_megatron.flow", marks=pytest.mark.long)])
+def test_shipped_moe_flow_trains_with_vllm_matching_the_trainer(flow, tmp_path):
+    """flows/family_qwen3_moe.flow (torch trainer) and family_qwen3_moe_megatron.flow (Megatron, dp = 2,
+    ep = 2; ~40 s of engine start-up, so `long`) for 2 steps (the warm start from the user's cache, as
+    `make run`'s; 17 s when cold): every resync leaves vLLM's log-probs within 1e-4 of the trainer's."""
     pytest.importorskip("vllm")
     pytest.importorskip("ray")
+    if "megatron" in flow:
+        pytest.importorskip("megatron.core")
     from flowrl.launch import run_file
 
     (tmp_path / "flows").mkdir()
-    shutil.copy(ROOT / "flows/family_qwen3_moe.flow", tmp_path / "flows")
+    shutil.copy(ROOT / "flows" / flow, tmp_path / "flows")
     (tmp_path / "data").symlink_to(ROOT / "data")
     (tmp_path / "stdlib").symlink_to(ROOT / "stdlib")
-    result = run_file(str(tmp_path / "flows/family_qwen3_moe.flow"), sets={"eval_every": 0}, steps=2,
-                      out=str(tmp_path / "run"))
+    result = run_file(str(tmp_path / "flows" / flow), sets={"eval_every": 0}, steps=2, out=str(tmp_path / "run"))
     plan = json.loads((result.out / "plan.json").read_text())
     facts = next(m["facts"] for m in plan["models"] if m["id"] == "policy")
     assert (facts["architecture"], facts["experts"], facts["experts_per_token"]) == ("Qwen3MoeForCausalLM", 8, 2)

@@ -5,6 +5,7 @@ resolves here and nowhere else, in pytest and in the spawned rank processes alik
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -69,9 +70,12 @@ class StepResult:
     """HF-named weights before the step (from named_weights)."""
 
 
-def run_megatron(path: str, batch: TokenBatch | None = None, **layout) -> StepResult:
+def run_megatron(path: str, batch: TokenBatch | None = None, save_and_reload: str | None = None,
+                 then: Callable[[Any], None] | None = None, **layout) -> StepResult:
     """Build a MegatronTrainEngine with ``layout`` and run the reference step on it (on ``batch``,
-    default :func:`make_batch`)."""
+    default :func:`make_batch`). With ``save_and_reload`` (a directory) the engine then saves, takes
+    another step and loads what it saved, which must give back the step's weights exactly; ``then``
+    is called with the engine last (more checks on the same ranks)."""
     from flowrl.engines.megatron import MegatronTrainEngine
 
     batch = make_batch() if batch is None else batch
@@ -81,6 +85,14 @@ def run_megatron(path: str, batch: TokenBatch | None = None, **layout) -> StepRe
         stats = eng.train_step(batch, pg_loss, micro_batch_size=MICRO_BATCH, capture_grads=True)
         grads = {k: v.clone() for k, v in eng.last_gradients()}
         weights = {k: v.clone() for k, v in eng.named_weights()}
+        if save_and_reload:
+            eng.save(save_and_reload)
+            eng.train_step(batch, pg_loss, micro_batch_size=MICRO_BATCH)
+            assert not all(torch.equal(v, weights[k]) for k, v in eng.named_weights())  # the step moved them
+            eng.load(save_and_reload)
+            assert_close(dict(eng.named_weights()), weights, tol=0.0)  # and the load put them back
+        if then is not None:
+            then(eng)
     return StepResult(forward, stats, grads, weights, initial)
 
 
@@ -95,6 +107,10 @@ def run_torch(path: str) -> StepResult:
     twin = TorchTrainEngine(path, optim=OptimConfig(lr=OPTIM.lr, max_grad_norm=None))
     twin.train_step(batch, pg_loss, micro_batch_size=MICRO_BATCH)
     grads = {k: p.grad.clone() for k, p in twin.model.named_parameters()}
+    if getattr(twin.model, "_weight_conversions", None):  # transformers 5 fused experts: checkpoint names
+        from transformers.core_model_loading import revert_weight_conversion
+
+        grads = revert_weight_conversion(twin.model, grads)
     return StepResult(forward, stats, grads, weights, initial)
 
 

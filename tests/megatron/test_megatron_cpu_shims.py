@@ -15,6 +15,8 @@ from flowrl.engines.megatron import MegatronRankError, MegatronTrainEngine  # no
 from flowrl.engines.megatron import cpu_shims  # noqa: E402
 
 PHASES = ("start", "forward", "train_step")
+MOE = "moe"
+"""A layout key: run the case on the tiny Qwen3-MoE (its MoE layers reach the shim's call site)."""
 
 NEEDED = {
     # shim name: (layout that reaches the call site, phase that fails, error text)
@@ -29,6 +31,9 @@ NEEDED = {
     "clip_type_check": ({}, "train_step", "AssertionError"),
     "dist_opt_type_check": ({"dp": 2}, "start", "Wrapped parameters must be one of torch.cuda.FloatTensor"),
     "cp_pos_emb": ({"cp": 2}, "forward", "pin_memory=True requires a CUDA or other accelerator"),
+    # on the tiny mixture of experts (MOE: the layout's model)
+    "moe_dtoh_stream": ({MOE: True}, "start", "torch.cuda.Stream requires CUDA support"),
+    "moe_splits": ({MOE: True, "dp": 2, "ep": 2}, "forward", "all_to_all_single(): incompatible function arguments"),
 }
 
 
@@ -51,15 +56,24 @@ def _reached(path: str, layout: dict, skip: str) -> str:
 
 
 QUICK = ("current_device", "cuda_literals_schedules", "clip_type_check")
-"""One case per phase in ``make test``; the other eight start a Megatron engine each (5-8 s on 2 cores) to
+"""One case per phase in ``make test``; the other ten start a Megatron engine each (5-8 s on 2 cores) to
 re-prove a fact about the pinned Megatron-core, so they run in ``make test-long`` (run it when Megatron
 is upgraded)."""
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    from flowrl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("shims_moe") / "m", arch="qwen3_moe", seed=0))
+
+
 @pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.long) for n in sorted(NEEDED)])
-def test_engine_fails_without_the_shim(name, tiny_dir):
+def test_engine_fails_without_the_shim(name, tiny_dir, request):
     layout, phase, text = NEEDED[name]
-    outcome = _reached(tiny_dir, layout, name)
+    layout = dict(layout)
+    path = request.getfixturevalue("moe_dir") if layout.pop(MOE, False) else tiny_dir
+    outcome = _reached(path, layout, name)
     assert outcome.startswith(f"{phase}: ") and text in outcome, outcome
 
 

@@ -12,7 +12,10 @@ limits. A layout
   limits the record gives for that platform (E441: e.g. ``{"tp": 1}``);
 * fits the model, when its shape is known: tp divides the attention heads (E425) and
   the KV heads (E426; engines that replicate KV heads also accept tp a multiple of them),
-  pp divides the layers (E427);
+  pp divides the layers (E427); an engine that splits experts (Megatron's ``ep`` option)
+  splits them as it can: ``ep`` only for a mixture of experts, dividing its experts per layer
+  and ``dp``, with tp = 1 for a mixture of experts
+  (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E614);
 * keeps each tensor-parallel group on one node (E429), and an engine whose ranks are
   forked by one Ray actor on one node altogether (E442);
 * fits in memory (E428): weights, gradients, optimizer states, activations (train
@@ -34,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flowrl.catalog.adapters import lora_params
+from flowrl.catalog.architectures import expert_layout_problems
 from flowrl.catalog.engines import ENGINES, FORKED_RANKS_WHY, EngineSpec, default_engine
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.ops import OpKind
@@ -92,6 +96,7 @@ def layout_engine(key: str, placed: EnginePlan, lspec: LayoutSpec | None, facts:
     if problems:
         return plan, problems
     problems += shape_problems(key, kind, par["tp"], par["pp"], facts, span)
+    problems += expert_problems(key, plan, facts, span)
     problems += node_problems(key, plan, pool, span)
     problems += forked_problems(key, spec, plan, pool, span)
     plan = replace(plan, gpus=tuple(pool.gpu_ids[:plan.world_size]), bundles=tuple(range(plan.world_size)))
@@ -177,6 +182,34 @@ def shape_problems(key: str, kind: str, tp: int, pp: int, facts: ModelFacts | No
         out.append(Diagnostic("E427", f"pp = {pp} does not divide the {facts.layers} layers of `{model}` "
                                       f"({facts.name})", span,
                               f"pp must divide {facts.layers}: {', '.join(map(str, _divisors(facts.layers, 64)))}"))
+    return out
+
+
+def expert_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, span: Span) -> list[Diagnostic]:
+    """Megatron's expert-parallel layout (its ``ep`` option) for this model (E614); nothing for an engine
+    without expert parallelism, a model of unknown shape, or an architecture the engine refuses (E607
+    says so later)."""
+    spec = ENGINES[plan.kind]
+    arch = facts.architecture if facts is not None else ""
+    if facts is None or "ep" not in spec.options or (arch and spec.architectures is not None
+                                                      and arch not in spec.architectures):
+        return []
+    ep = plan.options.get("ep", spec.options["ep"].default)
+    if not isinstance(ep, int):
+        return []
+    model = model_of(key)
+    what = f"a mixture of {facts.experts} experts per layer" if facts.experts else "a dense model"
+    out = []
+    for option, reason in expert_layout_problems(facts.experts, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
+                                                 ep=ep):
+        if option != "ep":
+            hint = f"use {option} = 1 and split the model with ep (and pp)"
+        elif facts.experts:
+            hint = f"choose ep dividing both the {facts.experts} experts and dp (dp = {plan.dp})"
+        else:
+            hint = "use ep = 1 for a dense model"
+        out.append(Diagnostic("E614", f"`{key}` = {plan.kind}(...) cannot lay out `{model}` ({what}): {reason}",
+                              span, hint))
     return out
 
 
@@ -287,7 +320,8 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
     n_micro = max(1, samples // max(plan.dp * mb, 1))
     offload = spec.memory_model.offload_option
     lora = work.lora.get(model)  # LoRA: only the adapters have gradients and optimizer states
-    return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, trainable=trainable,
+    return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
+                        ep=int(plan.options.get("ep", 1)), trainable=trainable,
                         micro_batch=mb, seq_len=seq, offload=bool(plan.options.get(offload, False)) if offload else False,
                         n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None)
 

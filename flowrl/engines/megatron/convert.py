@@ -1,12 +1,13 @@
-"""transformers Llama / Llama 3.x / Mistral / Qwen2 / Qwen3 checkpoints <-> Megatron-core ``GPTModel`` state dicts.
+"""transformers Llama / Llama 3.x / Mistral / Qwen2 / Qwen3 / Qwen3-MoE checkpoints <-> Megatron-core ``GPTModel``
+state dicts.
 
 Pure tensor bookkeeping (no process groups, no Megatron import), in three layers:
 
 1. :func:`hf_to_megatron` / :func:`megatron_to_hf`: transformers naming <-> the *full*
    (tp=1, pp=1) Megatron layout, with global layer indices.
 2. :func:`shard_state` / :func:`unshard_state`: the full Megatron layout <-> the local
-   state dict of one (tp_rank, pp_rank), with stage-local layer indices and the
-   vocabulary padded to a multiple of ``tp``.
+   state dict of one (tp_rank, pp_rank, ep_rank), with stage-local layer indices, rank-local
+   expert indices and the vocabulary padded to a multiple of ``tp``.
 3. :func:`merge_tp` / :func:`split_tp`: one tensor's TP layout (used by the engine to
    gather shards with ``all_gather``).
 
@@ -17,6 +18,12 @@ Layouts (H hidden, d head_dim, nq query heads, nkv KV heads = query groups, F ff
   contiguous block of ``nkv/tp`` whole groups (so ``nkv % tp == 0``).
 * ``linear_fc1.weight`` ``[2F, H]`` is ``[gate; up]`` (SwiGLU: ``silu(gate) * up``);
   a TP shard is ``[gate_r; up_r]`` of that rank's ``F/tp`` rows of each.
+* A mixture of experts (Qwen3-MoE; Megatron's ``SequentialMLP``): HF ``mlp.gate.weight [E, H]``
+  is ``mlp.router.weight``; expert e's ``gate_proj``/``up_proj``/``down_proj`` are
+  ``mlp.experts.local_experts.{e}.linear_fc1`` (``[gate; up]``) and ``linear_fc2``. In the full
+  layout e is the global expert index; expert-parallel rank r of ``ep`` holds experts
+  ``r E/ep .. (r+1) E/ep - 1``, numbered from 0 (Megatron's local numbering). Expert tensors are
+  not split over TP (expert tensor parallelism 1); the router is replicated.
 * Column-parallel (split dim 0): qkv, fc1, word embeddings, output layer.
   Row-parallel (split dim 1): ``linear_proj`` (o_proj), ``linear_fc2`` (down_proj).
   Norms (Qwen3's per-head ``q_layernorm``/``k_layernorm`` [d] too) and the critic's value
@@ -40,7 +47,14 @@ from typing import Any
 
 import torch
 
-from flowrl.catalog.architectures import ARCHITECTURES, architecture_of, conversion_issue, rope_parameters
+from flowrl.catalog.architectures import (
+    ARCHITECTURES,
+    architecture_of,
+    conversion_issue,
+    moe_layer_pattern,
+    rope_parameters,
+)
+from flowrl.catalog.models import config_value
 from flowrl.engines.base import EngineConfigError
 
 StateDict = dict[str, torch.Tensor]
@@ -87,6 +101,26 @@ class ModelSpec:
     rope: tuple = (("rope_type", "default"),)
     """The RoPE settings as sorted ``(key, value)`` pairs (:func:`rope_parameters`): its type
     (``default``, ``linear``, ``llama3``) and the scaling's options; see :func:`rope_inv_freq`."""
+    experts: int = 0
+    """Experts per MoE layer E (0: a dense model)."""
+    experts_per_token: int = 0
+    """Experts the router picks per token (top-k)."""
+    expert_ffn: int = 0
+    """Each expert's SwiGLU width (``moe_intermediate_size``)."""
+    norm_topk_prob: bool = False
+    """Whether the top-k routing weights are renormalised to sum to 1 (Qwen3-MoE's ``norm_topk_prob``;
+    transformers' default, when the config does not say, is False)."""
+    moe_pattern: tuple[int, ...] = ()
+    """Per layer, 1 if its MLP is a mixture of experts, 0 if dense (empty for a dense model)."""
+
+    @property
+    def moe(self) -> bool:
+        """The model has mixture-of-experts layers."""
+        return self.experts > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether global layer ``i``'s MLP is a mixture of experts."""
+        return bool(self.moe_pattern) and bool(self.moe_pattern[i])
 
     @staticmethod
     def from_hf_config(cfg: Mapping[str, Any]) -> "ModelSpec":
@@ -113,11 +147,19 @@ class ModelSpec:
 
         heads, hidden = int(fact("heads")), int(fact("hidden"))
         rope = rope_parameters(cfg)
+        layers = int(fact("layers"))
+        moe: dict[str, Any] = {}
+        if record.moe:
+            moe = dict(experts=int(config_value(cfg, "experts")),
+                       experts_per_token=int(config_value(cfg, "experts_per_token")),
+                       expert_ffn=int(config_value(cfg, "expert_intermediate")),
+                       norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),  # transformers' default
+                       moe_pattern=moe_layer_pattern(cfg, layers))
         return ModelSpec(
             arch=record.family,
             vocab_size=int(cfg["vocab_size"]),
             hidden=hidden,
-            layers=int(fact("layers")),
+            layers=layers,
             heads=heads,
             kv_heads=int(fact("kv_heads", None) or heads),
             head_dim=int(fact("head_dim", None) or hidden // heads),
@@ -129,6 +171,7 @@ class ModelSpec:
             qkv_bias=record.qkv_bias,
             qk_norm=record.qk_norm,
             rope=tuple(sorted(rope.items())),
+            **moe,
         )
 
     @staticmethod
@@ -147,7 +190,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one rank sits: tensor- and pipeline-parallel sizes and ranks, and the vocabulary padding."""
+    """Where one rank sits: tensor-, pipeline- and expert-parallel sizes and ranks, and the vocabulary padding."""
 
     tp_size: int = 1
     tp_rank: int = 0
@@ -156,14 +199,22 @@ class Layout:
     vocab_divisible_by: int = 1
     """The padded vocabulary is a multiple of ``vocab_divisible_by * tp_size`` (Megatron's
     ``make_vocab_size_divisible_by``)."""
+    ep_size: int = 1
+    """Expert-parallel size: each rank of an expert-parallel group holds ``experts / ep_size`` experts."""
+    ep_rank: int = 0
 
 
-def check_layout(spec: ModelSpec, tp: int, pp: int) -> None:
-    """Raise :class:`ConversionError` if the model cannot be split ``tp`` x ``pp`` ways."""
+def check_layout(spec: ModelSpec, tp: int, pp: int, ep: int = 1) -> None:
+    """Raise :class:`ConversionError` if the model cannot be split ``tp`` x ``pp`` ways, its experts ``ep`` ways."""
+    if ep > 1 and not spec.moe:
+        raise ConversionError(f"ep={ep} splits a mixture of experts, and this {spec.arch} model has none; use ep=1")
+    if spec.moe and spec.experts % ep:
+        raise ConversionError(f"the model's {spec.experts} experts per layer are not divisible by ep={ep}; "
+                              "choose an ep that divides the experts")
     problems = (
         (spec.heads % tp == 0, f"num_attention_heads={spec.heads} is not divisible by tp={tp}"),
         (spec.kv_heads % tp == 0, f"num_key_value_heads={spec.kv_heads} is not divisible by tp={tp}"),
-        (spec.ffn % tp == 0, f"intermediate_size={spec.ffn} is not divisible by tp={tp}"),
+        (spec.moe or spec.ffn % tp == 0, f"intermediate_size={spec.ffn} is not divisible by tp={tp}"),
         (spec.layers % pp == 0, f"num_hidden_layers={spec.layers} is not divisible by pp={pp}"),
     )
     for ok, message in problems:
@@ -199,7 +250,6 @@ _LAYER_NORMS = {  # Megatron suffix -> HF suffix, inside a layer
     "input_layernorm.weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
 }
 """Layer tensors that map one to one (same layout)."""
 
@@ -257,6 +307,10 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, role: str = 
             out[dst + "self_attention.linear_qkv.bias"] = _fuse_qkv(
                 _get(hf, attn + "q_proj.bias"), _get(hf, attn + "k_proj.bias"), _get(hf, attn + "v_proj.bias"), spec
             )
+        if spec.is_moe_layer(i):
+            out.update(_experts_to_megatron(hf, spec, src, dst))
+            continue
+        out[dst + "mlp.linear_fc2.weight"] = _get(hf, src + "mlp.down_proj.weight")
         out[dst + "mlp.linear_fc1.weight"] = torch.cat(
             [_get(hf, src + "mlp.gate_proj.weight"), _get(hf, src + "mlp.up_proj.weight")], dim=0
         )
@@ -304,9 +358,72 @@ def _layer_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, i: int) -> Sta
         qb, kb, vb = _split_qkv(_get(mg, src + "self_attention.linear_qkv.bias"), spec)
         out.update({dst + "self_attn.q_proj.bias": qb, dst + "self_attn.k_proj.bias": kb,
                     dst + "self_attn.v_proj.bias": vb})
+    if spec.is_moe_layer(i):
+        out.update(_experts_to_hf(mg, spec, src, dst))
+        return out
     gate, up = torch.chunk(_get(mg, src + "mlp.linear_fc1.weight"), 2, dim=0)
     out[dst + "mlp.gate_proj.weight"] = gate
     out[dst + "mlp.up_proj.weight"] = up
+    out[dst + "mlp.down_proj.weight"] = _get(mg, src + "mlp.linear_fc2.weight")
+    return out
+
+
+_EXPERT = "mlp.experts.local_experts."
+"""Megatron's prefix of a MoE layer's experts (``SequentialMLP``), inside a layer."""
+
+
+def _experts_to_megatron(hf: Mapping[str, torch.Tensor], spec: ModelSpec, src: str, dst: str) -> StateDict:
+    """One MoE layer's router and experts, HF -> Megatron (global expert numbers)."""
+    out = {dst + "mlp.router.weight": _get(hf, src + "mlp.gate.weight")}
+    for e in range(spec.experts):
+        hf_e, mg_e = f"{src}mlp.experts.{e}.", f"{dst}{_EXPERT}{e}."
+        out[mg_e + "linear_fc1.weight"] = torch.cat(
+            [_get(hf, hf_e + "gate_proj.weight"), _get(hf, hf_e + "up_proj.weight")], dim=0)
+        out[mg_e + "linear_fc2.weight"] = _get(hf, hf_e + "down_proj.weight")
+    return out
+
+
+def _experts_to_hf(mg: Mapping[str, torch.Tensor], spec: ModelSpec, src: str, dst: str) -> StateDict:
+    """Inverse of :func:`_experts_to_megatron` (every expert must be in ``mg``)."""
+    out = {dst + "mlp.gate.weight": _get(mg, src + "mlp.router.weight")}
+    for e in range(spec.experts):
+        hf_e, mg_e = f"{dst}mlp.experts.{e}.", f"{src}{_EXPERT}{e}."
+        gate, up = torch.chunk(_get(mg, mg_e + "linear_fc1.weight"), 2, dim=0)
+        out[hf_e + "gate_proj.weight"], out[hf_e + "up_proj.weight"] = gate, up
+        out[hf_e + "down_proj.weight"] = _get(mg, mg_e + "linear_fc2.weight")
+    return out
+
+
+def expert_index(name: str) -> int | None:
+    """``decoder.layers.{i}.mlp.experts.local_experts.{e}.…`` -> e; None for other tensors."""
+    if _EXPERT not in name:
+        return None
+    return int(name.split(_EXPERT, 1)[1].split(".", 1)[0])
+
+
+def _renumber_expert(name: str, index: int) -> str:
+    head, tail = name.split(_EXPERT, 1)
+    return f"{head}{_EXPERT}{index}.{tail.split('.', 1)[1]}"
+
+
+def expert_range(spec: ModelSpec, ep_size: int, ep_rank: int) -> range:
+    """Global indices of the experts expert-parallel rank ``ep_rank`` holds (Megatron's even split).
+
+    >>> spec = ModelSpec("qwen3_moe", 8, 64, 1, 2, 2, 32, 64, 1e-6, 1e4, 64, False, False, experts=8)
+    >>> list(expert_range(spec, 2, 1))
+    [4, 5, 6, 7]
+    """
+    per_rank = spec.experts // ep_size
+    return range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
+
+
+def experts_to_global(local: Mapping[str, torch.Tensor], spec: ModelSpec, ep_size: int, ep_rank: int) -> StateDict:
+    """Rank-local expert numbering -> global (expert 0 of ep rank 1 of 2, with 8 experts -> 4)."""
+    offset = expert_range(spec, ep_size, ep_rank).start
+    out: StateDict = {}
+    for name, tensor in local.items():
+        e = expert_index(name)
+        out[name if e is None else _renumber_expert(name, e + offset)] = tensor
     return out
 
 
@@ -378,6 +495,8 @@ def tp_rule(name: str, role: str = "actor") -> str:
     """
     if name.startswith("output_layer.") and role == "critic":
         return "replicated"  # the value head is a tiny Linear(H, 1), kept whole on every rank
+    if _EXPERT in name or name.endswith("mlp.router.weight"):
+        return "replicated"  # expert tensor parallelism 1: experts are whole, split over EP instead
     if name in _VOCAB:
         return "vocab"
     if name.endswith(_FC1):
@@ -445,18 +564,26 @@ def stage_owns(name: str, spec: ModelSpec, layout: Layout, role: str = "actor") 
 
 
 def shard_state(full: Mapping[str, torch.Tensor], spec: ModelSpec, layout: Layout, role: str = "actor") -> StateDict:
-    """Full Megatron state dict -> the local state dict of one (tp_rank, pp_rank).
+    """Full Megatron state dict -> the local state dict of one (tp_rank, pp_rank, ep_rank).
 
-    Layers are renumbered from 0 within the stage (Megatron's local numbering);
-    vocabulary tensors are padded to the TP multiple and split.
+    Layers are renumbered from 0 within the stage and experts from 0 within the expert-parallel
+    rank (Megatron's local numbering); vocabulary tensors are padded to the TP multiple and split.
     """
     offset = layer_range(spec.layers, layout.pp_size, layout.pp_rank).start
+    experts = expert_range(spec, layout.ep_size, layout.ep_rank) if spec.moe else range(0)
     out: StateDict = {}
     for name, tensor in full.items():
         if not stage_owns(name, spec, layout, role):
             continue
+        e = expert_index(name)
+        if e is not None:
+            if e not in experts:
+                continue
+            name_here = _renumber_expert(name, e - experts.start)
+        else:
+            name_here = name
         index = _layer_index(name)
-        local = name if index is None else _renumber(name, index - offset)
+        local = name_here if index is None else _renumber(name_here, index - offset)
         out[local] = split_tp(name, tensor, spec, layout, role)
     return out
 
@@ -472,18 +599,22 @@ def to_global_names(local: Mapping[str, torch.Tensor], spec: ModelSpec, pp_size:
 
 
 def unshard_state(
-    shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]], spec: ModelSpec, tp: int, pp: int,
-    role: str = "actor",
+    shards: Mapping[tuple[int, ...], Mapping[str, torch.Tensor]], spec: ModelSpec, tp: int, pp: int,
+    role: str = "actor", ep: int = 1,
 ) -> StateDict:
-    """``{(tp_rank, pp_rank): local state dict}`` of every rank -> the full Megatron state dict."""
-    missing = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in shards]
+    """``{(tp_rank, pp_rank): local state dict}`` of every rank (``(tp_rank, pp_rank, ep_rank)``
+    with ``ep > 1``) -> the full Megatron state dict."""
+    key = (lambda t, p, e: (t, p)) if ep == 1 else (lambda t, p, e: (t, p, e))
+    missing = [key(t, p, e) for t in range(tp) for p in range(pp) for e in range(ep) if key(t, p, e) not in shards]
     if missing:
-        raise ConversionError(f"unshard_state: no shard for (tp_rank, pp_rank) in {missing}")
+        raise ConversionError(f"unshard_state: no shard for {'(tp_rank, pp_rank' + (', ep_rank)' if ep > 1 else ')')}"
+                              f" in {missing}")
     full: StateDict = {}
     for p in range(pp):
-        names = [n for n in shards[(0, p)] if not n.endswith("._extra_state")]
-        stage = {n: merge_tp(n, [shards[(t, p)][n] for t in range(tp)], spec, role) for n in names}
-        full.update(to_global_names(stage, spec, pp, p))
+        for e in range(ep):
+            names = [n for n in shards[key(0, p, e)] if not n.endswith("._extra_state")]
+            stage = {n: merge_tp(n, [shards[key(t, p, e)][n] for t in range(tp)], spec, role) for n in names}
+            full.update(to_global_names(experts_to_global(stage, spec, ep, e), spec, pp, p))
     return full
 
 

@@ -274,6 +274,39 @@ def _shim_cp_pos_emb(p: _Patcher) -> None:
         p.set(importlib.import_module(name), "get_pos_emb_on_this_cp_rank", _cpu_pos_emb_on_this_cp_rank)
 
 
+# ------------------------------------------------- MoE all-to-all token dispatcher
+
+
+class _NullEventStream(_NullStream):
+    """The all-to-all dispatcher's device-to-host stream on CPU: its ``record_event()`` is an event
+    whose ``synchronize()`` returns at once (the copies it waits for are no copies on CPU)."""
+
+    def record_event(self, event: Any = None) -> "_NullEventStream":
+        return self
+
+
+def _shim_moe_dtoh_stream(p: _Patcher) -> None:
+    # MoEAlltoAllTokenDispatcher.__init__ creates its class-wide side stream with
+    # torch.cuda.Stream() unless one is set: set a null one first.
+    dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher").MoEAlltoAllTokenDispatcher
+    p.set(dispatcher, "cuda_dtoh_stream", _NullEventStream())
+
+
+def _host_splits(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """``moe_utils.maybe_move_tensor_to_cpu`` for tensors already on the CPU: Megatron converts the
+    all-to-all split sizes to numpy only when it copies them from a GPU, and torch's
+    ``all_to_all_single`` takes a sequence of ints, not a tensor."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.cpu().numpy()
+    return tensor.cpu() if torch.is_tensor(tensor) else tensor
+
+
+def _shim_moe_splits(p: _Patcher) -> None:
+    # MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize calls the module global.
+    p.set(importlib.import_module("megatron.core.transformer.moe.token_dispatcher"), "maybe_move_tensor_to_cpu",
+          _host_splits)
+
+
 # ------------------------------------------------------------------- the table
 
 SHIMS: tuple[Shim, ...] = (
@@ -290,6 +323,10 @@ SHIMS: tuple[Shim, ...] = (
          _shim_clip_type_check),
     Shim("cp_pos_emb", "RotaryEmbedding.forward with cp > 1: get_pos_emb_on_this_cp_rank(pin_memory=True, .cuda())",
          _shim_cp_pos_emb),
+    Shim("moe_dtoh_stream", "MoEAlltoAllTokenDispatcher.__init__ (MoE models): torch.cuda.Stream()",
+         _shim_moe_dtoh_stream),
+    Shim("moe_splits", "MoEAlltoAllTokenDispatcher.token_dispatch with ep > 1: all_to_all_single(split sizes as "
+         "a CPU tensor), which torch's binding refuses", _shim_moe_splits),
 )
 """Every CPU shim, in application order."""
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from flowrl.catalog.architectures import expert_layout_problems
 from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
 from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankProcessError, cloudpickle_module
@@ -79,6 +80,8 @@ class MegatronTrainEngine(RankedTrainEngine):
         tp, pp, dp, cp: tensor-, pipeline-, data- and context-parallel sizes; ``tp * pp * dp * cp``
             processes. cp > 1 splits every sequence into ``2 * cp`` chunks, two per CP rank
             (:mod:`~flowrl.engines.megatron.context_parallel`).
+        ep: expert-parallel size (a mixture of experts): each of ``ep`` data-parallel ranks holds
+            ``experts / ep`` experts of every MoE layer; it divides ``dp`` and adds no processes.
         dtype: parameter dtype (``"float32"``; bf16/fp16 need a GPU).
         seed: Megatron's RNG seed and the critic head's init seed.
         compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
@@ -107,6 +110,7 @@ class MegatronTrainEngine(RankedTrainEngine):
         pp: int = 1,
         dp: int = 1,
         cp: int = 1,
+        ep: int = 1,
         dtype: str = "float32",
         seed: int = 0,
         compute_entropy: bool = True,
@@ -119,15 +123,19 @@ class MegatronTrainEngine(RankedTrainEngine):
         **unused: Any,
     ):
         _check_installed()
-        _check_args(model_path, role, temperature, tp, pp, dp, cp, dtype)
+        _check_args(model_path, role, temperature, tp, pp, dp, cp, ep, dtype)
         from flowrl.engines.megatron.convert import ModelSpec, check_layout
 
-        check_layout(ModelSpec.from_pretrained(model_path), tp, pp)  # fail before spawning anything
+        spec = ModelSpec.from_pretrained(model_path)
+        check_layout(spec, tp, pp, ep)  # fail before spawning anything
+        problems = expert_layout_problems(spec.experts, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
+        if problems:
+            raise EngineConfigError("; ".join(reason for _, reason in problems))
         self.role = role
         self.temperature = float(temperature)
         self.timeout_s = float(timeout_s)
         self.options = RankOptions(
-            model_path=str(model_path), tp=tp, pp=pp, dp=dp, cp=cp, role=role, temperature=float(temperature),
+            model_path=str(model_path), tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, role=role, temperature=float(temperature),
             lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             warmup_steps=optim.warmup_steps, lr_schedule=optim.schedule, total_steps=optim.total_steps,
             min_lr_ratio=optim.min_lr_ratio, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
@@ -139,8 +147,9 @@ class MegatronTrainEngine(RankedTrainEngine):
 
     @property
     def layout(self) -> dict[str, int]:
-        """``{"tp": ..., "pp": ..., "dp": ..., "cp": ...}``."""
-        return {"tp": self.options.tp, "pp": self.options.pp, "dp": self.options.dp, "cp": self.options.cp}
+        """``{"tp": ..., "pp": ..., "dp": ..., "cp": ..., "ep": ...}``."""
+        o = self.options
+        return {"tp": o.tp, "pp": o.pp, "dp": o.dp, "cp": o.cp, "ep": o.ep}
 
     # ------------------------------------------------------------------ forward
 
@@ -236,13 +245,13 @@ def _check_installed() -> None:
         raise EngineNotInstalledError(f"the megatron train engine needs megatron-core; install it with: {INSTALL_HINT}")
 
 
-def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int,
+def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int, ep: int,
                 dtype: str) -> None:
     checks = (
         (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
         (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
-        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp)),
-         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}: each must be an integer >= 1"),
+        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp, ep)),
+         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}, ep={ep!r}: each must be an integer >= 1"),
         (dtype == "float32" or torch.cuda.is_available(),
          f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
         (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),

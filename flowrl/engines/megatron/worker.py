@@ -40,6 +40,8 @@ from flowrl.engines.megatron.convert import (
     Layout,
     ModelSpec,
     check_layout,
+    expert_index,
+    experts_to_global,
     hf_to_megatron,
     megatron_to_hf,
     merge_tp,
@@ -71,6 +73,10 @@ class RankOptions:
     """Data-parallel size (splits the batch rows)."""
     cp: int = 1
     """Context-parallel size (splits each sequence into 2*cp chunks, two per CP rank)."""
+    ep: int = 1
+    """Expert-parallel size (a mixture of experts: each of ``ep`` data-parallel ranks holds
+    ``experts / ep`` experts of every MoE layer; tokens travel to their experts by all-to-all).
+    It divides ``dp``: Megatron carves expert-parallel groups out of the data-parallel ranks."""
     role: str = "actor"
     """``"actor"`` (logprobs / entropy) or ``"critic"`` (values from a Linear(H, 1) head)."""
     temperature: float = 1.0
@@ -196,19 +202,21 @@ class MegatronRank:
         torch.set_num_threads(threads)
         self._init_distributed(rank, world_size, init_method)
         self.spec = ModelSpec.from_pretrained(options.model_path)
-        check_layout(self.spec, options.tp, options.pp)
+        check_layout(self.spec, options.tp, options.pp, options.ep)
         if self.spec.tie_embeddings and options.pp > 1 and options.role == "actor":
             raise EngineConfigError(
                 "tied word embeddings with pp > 1 are not supported by this engine; use pp=1 or an untied checkpoint"
             )
         self.layout = Layout(options.tp, self.ps.get_tensor_model_parallel_rank(), options.pp,
-                             self.ps.get_pipeline_model_parallel_rank(), options.vocab_divisible_by)
+                             self.ps.get_pipeline_model_parallel_rank(), options.vocab_divisible_by,
+                             options.ep, self.ps.get_expert_model_parallel_rank())
         self.coords = {
             "rank": rank,
             "tp": self.layout.tp_rank,
             "pp": self.layout.pp_rank,
             "dp": self.ps.get_data_parallel_rank(),
             "cp": self.ps.get_context_parallel_rank(),
+            "ep": self.layout.ep_rank,
         }
         self.first_stage = self.ps.is_pipeline_first_stage()
         self.last_stage = self.ps.is_pipeline_last_stage()
@@ -234,6 +242,8 @@ class MegatronRank:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=self.options.tp, pipeline_model_parallel_size=self.options.pp,
             context_parallel_size=self.options.cp,
+            # Experts whole on each rank (expert tensor parallelism 1), split ep ways.
+            expert_model_parallel_size=self.options.ep, expert_tensor_parallel_size=1,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(self.options.seed)
         self.ps = parallel_state
@@ -261,9 +271,34 @@ class MegatronRank:
             calculate_per_token_loss=True,
             # Micro-batches are trimmed to their own longest row; pipeline stages exchange shapes.
             variable_seq_lengths=True,
-            # Only to satisfy a config check that rejects variable_seq_lengths with the
-            # (MoE-only) allgather dispatcher; this dense model has no MoE layers.
+            # The all-to-all dispatcher takes the different token counts of the ep ranks' micro-batches
+            # (the allgather one needs equal ones, and Megatron's config refuses it with
+            # variable_seq_lengths); on CPU it needs two shims (cpu_shims: moe_*). Set for dense
+            # models too, where it only satisfies that config check.
             moe_token_dispatcher_type="alltoall",
+            **self._moe_config(),
+        )
+
+    def _moe_config(self) -> dict[str, Any]:
+        """TransformerConfig fields of a mixture of experts ({} for a dense model).
+
+        Qwen3-MoE routes by a softmax over all E experts' logits, keeps the top k and, with
+        ``norm_topk_prob``, divides them by their sum: that is Megatron's default router (top k
+        of the logits, then a softmax over those k). Without ``norm_topk_prob`` it is
+        ``moe_router_pre_softmax`` (softmax over all E, then top k). No auxiliary load-balancing
+        loss: the losses flowrl trains with are the RL objective only, as in the torch engine
+        (transformers adds the router's aux loss only when ``output_router_logits`` is set).
+        """
+        s, o = self.spec, self.options
+        if not s.moe:
+            return {}
+        return dict(
+            num_moe_experts=s.experts, moe_router_topk=s.experts_per_token, moe_ffn_hidden_size=s.expert_ffn,
+            moe_router_pre_softmax=not s.norm_topk_prob, moe_router_score_function="softmax",
+            moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32",
+            moe_grouped_gemm=False,  # SequentialMLP: one Linear pair per expert (grouped GEMM is CUDA-only)
+            moe_permute_fusion=False, moe_router_fusion=False,
+            expert_model_parallel_size=o.ep, expert_tensor_parallel_size=1,
         )
 
     def _build_model(self) -> torch.nn.Module:
@@ -273,7 +308,8 @@ class MegatronRank:
         s, o = self.spec, self.options
         self.config = self._transformer_config()
         self.padded_vocab = padded_vocab_size(s.vocab_size, o.tp, o.vocab_divisible_by)
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=s.qk_norm)
+        spec = get_gpt_layer_local_spec(num_experts=s.experts or None, moe_grouped_gemm=False,
+                                        normalization="RMSNorm", qk_layernorm=s.qk_norm)
         if o.cp > 1:  # Megatron's local attention is cp=1 only; its CP attention needs Transformer Engine
             spec = cp_layer_spec(spec)
         model = GPTModel(
@@ -562,9 +598,10 @@ class MegatronRank:
         """This pipeline stage's weights (or captured gradients) in transformers naming, full tensors.
 
         ``source``: ``"weights"`` or ``"grads"`` (those of the last ``train_step(capture_grads=True)``).
-        Collective over the TP group (every rank must call it); only ranks with
-        tp_rank == 0, dp_rank == 0 and cp_rank == 0 return tensors, the others return ``{}``
-        (dp and cp ranks hold the same weights).
+        Collective over the TP group, and with ep > 1 over the expert-parallel group (every rank
+        must call it); only ranks with tp_rank == 0, dp_rank == 0 and cp_rank == 0 return tensors,
+        the others return ``{}`` (dp and cp ranks hold the same weights; the experts of the other
+        ep ranks are all-gathered).
         """
         import torch.distributed as dist
 
@@ -572,14 +609,26 @@ class MegatronRank:
             raise EngineConfigError("no gradients captured; call train_step(..., capture_grads=True) first")
         tensors = self.local_weights() if source == "weights" else self._grads
         group = self.ps.get_tensor_model_parallel_group()
+        o = self.options
         stage: dict[str, torch.Tensor] = {}
         for name, tensor in tensors.items():
-            if self.options.tp > 1 and tp_rule(name, self.options.role) != "replicated":
-                shards = [torch.empty_like(tensor) for _ in range(self.options.tp)]
+            if o.tp > 1 and tp_rule(name, o.role) != "replicated":
+                shards = [torch.empty_like(tensor) for _ in range(o.tp)]
                 dist.all_gather(shards, tensor.contiguous(), group=group)
             else:
                 shards = [tensor]
-            stage[name] = merge_tp(name, [s.cpu() for s in shards], self.spec, self.options.role)
+            if o.ep > 1 and expert_index(name) is not None:
+                # Every ep rank holds the same local names for its own experts (whole: expert
+                # tensor parallelism 1): gather them; ep rank r's local expert j is global r E/ep + j.
+                parts = [torch.empty_like(tensor) for _ in range(o.ep)]
+                dist.all_gather(parts, tensor.contiguous(), group=self.ps.get_expert_model_parallel_group())
+                for r, part in enumerate(parts):
+                    stage.update(experts_to_global({name: part.cpu()}, self.spec, o.ep, r))
+            else:
+                # Copies, never the live parameters: the rank's result queue moves a CPU tensor's
+                # storage into shared memory in place, and a later offload() resizing that storage
+                # crashes the rank (SIGSEGV in reload). On CUDA .cpu() copies anyway.
+                stage[name] = merge_tp(name, [s.to("cpu", copy=True) for s in shards], self.spec, o.role)
         if self.coords["tp"] != 0 or self.coords["dp"] != 0 or self.coords["cp"] != 0:
             return {}
         full = to_global_names(stage, self.spec, self.options.pp, self.layout.pp_rank)
@@ -596,7 +645,7 @@ class MegatronRank:
 
     def _layout(self) -> dict[str, int]:
         o = self.options
-        return {"tp": o.tp, "pp": o.pp, "dp": o.dp, "cp": o.cp}
+        return {"tp": o.tp, "pp": o.pp, "dp": o.dp, "cp": o.cp, "ep": o.ep}
 
     def save(self, path: str) -> str:
         """Write this rank's model shard, optimizer state (its dist-optimizer shard), step and RNG states."""
