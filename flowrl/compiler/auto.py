@@ -80,7 +80,7 @@ REASONS = {
     "E434": "`overlap` needs separate GPUs", "E435": "a disk protocol across nodes needs a shared `dir`",
     "E438": "a sampling option the rollout engine refuses",
     "E439": "engines sharing GPUs do not fit together", "E440": "an engine does not run on the platform",
-    "E441": "a layout exceeds the platform's limits", "E442": "forked ranks would span nodes",
+    "E441": "a layout exceeds the platform's limits",
     "E443": "a protocol does not run on the platform",
     "E445": "a protocol's transport is missing on the platform",
 }

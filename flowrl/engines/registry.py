@@ -131,17 +131,25 @@ def missing_package(spec: EngineSpec) -> str | None:
     return f"the `{spec.name}` engine needs the `{spec.package}` package, which is not installed: {spec.install}"
 
 
-def build_engine(spec: EngineSpec, layout: dict[str, Any], **context: Any) -> Any:
+def build_engine(spec: EngineSpec, layout: dict[str, Any], *, placement: Any = None, **context: Any) -> Any:
     """Build ``spec``'s adapter with the role's :data:`CONTEXT` and the layout's options.
 
     ``context`` must hold exactly the role's context names; layout options the adapter takes
-    override a context value of the same name (``max_model_len``).
+    override a context value of the same name (``max_model_len``). ``placement`` (a
+    :class:`~flowrl.engines.ranks.RankPlacement`): where each rank actor of an engine whose record
+    says ``ranks = "actors"`` runs under Ray; None: its ranks are forked here.
     """
     expected = set(CONTEXT[spec.serves])
     if set(context) != expected:
         raise EngineConfigError(f"building `{spec.name}`: the runtime passed {sorted(context)}, a {spec.serves} "
                                 f"engine takes {sorted(expected)}")
-    return adapter_class(spec)(**{**context, **adapter_kwargs(spec, layout)})
+    extra = {}
+    if placement is not None:
+        if spec.ranks != "actors":
+            raise EngineConfigError(f"building `{spec.name}`: a rank placement was passed, but its record says "
+                                    f"ranks = {spec.ranks!r}; only engines with rank actors take one")
+        extra["placement"] = placement
+    return adapter_class(spec)(**{**context, **adapter_kwargs(spec, layout), **extra})
 
 
 def make_rollout_engine(name: str, **kwargs: Any) -> Any:

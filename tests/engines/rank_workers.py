@@ -12,3 +12,12 @@ class PidWorker:
 
     def shutdown(self) -> None:
         pass
+
+
+class SleepWorker(PidWorker):
+    """A rank that sleeps when asked (a call in progress, for a test to kill a rank under)."""
+
+    def sleep(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
