@@ -80,7 +80,7 @@ class EngineSpec:
     """How its ranks become processes: ``replicas`` (one Ray actor per data-parallel replica, its
     tp ranks inside it), ``actors`` (one Ray actor per rank, each in the placement-group bundle of
     its GPU on its node, coordinated by the engine's actor; built outside Ray, the engine forks its
-    ranks on one machine: :func:`~flowrl.engines.ranks.start_ranks`), ``single`` (one rank)."""
+    ranks on one machine: :func:`~flowrl.engines.rank_hosts.start_ranks`), ``single`` (one rank)."""
     multi_rank_as: str | None = None
     """For a ``single``-rank engine: the engine whose ranks run its layout when it has more
     than one (``torch(dp = 2)`` runs on ``fsdp``'s ranks)."""

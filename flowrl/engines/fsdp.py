@@ -1,7 +1,7 @@
 """The ``fsdp`` :class:`~flowrl.engines.base.TrainEngine`: ``dp`` FSDP2 rank processes.
 
 ``FsdpTrainEngine`` is the driver-side handle. It starts ``dp`` ranks through
-:func:`~flowrl.engines.ranks.start_ranks` (the machinery the megatron engine uses: forked
+:func:`~flowrl.engines.rank_hosts.start_ranks` (the machinery the megatron engine uses: forked
 processes, or under Ray one actor per rank), each
 hosting one :class:`~flowrl.engines.fsdp_rank.FsdpRank`: a transformers model whose
 decoder layers and root are wrapped with ``torch.distributed.fsdp.fully_shard`` on a 1-D
@@ -26,7 +26,8 @@ import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
-from flowrl.engines.ranks import RankedTrainEngine, RankPlacement, RankProcessError, cloudpickle_module, start_ranks
+from flowrl.engines.rank_hosts import start_ranks
+from flowrl.engines.ranks import RankedTrainEngine, RankPlacement, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import _DTYPES, OptimConfig
 from flowrl.engines.types import TokenBatch
 

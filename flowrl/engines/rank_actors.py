@@ -31,6 +31,13 @@ KILL_WAIT_S = 10.0
 """How long :meth:`ActorRanks.kill` waits for Ray to report each killed rank actor dead."""
 
 
+def ray_death(error: BaseException) -> str:
+    """Ray's words for an actor's death, on one line, without its list of common causes, at most 200 characters."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and not line.startswith("\t")]
+    text = (lines[-1] if lines else type(error).__name__).split(" Some common causes", 1)[0].rstrip(".")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 class RankActor:
     """One rank's Ray actor: builds the rank worker, then runs the calls the engine sends it."""
 
@@ -140,7 +147,7 @@ class ActorRanks:
                 try:
                     value = ray.get(ref)
                 except ray.exceptions.RayActorError as error:  # killed, out of memory, its node lost
-                    dead[rank] = (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]
+                    dead[rank] = ray_death(error)
                     continue
                 except ray.exceptions.RayError as error:  # its answer could not travel (not picklable...)
                     value = (False, (f"{type(error).__name__}: {error}", ""))
@@ -208,4 +215,4 @@ class ActorRanks:
                 time.sleep(0.1)
 
 
-__all__ = ["RankActor", "ActorRanks", "KILL_WAIT_S"]
+__all__ = ["RankActor", "ActorRanks", "KILL_WAIT_S", "ray_death"]

@@ -8,7 +8,8 @@ in a collective with a failed peer would never return), and the error reaches th
 rank's own :class:`~flowrl.engines.base.EngineError` or as a :class:`RankProcessError` carrying
 the remote traceback (and, for a rank that died, its name).
 
-Two kinds of group, chosen by the engine's ``placement`` argument (:func:`start_ranks`):
+Two kinds of group, chosen by the engine's ``placement`` argument
+(:func:`~flowrl.engines.rank_hosts.start_ranks`):
 
 * no placement (an engine built outside Ray: tests, notebooks): :class:`ForkedRanks`, processes
   forked on this machine through a fork server, one inbox each and a shared outbox;
@@ -256,21 +257,6 @@ class RankGroup(Protocol):
 
     def kill(self) -> None:
         """Stop every rank now."""
-
-
-def start_ranks(worker_cls: type, options: Any, world: int, start_timeout_s: float, *, name: str = "engine",
-                preload: tuple[str, ...] = (), error_cls: type[RankProcessError] = RankProcessError,
-                placement: RankPlacement | None = None) -> RankGroup:
-    """Start ``world`` ranks of ``worker_cls``: forked here without a ``placement`` (:class:`ForkedRanks`),
-    else one Ray actor per rank where it says (:class:`~flowrl.engines.rank_actors.ActorRanks`)."""
-    if placement is None:
-        return ForkedRanks(worker_cls, options, world, start_timeout_s, name=name, preload=preload,
-                           error_cls=error_cls)
-    from flowrl.engines.rank_actors import ActorRanks
-
-    if len(placement.groups) != world:
-        raise EngineConfigError(f"{name}: {world} ranks but a placement of {len(placement.groups)}")
-    return ActorRanks(worker_cls, options, placement, start_timeout_s, name=name, error_cls=error_cls)
 
 
 class ForkedRanks:

@@ -35,7 +35,8 @@ sys.path.insert(0, str(MEGATRON_TESTS))
 from mcore_cases import OPTIM, make_batch, pg_loss  # noqa: E402
 
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402
-from flowrl.engines.ranks import RankProcessError, start_ranks  # noqa: E402
+from flowrl.engines.rank_hosts import start_ranks  # noqa: E402
+from flowrl.engines.ranks import RankProcessError  # noqa: E402
 from flowrl.launch import build_plan  # noqa: E402
 from flowrl.runtime.fleet import Fleet  # noqa: E402
 from flowrl.runtime.placement import node_of, rank_placement  # noqa: E402

@@ -1,7 +1,7 @@
 """The ``megatron`` :class:`~flowrl.engines.base.TrainEngine`: a group of Megatron rank processes.
 
 ``MegatronTrainEngine`` is the driver-side handle. It starts ``tp * pp * dp * cp`` ranks
-(:func:`~flowrl.engines.ranks.start_ranks`: processes forked here, or under Ray one actor per
+(:func:`~flowrl.engines.rank_hosts.start_ranks`: processes forked here, or under Ray one actor per
 rank in the bundle the plan gave it), each hosting one
 :class:`~flowrl.engines.megatron.worker.MegatronRank`; the ranks form one
 ``torch.distributed`` group (gloo on CPU, NCCL on GPUs) with Megatron's
@@ -31,8 +31,8 @@ import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
-from flowrl.engines.ranks import (RankedTrainEngine, RankGroup, RankPlacement, RankProcessError, cloudpickle_module,
-                                  start_ranks)
+from flowrl.engines.rank_hosts import start_ranks
+from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankPlacement, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -63,7 +63,7 @@ _PRELOAD = (
 
 def _rank_group(options: RankOptions, start_timeout_s: float, placement: RankPlacement | None = None) -> RankGroup:
     """Start ``tp * pp * dp * cp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` ranks: forked
-    processes, or Ray actors where ``placement`` says (:func:`~flowrl.engines.ranks.start_ranks`)."""
+    processes, or Ray actors where ``placement`` says (:func:`~flowrl.engines.rank_hosts.start_ranks`)."""
     from flowrl.engines.megatron.worker import MegatronRank
 
     return start_ranks(MegatronRank, options, options.world_size, start_timeout_s, name="megatron",
