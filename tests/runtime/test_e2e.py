@@ -270,7 +270,7 @@ def test_a_train_rank_killed_mid_step_is_restarted_from_the_checkpoint(workdir, 
     assert _undisturbed(result.rows) == _undisturbed(calm.rows)
     restart = next(line for line in said.getvalue().splitlines() if line.startswith("flowrl: restart"))
     assert restart.startswith("flowrl: restart 1 of 1: engine `policy.train` (train actor: "), restart
-    assert "rank process died during train (megatron-rank1 (plan node 0, Ray node " in restart, restart
+    assert "rank process died during train_step (megatron-rank1 (plan node 0, Ray node " in restart, restart
     assert restart.endswith("the engines start again from its checkpoint of step 3"), restart
 
 
