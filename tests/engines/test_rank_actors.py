@@ -1,13 +1,14 @@
 """Train-engine ranks as Ray actors (``flowrl.engines.rank_actors``) on a fake 2-node CPU cluster.
 
-One ``ray.cluster_utils.Cluster``: a head with 4 logical GPUs and a worker node with 2 (no real
+One ``ray.cluster_utils.Cluster``: a head and a worker node with 2 logical GPUs each (no real
 GPU; Ray schedules by them as on a GPU cluster). The placement groups are the runtime's own
 (:meth:`Fleet._start_ray <flowrl.runtime.fleet.Fleet._start_ray>`: one per plan node, pinned to a
 Ray node) and each rank's bundle comes from the plan (:func:`flowrl.runtime.placement.rank_placement`).
 
 * ``megatron(tp = 2, dp = 2)`` planned over 2 nodes runs ranks 0-1 on one Ray node and 2-3 on the
-  other, as the plan says, and trains bit-identically (losses, every rank's parameter, gradient and
-  optimizer-state checksums, the gathered weights) to the same layout on one node;
+  other, as the plan says, and trains bit-identically (losses, grad norms, every rank's parameter,
+  gradient and optimizer-state checksums, the gathered weights) to the same layout on one node
+  (forked ranks: an engine outside Ray);
 * a rank actor killed mid-call is detected and named with its node (``dead_ranks``: what the runtime
   turns into ``EngineDied``, restarted by ``--restarts``), its peers are stopped, and after shutdown
   no rank process is left.
@@ -77,7 +78,7 @@ def _assert_gone(pids: list[int], message: str, within_s: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """The fake cluster (head: 4 logical GPUs, worker: 2), joined by this process; the work dir."""
+    """The fake cluster (head: 2 logical GPUs, worker: 2), joined by this process; the work dir."""
     from ray.cluster_utils import Cluster
 
     from flowrl.models.tiny import build_tiny_model
@@ -90,7 +91,7 @@ def cluster(tmp_path_factory):
     # rank_workers): their directories on the actors' path.
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(MEGATRON_TESTS), str(HERE), old) if p)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 4, "include_dashboard": False})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     c.add_node(num_cpus=2, num_gpus=2)
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, configure_logging=False)
@@ -118,36 +119,37 @@ def _placed(cluster, nodes: int, per: int):
     return plan, engine, fleet
 
 
-def _train(cluster, nodes: int, per: int) -> dict:
-    """Two steps of ``megatron(tp = 2, dp = 2)`` placed by the plan; where each rank ran and what it computed."""
+def _steps(eng) -> dict:
+    """Two training steps on ``eng``; what they computed."""
+    stats = [eng.train_step(make_batch(seed=s), pg_loss, micro_batch_size=2) for s in (1, 2)]
+    return {"losses": [s["loss"] for s in stats], "grad_norms": [s["grad_norm"] for s in stats],
+            "checksums": eng.state_checksums(), "weights": dict(eng.named_weights())}
+
+
+def test_megatron_tp2_dp2_ranks_run_on_their_planned_nodes_and_train_as_on_one_node(cluster):
+    """The plan over 2 nodes x 2 GPUs puts ranks 0-1 (a tp group) on node 0 and 2-3 on node 1; the rank
+    actors run there. The reference is the same layout on one node, its ranks forked on this machine (the
+    path of an engine outside Ray; starting 4 more rank actors, each importing Megatron, costs ~30 s more
+    on 2 cores)."""
     tmp, _ = cluster
-    plan, engine, fleet = _placed(cluster, nodes, per)
+    plan, engine, fleet = _placed(cluster, nodes=2, per=2)
     try:
         placement = rank_placement(plan, engine, fleet.pgs, fleet.slot)
         with MegatronTrainEngine(str(tmp / "model"), optim=OPTIM, tp=2, dp=2, threads=1,
                                  placement=placement) as eng:
             where = eng.rank_locations()
-            stats = [eng.train_step(make_batch(seed=s), pg_loss, micro_batch_size=2) for s in (1, 2)]
-            out = {"where": where, "losses": [s["loss"] for s in stats], "grad_norms": [s["grad_norm"] for s in stats],
-                   "checksums": eng.state_checksums(), "weights": dict(eng.named_weights()),
-                   "planned": [fleet.node_targets[node_of(plan, engine, r)] for r in range(engine.world_size)],
-                   "plan_nodes": [node_of(plan, engine, r) for r in range(engine.world_size)]}
+            two = _steps(eng)
         _assert_gone([w["pid"] for w in where], "rank actors outlived their engine's shutdown")
-        return out
     finally:
         fleet._release_placement()
+    assert [node_of(plan, engine, r) for r in range(4)] == [0, 0, 1, 1]  # tp groups within a node, dp across
+    planned = [fleet.node_targets[node_of(plan, engine, r)] for r in range(4)]
+    assert [w["node_id"] for w in where] == planned and len(set(planned)) == 2  # two Ray nodes, as planned
+    assert all(len(w["gpu_ids"]) == 1 for w in where)  # each rank its own logical GPU
+    assert len({(w["node_id"], tuple(w["gpu_ids"])) for w in where}) == 4
 
-
-def test_megatron_tp2_dp2_ranks_run_on_their_planned_nodes_and_train_as_on_one_node(cluster):
-    two = _train(cluster, nodes=2, per=2)
-    assert two["plan_nodes"] == [0, 0, 1, 1]  # tp groups within a node, dp across the two
-    assert [w["node_id"] for w in two["where"]] == two["planned"]
-    assert len(set(two["planned"])) == 2  # two Ray nodes
-    assert all(len(w["gpu_ids"]) == 1 for w in two["where"])  # each rank its own logical GPU
-    assert len({(w["node_id"], tuple(w["gpu_ids"])) for w in two["where"]}) == 4
-
-    one = _train(cluster, nodes=1, per=4)
-    assert len({w["node_id"] for w in one["where"]}) == 1
+    with MegatronTrainEngine(str(tmp / "model"), optim=OPTIM, tp=2, dp=2, threads=1) as eng:  # one node, forked
+        one = _steps(eng)
     assert two["losses"] == one["losses"] and two["grad_norms"] == one["grad_norms"]
     assert two["checksums"] == one["checksums"]  # every rank's parameters, gradients, optimizer states
     assert two["weights"].keys() == one["weights"].keys()
