@@ -1,7 +1,7 @@
 """Golden set of infeasible schedules: each ``infeasible/NAME.flow`` fails with exactly the
 diagnostics in ``NAME.expected`` (rendered as ``flowrl check`` prints them).
 
-Every schedule-feasibility code (E422-E437, E439-E443) has at least one program here, each message
+Every schedule-feasibility code (E422-E437, E439-E441, E443) has at least one program here, each message
 gives its numbers and points at a schedule line. Regenerate with
 ``FLOWRL_REGEN=1 pytest tests/schedule`` and read the diff as a user would.
 """
