@@ -11,7 +11,8 @@ layers) in a fresh Python process per measurement, two ways:
   start is timed apart (``ray_s``) and not counted in ``start_s``.
 
 ``start_s`` is the engine's constructor (every rank built and in its process group), ``stop_s``
-its ``shutdown``. The 1-minute load average before and after each run is recorded: on a shared
+its ``shutdown``, ``rank_pss_gb`` each rank process's proportional set size once built (GB: a
+forked rank shares its fork server's pages, a rank actor shares nothing). The 1-minute load average before and after each run is recorded: on a shared
 2-core machine the figures move with it.
 
 Usage::
@@ -52,6 +53,9 @@ if mode == "actors":
 t0 = time.time()
 engine = MegatronTrainEngine(model, tp=2, dp=2, threads=1, placement=placement)
 out["start_s"] = time.time() - t0
+import psutil
+pids = [w["pid"] for w in engine.rank_locations()]
+out["rank_pss_gb"] = [psutil.Process(p).memory_full_info().pss / 1e9 for p in pids]
 t0 = time.time()
 engine.shutdown()
 out["stop_s"] = time.time() - t0
@@ -83,7 +87,8 @@ def main() -> None:
         model = str(build_tiny_model(Path(tmp) / "model", hidden=128, heads=4, kv_heads=2, layers=2, seed=0))
         rows = [measure(mode, model) for _ in range(args.repeat) for mode in ("forked", "actors")]
     for r in rows:
-        print(f"{r['mode']:7s} start {r['start_s']:6.1f} s  stop {r['stop_s']:5.1f} s"
+        print(f"{r['mode']:7s} start {r['start_s']:6.1f} s  stop {r['stop_s']:5.1f} s  "
+              f"PSS/rank {sum(r['rank_pss_gb']) / len(r['rank_pss_gb']):.2f} GB"
               + (f"  (Ray {r['ray_s']:.1f} s)" if "ray_s" in r else "")
               + f"  load {r['load_1m_before']:.1f} -> {r['load_1m_after']:.1f}")
     Path(args.out).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),

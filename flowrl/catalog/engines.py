@@ -223,7 +223,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="actors", frees_memory="offload", converts_weights=True,
-        cpu_rank_gb=0.25,  # measured 0.64 GB for an actor with 2 tp ranks (forkserver included)
+        cpu_rank_gb=0.25,  # forked: 0.64 GB for an actor with 2 tp ranks; a rank actor: 0.38 GB (0.17 + ACTOR_GB)
         architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,
                    "rocm": unsupported("Megatron-core's ROCm path lives in AMD's fork; use `fsdp` on AMD GPUs")}),
