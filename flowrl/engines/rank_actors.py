@@ -108,13 +108,17 @@ class ActorRanks:
             for r, (group, bundle, share) in enumerate(zip(placement.groups, placement.bundles, placement.shares))
         ]
         deadline = time.monotonic() + start_timeout_s
-        self.places = self._collect("start", [a.where.remote() for a in self.actors], start_timeout_s,
-                                    answers=False)
-        init_method = self._collect("start", [self.actors[0].rendezvous.remote()],
-                                    max(1.0, deadline - time.monotonic()), answers=False, ranks=[0])[0]
-        self.coords: list[Any] = self._collect(
-            "start", [a.start.remote(worker_cls, options, init_method) for a in self.actors],
-            max(1.0, deadline - time.monotonic()))
+        try:
+            self.places = self._collect("start", [a.where.remote() for a in self.actors], start_timeout_s,
+                                        answers=False)
+            init_method = self._collect("start", [self.actors[0].rendezvous.remote()],
+                                        max(1.0, deadline - time.monotonic()), answers=False, ranks=[0])[0]
+            self.coords: list[Any] = self._collect(
+                "start", [a.start.remote(worker_cls, options, init_method) for a in self.actors],
+                max(1.0, deadline - time.monotonic()))
+        except BaseException:  # no engine comes of it: none of its ranks may stay
+            self.kill()
+            raise
 
     def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
         """Run ``method(**kwargs)`` on every rank; the answers in rank order."""
@@ -129,7 +133,7 @@ class ActorRanks:
 
         ``answers``: each result is a :func:`~flowrl.engines.ranks.run_answering` pair. A rank whose actor
         died, a rank error left unanswered by its peers for ``grace_s``, or ``timeout_s`` passing stops
-        every rank and raises.
+        every rank and raises; so does a rank's error once every rank has answered, but the ranks stay.
         """
         import ray
 
@@ -150,8 +154,9 @@ class ActorRanks:
                     dead[rank] = ray_death(error)
                     continue
                 except ray.exceptions.RayError as error:  # its answer could not travel (not picklable...)
-                    value = (False, (f"{type(error).__name__}: {error}", ""))
-                ok, value = value if answers else (True, value)
+                    ok, value = False, (f"{type(error).__name__}: {error}", "")
+                else:
+                    ok, value = value if answers else (True, value)
                 (results if ok else errors)[rank] = value
                 if not ok and first_error is None:
                     first_error = time.monotonic()
@@ -160,8 +165,9 @@ class ActorRanks:
                 # Ranks blocked in a collective with a failed peer never return: stop them all.
                 self.kill()
                 raise self._failure(method, errors, dead, now > deadline)
-        if dead or errors:
+        if dead:
             self.kill()
+        if dead or errors:  # every rank answered an error: they are alive and in step (the engine stays usable)
             raise self._failure(method, errors, dead, False)
         return [results[r] for r in ranks]
 

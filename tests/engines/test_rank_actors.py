@@ -35,6 +35,7 @@ MEGATRON_TESTS = HERE.parent / "megatron"
 sys.path.insert(0, str(MEGATRON_TESTS))
 from mcore_cases import OPTIM, make_batch, pg_loss  # noqa: E402
 
+from flowrl.engines.base import EngineConfigError  # noqa: E402
 from flowrl.engines.megatron import MegatronTrainEngine  # noqa: E402
 from flowrl.engines.rank_hosts import start_ranks  # noqa: E402
 from flowrl.engines.ranks import RankProcessError  # noqa: E402
@@ -157,6 +158,8 @@ def test_megatron_tp2_dp2_ranks_run_on_their_planned_nodes_and_train_as_on_one_n
 
 
 def test_a_killed_rank_actor_is_named_with_its_node_and_nothing_is_left_running(cluster):
+    """A rank's own error (every rank answered) reaches the caller and the ranks stay; a rank actor killed
+    mid-call stops the others within seconds and is named with its plan and Ray nodes."""
     sys.path.insert(0, str(HERE))
     try:
         from rank_workers import SleepWorker
@@ -169,6 +172,9 @@ def test_a_killed_rank_actor_is_named_with_its_node_and_nothing_is_left_running(
         group = start_ranks(SleepWorker, None, 4, 120.0, name="probe", placement=placement)
         where = group.locations()
         assert [w["node_id"] for w in where] == [fleet.node_targets[n] for n in (0, 0, 1, 1)]
+        with pytest.raises(EngineConfigError, match="rank 0 refuses"):  # every rank answered: they stay
+            group.call("refuse", 60.0)
+        assert group.call("sleep", 60.0, seconds=0.0) == [None] * 4
         t0 = time.monotonic()
         # the call blocks while the ranks sleep; rank 3 (plan node 1) is killed meanwhile
         killer = threading.Timer(2.0, os.kill, (where[3]["pid"], signal.SIGKILL))
