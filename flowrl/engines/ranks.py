@@ -247,7 +247,8 @@ class RankGroup(Protocol):
     """Per rank: what its worker's ``coords`` said at start."""
 
     def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
-        """Run ``method(**kwargs)`` on every rank; the answers in rank order. A failure stops every rank."""
+        """Run ``method(**kwargs)`` on every rank; the answers in rank order. A rank that dies, or a rank error
+        its peers do not answer within a grace period (they wait in a collective), stops every rank."""
 
     def locations(self) -> list[dict]:
         """Per rank: ``{"pid": ..., "node_id": ..., "gpu_ids": [...]}`` (node and GPUs: Ray's, None outside Ray)."""

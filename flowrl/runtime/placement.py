@@ -7,7 +7,8 @@ plan gave global GPU ``g`` into bundle ``g % gpus_per_node`` of node ``g //
 gpus_per_node``'s group. This module holds what that needs besides the Ray calls
 themselves: refusing a cluster that cannot hold the plan (with the nodes, pools and
 engines that do not fit), pinning plan nodes to Ray nodes, waiting for the reservation
-with a clear timeout, and the share of a node's CPU cores each engine process gets.
+with a clear timeout, each rank actor's bundle of a train engine with several ranks
+(:func:`rank_placement`), and the share of a node's CPU cores each engine process gets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 from flowrl.catalog.hardware import PROFILES
+from flowrl.engines.ranks import RankPlacement
 from flowrl.engines.registry import runs_on
 from flowrl.plan import ExecutionPlan
 from flowrl.runtime.errors import RuntimeFlowError
@@ -210,12 +212,10 @@ def rank_actors(engine) -> bool:
     return engine.world_size > 1 and runs_on(engine.kind, engine.world_size).ranks == "actors"
 
 
-def rank_placement(plan: ExecutionPlan, engine, groups: list, slot: str):
+def rank_placement(plan: ExecutionPlan, engine, groups: list, slot: str) -> RankPlacement:
     """Where each rank actor of ``engine`` runs: rank ``r``, planned on global GPU ``g``, in bundle
     ``g % gpus_per_node`` of node ``g // gpus_per_node``'s placement group ``groups[node]``, taking the
     plan's GPUs per rank (rank 0 less the coordinator's :data:`COORDINATOR_SHARE`) of ``slot``."""
-    from flowrl.engines.ranks import RankPlacement
-
     per = int(plan.cluster["gpus_per_node"])
     gpus = [int(g) for g in (engine.gpus or engine.bundles)[:engine.world_size]]
     full = round(float(engine.gpus_per_rank), 4)
