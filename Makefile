@@ -13,7 +13,7 @@ MEGATRON_CORE := megatron-core==0.19.2
 SGLANG := sglang==0.5.23
 ARGS   ?=
 
-.PHONY: run test test-long check clean-venv graphviz bubblewrap
+.PHONY: run test test-long check clean-venv graphviz bubblewrap gpu-check gpu-check-cpu gpu-check-cuda
 
 run: $(STAMP) graphviz bubblewrap
 	$(BIN)/flowrl run $(FLOW) $(ARGS)
@@ -34,6 +34,29 @@ test-long: $(STAMP) graphviz bubblewrap
 
 check: $(STAMP)
 	$(BIN)/flowrl check stdlib/*.flow flows/*.flow
+
+# `make gpu-check`: bench/gpu_check.py (docs/engines.md, "GPU check"): vLLM against the torch trainer in fp32 and
+# bf16, sleep/wake, trainer offload, the `cuda_ipc` weight update verified by checksums, an FSDP and a Megatron
+# train step, a 30-step GRPO run of a ~0.5B model; one table, bench/results/gpu_check.json, at most 10 minutes.
+# Where `nvidia-smi` lists a GPU it runs on CUDA with GPU_PYTHON: by default the .venv-gpu virtualenv with the
+# `gpu` extra (created on first use); a machine without network can name an interpreter that already holds CUDA
+# torch (`make gpu-check GPU_PYTHON=python3`: checks whose packages it lacks are skipped, saying which).
+# Elsewhere it runs the CPU-side part in .venv (`make test` runs its quick set: tests/engines/test_gpu_check.py).
+GPU_VENV   := .venv-gpu
+GPU_PYTHON ?= $(GPU_VENV)/bin/python
+
+gpu-check:
+	@if nvidia-smi -L >/dev/null 2>&1; then $(MAKE) --no-print-directory gpu-check-cuda; \
+	  else $(MAKE) --no-print-directory gpu-check-cpu; fi
+
+gpu-check-cpu: $(STAMP)
+	$(BIN)/python bench/gpu_check.py --cpu $(ARGS)
+
+gpu-check-cuda:
+	@command -v $(GPU_PYTHON) >/dev/null 2>&1 || { $(PYTHON) -m venv $(GPU_VENV) && \
+	  $(GPU_VENV)/bin/python -m pip install -q -e ".[gpu,dev]" && \
+	  $(GPU_VENV)/bin/python -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE); }
+	$(GPU_PYTHON) bench/gpu_check.py $(ARGS)
 
 $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -404,6 +404,22 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class EngineVerdict:
+    """What ``schedule auto`` made of one engine of the catalogue for one role of the flow."""
+
+    role: str
+    """``train`` or ``rollout``."""
+    engine: str
+    verdict: str
+    """``chosen`` (the winner's), ``feasible`` (some layout fits, the winner was faster or simpler),
+    ``refused`` (no layout of it fits: ``why`` gives the first reason), ``not searched`` (its
+    record says ``searched = False``), ``not on platform`` (it does not run on the cluster's)."""
+    why: str = ""
+    seconds: float = 0.0
+    """Its best feasible layout's seconds per step of the role's ops (``chosen``, ``feasible``)."""
+
+
+@dataclass(frozen=True)
 class SearchReport:
     """What ``schedule auto`` searched, rejected and chose."""
 
@@ -419,6 +435,8 @@ class SearchReport:
     """Reason (the diagnostic's message pattern) -> how many candidates it rejected."""
     examples: dict = field(default_factory=dict)
     """Reason -> one full message, with numbers."""
+    engines: tuple[EngineVerdict, ...] = ()
+    """Every engine of the catalogue serving a role the flow has, and what the search made of it."""
 
 
 @dataclass(frozen=True)

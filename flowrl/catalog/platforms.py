@@ -22,12 +22,13 @@ PLATFORM_DOC = {
 
 TRANSPORTS: dict[str, frozenset[str]] = {
     "cpu": frozenset({"gloo", "ray", "shm", "disk"}),
-    "cuda": frozenset({"nccl", "gloo", "ray", "shm", "disk"}),
+    "cuda": frozenset({"nccl", "gloo", "ray", "shm", "disk", "cuda_ipc"}),
     "rocm": frozenset({"nccl", "gloo", "ray", "shm", "disk"}),
 }
 """Platform -> what can move weight bytes there: torch.distributed backends (``nccl`` needs CUDA or
 ROCm GPUs: RCCL answers to torch's ``nccl`` backend; ``gloo`` runs on host memory anywhere), Ray's
-object store (``ray``), shared memory (``shm``) and a shared disk (``disk``). A weight-sync
+object store (``ray``), shared memory (``shm``), CUDA IPC handles to device memory (``cuda_ipc``)
+and a shared disk (``disk``). A weight-sync
 protocol's transport on a platform (:attr:`~flowrl.catalog.protocols.ProtocolSpec.transport`)
 must be one of these: the compiler refuses one that is not (E445), and the runtime refuses a plan
 whose transport the machine it runs on lacks (a plan for GPUs run on a CPU machine)."""

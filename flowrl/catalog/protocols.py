@@ -90,8 +90,16 @@ PROTOCOLS: dict[str, ProtocolSpec] = {p.name: p for p in (
         runtime="flowrl.runtime.sync.inplace:InPlaceSync",
         transport={"cpu": "shm"}, routes=frozenset({"local", "intra-node"}), cost="link",
         platforms={"cpu": RUNS,
-                   "cuda": unsupported("CUDA IPC handles are not built yet; use `inplace` for colocated engines "
-                                       "or `nccl` between pools"),
+                   "cuda": unsupported("`ipc` is host shared memory; on NVIDIA GPUs use `cuda_ipc` for colocated "
+                                       "engines or `nccl` between pools"),
+                   "rocm": unsupported("HIP IPC handles are not built; use `inplace` or `nccl`")}),
+    ProtocolSpec(
+        "cuda_ipc", {"bucket": KwSpec("size", 256 * 2**20, min=1, doc=_BUCKET)},
+        "device buffers shared with the colocated rollout engine through CUDA IPC handles, checksummed on the GPU",
+        runtime="flowrl.runtime.sync.cuda_ipc:CudaIpcSync",
+        transport={"cuda": "cuda_ipc"}, routes=frozenset({"local"}), cost="link",
+        platforms={"cpu": unsupported("CUDA IPC needs NVIDIA GPUs; colocated engines on CPU use `inplace`"),
+                   "cuda": RUNS,
                    "rocm": unsupported("HIP IPC handles are not built; use `inplace` or `nccl`")}),
     ProtocolSpec(
         "nccl", {"bucket": KwSpec("size", 512 * 2**20, min=1, doc=_BUCKET),

@@ -8,7 +8,8 @@ The search space, for a flow on ``cluster(nodes = N, gpus_per_node = G)``:
   nodes, or at any GPU count inside one node (at most 15 splits, evenly spaced);
 * **layouts**: every rollout and train engine whose record says ``searched`` and that runs
   on the cluster's platform (rollout: ``vllm``, ``sglang``; train: ``torch``, ``fsdp``,
-  ``megatron``), with dp filling its pool and, along the axes the engine has, tp and pp
+  ``megatron``) and that runs the model (its architecture, E607) and, for a rollout engine,
+  the flow's sampling options (E438), with dp filling its pool and, along the axes the engine has, tp and pp
   powers of two (tp within a node; an engine with model-parallel axes is tried with some
   model parallelism: pure data parallelism is what the simpler engines do); every train
   engine uses the trainer's layout;
@@ -33,7 +34,10 @@ route's own protocol, then the engines in :func:`~flowrl.catalog.engines.searche
 order, then less model parallelism).
 
 The chosen schedule then goes through the passes like a written one, and
-``flowrl plan --explain`` prints the :class:`~flowrl.plan.SearchReport`.
+``flowrl plan --explain`` prints the :class:`~flowrl.plan.SearchReport`: the winner, the
+runners-up, the rejections by reason, and what became of every engine of the catalogue for
+each role (chosen, feasible but slower, refused with its first reason, not searched, not on
+the platform).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.compiler.sched import (LayoutSpec, PlaceSpec, PoolSpec, ResyncSpec, SchedState, ScheduleSpec,
                                    engine_label, model_of, role_of)
 from flowrl.compiler.schedule.estimate import build_sim, estimate
-from flowrl.compiler.schedule.layouts import layout_engine
+from flowrl.compiler.schedule.layouts import architecture_problems, layout_engine, sampling_problems
 from flowrl.compiler.schedule.memory import pool_memory, pool_problems, with_memory
 from flowrl.compiler.schedule.placement import base_models, place
 from flowrl.compiler.schedule.staleness import pipeline_plan, staleness_problems
@@ -59,7 +63,7 @@ from flowrl.cost.profiles import Profile
 from flowrl.cost.sim import PhaseKind
 from flowrl.diagnostics import Diagnostic, FlowError
 from flowrl.ir.graph import FlowGraph
-from flowrl.plan import Candidate, SearchReport
+from flowrl.plan import Candidate, EngineVerdict, SearchReport
 
 MAX_SPLITS = 15
 KEEP_LAYOUTS = 2
@@ -79,6 +83,7 @@ REASONS = {
     "E432": "`inplace` needs colocated engines", "E433": "`ipc` needs both engines on one node",
     "E434": "`overlap` needs separate GPUs", "E435": "a disk protocol across nodes needs a shared `dir`",
     "E438": "a sampling option the rollout engine refuses",
+    "E607": "an engine does not run the model's architecture",
     "E439": "engines sharing GPUs do not fit together", "E440": "an engine does not run on the platform",
     "E441": "a layout exceeds the platform's limits",
     "E443": "a protocol does not run on the platform",
@@ -104,6 +109,10 @@ class _Problem:
     rollout_engines: list = field(default_factory=list)
     protocols: list = field(default_factory=list)
     """Protocols tried besides the route's own ("" first), simplest first."""
+    best_s: dict = field(default_factory=dict)
+    """``(role, engine)`` -> the least seconds per step of the role's ops over its feasible layouts."""
+    refused: dict = field(default_factory=dict)
+    """``(role, engine)`` -> the first problem of its first layout that did not fit."""
 
 
 @dataclass
@@ -146,7 +155,8 @@ def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profi
     report = SearchReport(considered=found.considered, feasible=found.feasible, simulated=len(results),
                           seconds=round(time.perf_counter() - t0, 4), staleness_limit=limit, winner=cands[0],
                           runners_up=tuple(cands[1:]),
-                          rejected=dict(sorted(found.counts.items(), key=lambda kv: -kv[1])), examples=found.examples)
+                          rejected=dict(sorted(found.counts.items(), key=lambda kv: -kv[1])), examples=found.examples,
+                          engines=_verdicts(prob, results[0][0]))
     return _spec(prob, *_spec_args(results[0][0])), report
 
 
@@ -371,20 +381,28 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
             problem, plans = None, {}
             for key in keys:
                 lspec = LayoutSpec(spec.name, _layout_options(spec, tp, pp, prob, key), prob.spec.span)
-                plan, probs = layout_engine(key, engines[key], lspec, prob.facts.get(model_of(key)), prob.hw, pool,
-                                            prob.work, role == "train" and model_of(key) in prob.trained,
-                                            prob.spec.span)
+                facts = prob.facts.get(model_of(key))
+                plan, probs = layout_engine(key, engines[key], lspec, facts, prob.hw, pool, prob.work,
+                                            role == "train" and model_of(key) in prob.trained, prob.spec.span)
+                # the engine must also run the model and the flow's sampling options (the passes
+                # after the search refuse them: E607, E438)
+                probs = probs or architecture_problems(key, plan, facts, prob.spec.span)
                 if probs:
                     problem = probs[0]
                     break
                 plans[key] = plan
+            if problem is None and role == "rollout":
+                problem = next(iter(sampling_problems(prob.graph, plans)), None)
             if problem is not None:
                 rejected.append(problem)
+                prob.refused.setdefault((role, spec.name), problem)
                 continue
             lay = _Layout(spec.name, tp, pp)
             other = _none(prob, "rollout" if role == "train" else "train")
             train, roll = (lay, other) if role == "train" else (other, lay)
-            ok.append(_Layout(spec.name, tp, pp, _role_seconds(prob, placement, train.key, roll.key, role), plans))
+            seconds = _role_seconds(prob, placement, train.key, roll.key, role)
+            prob.best_s[(role, spec.name)] = min(seconds, prob.best_s.get((role, spec.name), seconds))
+            ok.append(_Layout(spec.name, tp, pp, seconds, plans))
     order = {e.name: i for i, e in enumerate(searched)}
     ok.sort(key=lambda t: (round(t.seconds, 9), order[t.kind], t.tp * t.pp))
     return ok, rejected
@@ -551,6 +569,41 @@ def _partial_gen(spec) -> float:
 
 
 # ---- the report --------------------------------------------------------------------------------------------
+
+
+def _verdicts(prob: _Problem, winner: _Choice) -> tuple[EngineVerdict, ...]:
+    """Every catalogue engine serving a role the flow has: chosen, feasible, refused (the first
+    reason), not searched, or not on the platform; the winner's engine first in each role."""
+    out = []
+    for role, keys, chosen in (("rollout", _rollout_keys(prob), winner.rollout[0]),
+                               ("train", _train_keys(prob), winner.train[0])):
+        if not keys:
+            continue
+        for name in sorted((n for n, e in ENGINES.items() if e.serves == role), key=lambda n: n != chosen):
+            spec, key = ENGINES[name], (role, name)
+            if not spec.support(prob.hw.platform).ok:
+                out.append(EngineVerdict(role, name, "not on platform", spec.support(prob.hw.platform).why))
+            elif not spec.searched:
+                out.append(EngineVerdict(role, name, "not searched", "its catalogue record says `searched = False`"))
+            elif name == chosen:
+                out.append(EngineVerdict(role, name, "chosen", "in the fastest schedule", prob.best_s.get(key, 0.0)))
+            elif key in prob.best_s:
+                out.append(EngineVerdict(role, name, "feasible", _slower(prob, role, name, chosen), prob.best_s[key]))
+            elif key in prob.refused:
+                d = prob.refused[key]
+                out.append(EngineVerdict(role, name, "refused", f"{d.code}: {d.message}"))
+            else:
+                out.append(EngineVerdict(role, name, "refused", "no placement left it a pool"))
+    return tuple(out)
+
+
+def _slower(prob: _Problem, role: str, name: str, chosen: str) -> str:
+    mine, theirs = prob.best_s[(role, name)], prob.best_s.get((role, chosen), 0.0)
+    if theirs and mine > theirs * (1 + TIE):
+        return f"its {role} ops take {mine / theirs:.2f}x the chosen `{chosen}`'s"
+    if theirs and mine < theirs * (1 - TIE):
+        return f"its {role} ops are faster than the chosen `{chosen}`'s, but the schedules it fits are slower"
+    return f"within {TIE:.0%} of the chosen `{chosen}`'s time; ties go to the simpler engine"
 
 
 def _candidate(prob: _Problem, rank: int, c: _Choice, st: SchedState, est, best) -> Candidate:

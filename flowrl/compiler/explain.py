@@ -292,6 +292,12 @@ def _search(plan: ExecutionPlan) -> list[str]:
              f"    {r.winner.why}",
              "    as a schedule:"]
     lines += ["      " + l for l in r.winner.schedule.splitlines()]
+    if r.engines:
+        lines.append("  engines (every one the catalogue has for the flow's roles):")
+        width = max(len(v.engine) for v in r.engines)
+        for v in r.engines:
+            took = f" ({_s(v.seconds)} per step at best)" if v.verdict in ("chosen", "feasible") else ""
+            lines.append(f"    {v.role:<8} {v.engine:<{width}}  {v.verdict}{took}: {v.why}")
     if r.runners_up:
         lines.append("  runners-up:")
         for c in r.runners_up:

@@ -123,8 +123,13 @@ class TrainWorker:
         return stats, t0, time.time()
 
     def offload(self) -> tuple[int, float, float]:
-        """Parameters, gradients and optimizer states to host memory; (bytes moved, t0, t1)."""
+        """Parameters, gradients and optimizer states to host memory; (bytes moved, t0, t1). A weight sync
+        holding device memory between syncs (``cuda_ipc``'s shared buffers, which every replica has
+        loaded by now: the resync precedes the trainer's turn off the GPU) gives it back too."""
         t0 = time.time()
+        release = getattr(getattr(self, "sync", None), "release", None)
+        if release is not None:
+            release()
         return self.engine.offload(), t0, time.time()
 
     def reload(self) -> tuple[int, float, float]:

@@ -89,3 +89,57 @@ def test_auto_plan_round_trips_as_json(plan_of):
     plan = plan_of(auto("cluster(nodes = 2, gpus_per_node = 4)", "  staleness <= 2"))
     assert ExecutionPlan.from_json(plan.to_json()) == plan
     assert plan.search.winner.schedule.startswith("schedule main on cluster(nodes = 2, gpus_per_node = 4) {")
+
+
+def test_a_flow_vllm_cannot_serve_gets_another_rollout_engine(plan_of):
+    """vLLM refuses temperatures above 2 (its record's sampling limits, E438): the search keeps only
+    the rollout engines that take the flow's sampling options, and says why vLLM lost."""
+    text = auto("cluster(gpus_per_node = 4)", "  staleness <= 2").replace(
+        "n = 8, max_tokens = 64)", "n = 8, max_tokens = 64, temperature = 2.5)")
+    plan = plan_of(text)
+    assert next(m.rollout_engine for m in plan.models if m.id == "policy").kind == "sglang"
+    verdicts = {(v.role, v.engine): v for v in plan.search.engines}
+    assert verdicts[("rollout", "sglang")].verdict == "chosen" and verdicts[("rollout", "sglang")].seconds > 0
+    assert verdicts[("rollout", "vllm")].verdict == "refused"
+    assert verdicts[("rollout", "vllm")].why.startswith("E438: `temperature = 2.5`")
+    assert verdicts[("rollout", "hf_generate")].verdict == "not searched"
+    assert {v.engine for v in plan.search.engines if v.role == "train"} == {"torch", "fsdp", "megatron"}
+    assert any(k.startswith("E438") for k in plan.search.rejected)
+
+
+def test_a_model_vllm_does_not_run_gets_another_rollout_engine(plan_of, monkeypatch):
+    """An architecture vLLM's record does not list (a catalogue where vLLM runs only GPT-2): the
+    search gives the model the rollout engine that runs it, and the explanation names both."""
+    from dataclasses import replace
+
+    from flowrl.catalog.engines import ENGINES
+
+    monkeypatch.setitem(ENGINES, "vllm", replace(ENGINES["vllm"], architectures=frozenset({"GPT2LMHeadModel"})))
+    plan = plan_of(auto("cluster(gpus_per_node = 4)", "  staleness <= 2"))
+    assert next(m.rollout_engine for m in plan.models if m.id == "policy").kind == "sglang"
+    vllm = next(v for v in plan.search.engines if v.engine == "vllm")
+    assert vllm.verdict == "refused" and vllm.why.startswith("E607:") and "LlamaForCausalLM" in vllm.why
+    assert any(k.startswith("E607") for k in plan.search.rejected)
+
+
+def test_train_engines_that_do_not_run_the_architecture_are_refused(plan_of):
+    """GPT-2 runs on the plain torch trainer only (fsdp wraps Llama-style layers, Megatron converts
+    Llama-style families; torch with dp > 1 runs on fsdp's ranks): the search finds the schedule
+    with one torch trainer rank instead of one the passes would refuse (E607)."""
+    plan = plan_of(auto("cluster(gpus_per_node = 4)", "  staleness <= 2", model='tiny(task = "arith", arch = "gpt2")'))
+    train = next(m.train_engine for m in plan.models if m.id == "policy")
+    assert (train.kind, train.dp) == ("torch", 1)
+    verdicts = {(v.role, v.engine): v.verdict for v in plan.search.engines}
+    assert verdicts[("train", "fsdp")] == verdicts[("train", "megatron")] == "refused"
+    assert verdicts[("rollout", "vllm")] == "chosen"
+
+
+def test_explain_lists_every_engine_considered(capsys):
+    from flowrl.cli import main
+
+    assert main(["plan", "flows/grpo_auto.flow", "--explain"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("  engines (every one the catalogue has for the flow's roles):\n")[1].split("  runners-up:")[0]
+    rows = [line.split()[:3] for line in block.splitlines()]
+    assert ["rollout", "vllm", "chosen"] in rows and ["train", "torch", "chosen"] in rows
+    assert {r[1] for r in rows} == {"vllm", "sglang", "hf_generate", "torch", "fsdp", "megatron"}

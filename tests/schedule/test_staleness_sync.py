@@ -7,6 +7,7 @@ import math
 import pytest
 from schedule_flows import grpo
 
+from flowrl.diagnostics import FlowError
 from flowrl.ir.graph import EdgeKind
 
 
@@ -146,3 +147,24 @@ schedule main on cluster(nodes = 2, gpus_per_node = 1) {
 }"""))
     r = plan.resyncs[0]
     assert (r.protocol, r.transport, r.options) == ("checkpoint", "disk", {"dir": "/shared/ckpt", "keep": 2})
+
+
+def test_cuda_ipc_runs_colocated_on_nvidia_gpus_only(plan_of, compile_flow):
+    """`cuda_ipc` shares device buffers with the rollout engine on the trainer's GPUs: accepted there
+    on an NVIDIA cluster; refused between pools (E432) and on a CPU cluster (E443)."""
+    colocated = 'colocate policy.train, policy.rollout, ref on all\n  resync policy via cuda_ipc(bucket = 64MB)'
+    plan = plan_of(grpo(schedule=f'schedule main on cluster(gpus_per_node = 8, gpu = "H100") {{\n  {colocated}\n}}'))
+    r = plan.resyncs[0]
+    assert (r.protocol, r.route, r.transport, r.bucket_bytes) == ("cuda_ipc", "local", "cuda_ipc", 64 * 10**6)
+    with pytest.raises(FlowError) as info:
+        compile_flow(grpo(schedule=f"schedule main on cluster(gpus_per_node = 8) {{\n  {colocated}\n}}"))
+    assert [d.code for d in info.value.diagnostics] == ["E443"] and "NVIDIA" in info.value.diagnostics[0].hint
+    with pytest.raises(FlowError) as info:
+        compile_flow(grpo(schedule="""schedule main on cluster(gpus_per_node = 8, gpu = "H100") {
+  pool gen = gpus(gpus = 4)
+  pool train = gpus(gpus = 4)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+  resync policy via cuda_ipc()
+}"""))
+    assert [d.code for d in info.value.diagnostics] == ["E432"]

@@ -249,3 +249,14 @@ def broadcast_receiver_thread(rendezvous, times: int) -> tuple:
     thread = threading.Thread(target=receive)
     thread.start()
     return thread, out
+
+
+def ipc_receiver(handoff, device: str | None = None):
+    """A ``cuda_ipc`` receiver in another process: map the sender's buffers, verify, return :func:`digest`."""
+    from flowrl.runtime.sync.cuda_ipc import CudaIpcSync
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    receiver = CudaIpcSync("receiver")
+    pairs = list(receiver.receive(handoff))
+    return digest([(n, t.cpu()) for n, t in pairs]), {t.device.type for _n, t in pairs}, receiver.stats.bytes

@@ -48,6 +48,7 @@ from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import checkpoint_dir, prompt_counter
 from flowrl.compiler.resources import checked, first_prompts, prompt_datasets
 from flowrl.compiler.sched import model_of, role_of
+from flowrl.compiler.schedule.layouts import refusing_engine, runs_on
 from flowrl.diagnostics import Collector, Span
 from flowrl.ir.graph import Const, FlowGraph, Node, plain
 
@@ -106,11 +107,11 @@ def _check_architecture(graph: FlowGraph, key: str, kind: str, facts: ModelFacts
     if not arch or spec is None:
         return
     # A single-rank engine with more ranks runs on its multi_rank_as engine's (torch(dp = 2) on fsdp's).
-    several = getattr(st.engines.get(key), "world_size", 1) > 1
-    runs_on = [spec] + ([ENGINES[spec.multi_rank_as]] if spec.multi_rank_as in ENGINES and several else [])
-    refusing = next((e for e in runs_on if e.architectures is not None and arch not in e.architectures), None)
+    world = getattr(st.engines.get(key), "world_size", 1)
+    engines = runs_on(kind, world)
+    refusing = refusing_engine(kind, arch, world)
     if refusing is None and facts.unconvertible:
-        _check_conversion(graph, key, kind, facts, runs_on, st, errors, reported)
+        _check_conversion(graph, key, kind, facts, engines, st, errors, reported)
     if refusing is None or (arch, refusing.name) in reported:
         return
     reported.add((arch, refusing.name))

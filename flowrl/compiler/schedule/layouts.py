@@ -19,7 +19,10 @@ limits. A layout
   engines), or weights + workspace inside the rollout engine's reservation, with room
   for at least one sequence of KV cache (E430);
 
-and every ``generate`` asks its rollout engine only for sampling options it takes (E438).
+and every ``generate`` asks its rollout engine only for sampling options it takes (E438), and the
+engine runs the model's architecture, and can convert this checkpoint's variant of it when it
+converts weights by family (E607; ``schedule auto`` reads :func:`architecture_problems`, the
+``check_model_fit`` pass words the same refusal at length).
 
 >>> from flowrl.catalog.models import tiny_facts
 >>> shape_problems("m.rollout", "vllm", 3, 1, tiny_facts({}), None)[0].code  # 4 heads
@@ -210,6 +213,41 @@ def sampling_problems(graph: FlowGraph, engines: dict[str, EnginePlan]) -> list[
                     f"use {opt} <= {limit:g}" + (f", or a rollout engine that takes any {opt}: "
                                                  + ", ".join(f"`{k}`" for k in others) if others else "")))
     return out
+
+
+def runs_on(kind: str, world_size: int) -> list[EngineSpec]:
+    """The engines whose code runs an engine of ``kind`` with ``world_size`` ranks: its own, and a
+    single-rank engine's ``multi_rank_as`` engine when it has several (``torch(dp = 2)`` on fsdp's ranks)."""
+    spec = ENGINES[kind]
+    several = world_size > 1 and spec.multi_rank_as in ENGINES
+    return [spec] + ([ENGINES[spec.multi_rank_as]] if several else [])
+
+
+def refusing_engine(kind: str, architecture: str, world_size: int) -> EngineSpec | None:
+    """The first of :func:`runs_on` whose architectures (:attr:`EngineSpec.architectures`) exclude
+    ``architecture``; None when all run it (or the architecture is not known)."""
+    if not architecture:
+        return None
+    return next((e for e in runs_on(kind, world_size)
+                 if e.architectures is not None and architecture not in e.architectures), None)
+
+
+def architecture_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, span: Span) -> list[Diagnostic]:
+    """E607: ``plan``'s engine does not run the model's architecture, or converts weights by family
+    and cannot convert this checkpoint's variant (:attr:`~flowrl.catalog.models.ModelFacts.unconvertible`)."""
+    if facts is None or not facts.architecture:
+        return []
+    refusing = refusing_engine(plan.kind, facts.architecture, plan.world_size)
+    if refusing is not None:
+        return [Diagnostic("E607", f"`{key}` = {label_of(plan)}: `{model_of(key)}` is a {facts.architecture}, which "
+                                   f"`{refusing.name}` does not run", span,
+                           f"`{refusing.name}` runs {', '.join(sorted(refusing.architectures))}")]
+    converting = next((e for e in runs_on(plan.kind, plan.world_size) if e.converts_weights), None)
+    if converting is not None and facts.unconvertible:
+        return [Diagnostic("E607", f"`{key}` = {label_of(plan)}: `{converting.name}` cannot convert `{model_of(key)}`: "
+                                   f"{facts.unconvertible}", span,
+                           "use an engine that runs the checkpoint with transformers' code")]
+    return []
 
 
 def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw: Profile, work: Workload,

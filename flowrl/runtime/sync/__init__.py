@@ -10,6 +10,7 @@ driver forwards ``sender.handoff()``).
 | name | class | transport |
 |---|---|---|
 | ``inplace`` / ``ipc`` | :class:`InPlaceSync` | checksummed buckets through the Ray object store |
+| ``cuda_ipc`` | :class:`CudaIpcSync` | device buffers shared through CUDA IPC handles, checksummed on the GPU |
 | ``broadcast`` / ``gloo`` / ``nccl`` | :class:`BroadcastSync` | packed buckets over a standalone torch.distributed group (the record's transport: gloo or NCCL) |
 | ``checkpoint`` | :class:`CheckpointSync` | safetensors + manifest in a shared directory, published atomically |
 | ``delta`` | :class:`DeltaSync` | only changed tensors, over one of the above |
@@ -27,6 +28,7 @@ from typing import Any
 from flowrl.runtime.sync.base import ProtocolStats, WeightSync
 from flowrl.runtime.sync.broadcast import BroadcastSync, Rendezvous
 from flowrl.runtime.sync.checkpoint import CheckpointHandoff, CheckpointSync
+from flowrl.runtime.sync.cuda_ipc import CudaIpcSync, IpcHandoff
 from flowrl.runtime.sync.delta import DeltaSync
 from flowrl.runtime.sync.inplace import InPlaceHandoff, InPlaceSync
 from flowrl.runtime.sync.registry import PROTOCOLS, is_collective, make_sync, protocol_class
@@ -55,7 +57,7 @@ def options_from_schedule(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "PROTOCOLS", "BroadcastSync", "CheckpointHandoff", "CheckpointSync", "DeltaSync", "InPlaceHandoff",
+    "PROTOCOLS", "BroadcastSync", "CheckpointHandoff", "CheckpointSync", "CudaIpcSync", "DeltaSync", "IpcHandoff", "InPlaceHandoff",
     "InPlaceSync", "ProtocolStats", "Rendezvous", "SCHEDULE_OPTIONS", "WeightSync", "WeightSyncError",
     "is_collective", "make_sync", "options_from_schedule", "protocol_class",
 ]

@@ -8,9 +8,10 @@ rendezvous).
 Fault injection (``corrupt=True`` in :func:`send_weights`) damages one byte of what
 the sender ships *after* it was checksummed, wherever the protocol's bytes travel:
 a bucket of the handoff (``inplace``), a bucket on the wire (``broadcast``), the
-first published file (``checkpoint``), or the inner protocol's bytes (``delta``). The
+first published file (``checkpoint``), the first shared buffer (``cuda_ipc``), or the inner
+protocol's bytes (``delta``). The
 receiver must then stop the run naming the damaged tensor. ``lose=True`` drops one bucket of
-the handoff (``inplace``) or deletes the first published file (``checkpoint``): the receiver
+the handoff (``inplace``, ``cuda_ipc``) or deletes the first published file (``checkpoint``): the receiver
 must find it missing (``LostWeights``) and load nothing. ``breaks=...`` in :func:`receive_weights`
 breaks a collective's group as the sync starts, from a receiver: ``"kill"`` SIGKILLs its process
 (a replica killed mid-broadcast), ``"close"`` shuts its end of the group down (a connection that
@@ -32,6 +33,7 @@ from flowrl.runtime.sync import make_sync
 from flowrl.runtime.sync.base import WeightSync
 from flowrl.runtime.sync.broadcast import BroadcastSync, Rendezvous
 from flowrl.runtime.sync.checkpoint import CheckpointSync
+from flowrl.runtime.sync.cuda_ipc import CudaIpcSync
 from flowrl.runtime.sync.inplace import InPlaceSync
 from flowrl.runtime.weight_sync import Bucket, WeightSyncError
 
@@ -191,11 +193,20 @@ def _damage_file(sync: CheckpointSync, handoff):
     return handoff
 
 
+def _damage_shared(sync: CudaIpcSync, handoff):
+    """Flip a byte in the middle of the first shared buffer's first tensor, after it was checksummed
+    (what a writer into the shared memory would do); receivers map that memory and must see it."""
+    first = handoff.buckets[0].tensors[0]
+    sync._held[0][first.offset + first.nbytes // 2] ^= 0xFF
+    return handoff
+
+
 _NO_FAULT = _Hooks(_nothing, _same)
 FAULTS: dict[type, _Hooks] = {
     InPlaceSync: _Hooks(_nothing, _damage_buckets),
     BroadcastSync: _Hooks(_arm_tamper, _same),
     CheckpointSync: _Hooks(_nothing, _damage_file),
+    CudaIpcSync: _Hooks(_nothing, _damage_shared),
 }
 """Transport class -> how a test corrupts one sync of it (see the module docstring)."""
 
@@ -211,7 +222,8 @@ def _lose_file(sync: CheckpointSync, handoff):
     return handoff
 
 
-LOSSES: dict[type, Callable[[WeightSync, Any], Any]] = {InPlaceSync: _lose_bucket, CheckpointSync: _lose_file}
+LOSSES: dict[type, Callable[[WeightSync, Any], Any]] = {InPlaceSync: _lose_bucket, CheckpointSync: _lose_file,
+                                                       CudaIpcSync: _lose_bucket}
 """Transport class -> how a test loses part of one sync of it (see the module docstring)."""
 
 

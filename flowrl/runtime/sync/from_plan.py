@@ -22,6 +22,7 @@ from flowrl.catalog.platforms import TRANSPORTS
 from flowrl.runtime.sync import options_from_schedule
 from flowrl.runtime.sync.broadcast import BroadcastSync
 from flowrl.runtime.sync.checkpoint import CheckpointSync
+from flowrl.runtime.sync.cuda_ipc import CudaIpcSync
 from flowrl.runtime.sync.delta import DeltaSync
 from flowrl.runtime.sync.inplace import InPlaceSync
 from flowrl.runtime.sync.registry import delta_carrier, is_collective, machine_platform, protocol_class, \
@@ -31,6 +32,10 @@ from flowrl.runtime.weight_sync import WeightSyncError
 
 def _inplace(plan, run_dir: Path) -> dict:
     return {}
+
+
+def _cuda_ipc(plan, run_dir: Path) -> dict:
+    return {}  # the sender's buffers go on its own GPU; the receiver maps them by the GPU's UUID
 
 
 def _broadcast(plan, run_dir: Path) -> dict:
@@ -51,6 +56,7 @@ def _delta(plan, run_dir: Path) -> dict:
 
 OPTIONS: dict[type, Callable[..., dict]] = {
     InPlaceSync: _inplace, BroadcastSync: _broadcast, CheckpointSync: _checkpoint, DeltaSync: _delta,
+    CudaIpcSync: _cuda_ipc,
 }
 """Protocol class -> ``(ResyncPlan, run directory) -> options`` the schedule's keywords do not give."""
 

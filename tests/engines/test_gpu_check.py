@@ -1,0 +1,90 @@
+"""`make gpu-check` (bench/gpu_check.py): its CPU-side part runs here and its table holds real figures.
+
+The quick set (what `make test` runs: the model, vLLM's log-probs against the torch trainer in fp32 and
+bf16, sleep/wake, the ``cuda_ipc`` class sharing weights into a running vLLM engine, trainer offload)
+runs on CPU in its own processes; the FSDP and Megatron steps and the GRPO run of the full CPU set
+are marked ``long`` (their engines have their own tests in `make test`). On GPUs the script is run by
+hand (`make gpu-check`): docs/engines.md, "GPU check"."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "gpu_check.py"
+QUICK = ["model", "logprobs_fp32", "logprobs_bf16", "sleep_wake", "weight_ipc", "trainer_offload"]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--cpu", "--out", str(out), *args], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    return {r["check"]: r for r in data["rows"]}, proc.stdout
+
+
+def test_cpu_side_runs_every_quick_check_and_asserts_its_figures(tmp_path):
+    rows, stdout = _run(tmp_path, "--quick")
+    assert list(rows) == QUICK
+    assert {r["device"] for r in rows.values()} == {"cpu"}
+    assert [c for c, r in rows.items() if r["status"] != "ok"] == ["sleep_wake"]
+    fp32, bf16 = rows["logprobs_fp32"]["figures"], rows["logprobs_bf16"]["figures"]
+    assert fp32["tokens"] > 100 and fp32["mean_abs"] < 1e-4 and fp32["max_abs"] < 1e-3
+    assert fp32["mean_abs"] < bf16["mean_abs"] < 0.1  # bf16 rounds: a gap fp32 does not have
+    assert "no sleep mode" in rows["sleep_wake"]["reason"] and rows["sleep_wake"]["status"] == "skipped"
+    ipc = rows["weight_ipc"]["figures"]
+    assert ipc["sharing"] == "cpu" and ipc["engine"] == "vllm" and ipc["tensors"] > 0
+    assert ipc["gap_after"] < 0.5 * ipc["gap_before"]  # vLLM now computes with the weights it was sent
+    off = rows["trainer_offload"]["figures"]
+    assert off["checksums_equal"] is True and off["offloaded_gb"] > 0
+    assert rows["model"]["figures"]["params"] > 100_000
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(QUICK) and table[0].startswith("| check | device | status")
+
+
+@pytest.mark.long
+def test_full_cpu_side_trains_with_fsdp_megatron_and_runs_grpo(tmp_path):
+    """Covered in `make test` by the engines' own tests (tests/engines/test_fsdp_engine.py,
+    tests/megatron/, tests/runtime/test_e2e.py); here through the check script."""
+    rows, _ = _run(tmp_path, "--only", "model,fsdp_step,megatron_step,grpo")
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["grpo"]["figures"]["steps"] == 3 and rows["grpo"]["figures"]["gen_tokens_per_s"] > 0
+
+
+def test_unknown_checks_are_refused_with_the_known_ones(gpu_check, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--only", "model,warp_drive"])
+    assert "unknown check(s) warp_drive; checks: model, logprobs_fp32" in capsys.readouterr().err
+
+
+def test_missing_packages_skip_their_checks_with_the_install_line(gpu_check):
+    assert gpu_check._missing("torch") is None
+    assert gpu_check._missing("vllm_that_is_not_there") == ("vllm_that_is_not_there is not installed here "
+                                                            "(pip install vllm_that_is_not_there)")
+    names = [c.name for c in gpu_check.CHECKS]
+    assert names[0] == "model" and len(set(names)) == len(names)
+    assert [c.name for c in gpu_check.CHECKS if c.quick] == QUICK
+
+
+def test_table_has_one_row_per_check(gpu_check):
+    rows = [gpu_check.Row("model", "cuda", "ok", {"params": 491_000_000, "random_init": True}, "", 12.5),
+            gpu_check.Row("sleep_wake", "cpu", "skipped", {}, "vLLM on CPU has no sleep mode", 0.0)]
+    lines = gpu_check.table(rows).splitlines()
+    assert lines[2] == "| model | cuda | ok | params 491000000, random_init True | 12.5 |"
+    assert lines[3] == "| sleep_wake | cpu | skipped | vLLM on CPU has no sleep mode | 0 |"
