@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.catalog import ops as ops_module  # noqa: E402
+from flowrl.catalog.adapters import ADAPTERS  # noqa: E402
 from flowrl.catalog.ops import LOSSES, OPS, RESOURCE_KINDS, KwSpec, OpSpec  # noqa: E402
 from flowrl.catalog.engines import ENGINES  # noqa: E402
 from flowrl.catalog.protocols import PROTOCOLS  # noqa: E402
@@ -167,6 +168,14 @@ def loss_table() -> str:
     return "\n".join(rows)
 
 
+def adapter_table() -> str:
+    rows = ["| adapter | options (positional order) | what |", "|---|---|---|"]
+    for a in ADAPTERS.values():
+        opts = "<br>".join(show_option(k, s) for k, s in a.params)
+        rows.append(f"| `{a.name}` | {opts} | {cell(a.doc)} |")
+    return "\n".join(rows)
+
+
 def statement_table() -> str:
     """Schedule statements and the flow's ``repeat`` (``flowrl/catalog/schedule.py``: ``STATEMENTS``)."""
     rows = ["| statement | written | in | platforms | what |", "|---|---|---|---|---|"]
@@ -226,6 +235,10 @@ def generate() -> str:
         "#### Losses (values of `update`'s `loss` option)",
         "",
         loss_table(),
+        "",
+        "#### Adapters (values of `hf`'s and `tiny`'s `lora` option)",
+        "",
+        adapter_table(),
         "",
         "#### Fields",
         "",

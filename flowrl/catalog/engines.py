@@ -111,6 +111,15 @@ class EngineSpec:
     """Mixtures of experts' routing replay (``routing = "replay"``): a rollout engine returns the
     experts it routed each token to; a train engine routes its forward by given experts. ``flowrl
     check`` refuses replay on an engine without it (E612)."""
+    lora: str = ""
+    """What it does with a model that trains LoRA adapters (``hf(..., lora = lora(...))``), one of
+    :data:`~flowrl.catalog.adapters.LORA_MODES`: ``train`` (a train engine training the adapters only,
+    PEFT), ``adapters`` (a rollout engine loading the adapter tensors a resync sends as an adapter:
+    vLLM's LoRA), ``merged`` (a rollout engine given the base weights with the adapters merged in,
+    ``W + (alpha / r) B A``, by the runtime where the weights arrive); empty: it cannot take one, and
+    ``flowrl check`` refuses it (E613)."""
+    lora_max_rank: int | None = None
+    """An ``adapters`` engine's largest adapter rank (vLLM: 512); None: no limit."""
     context_option: str | None = None
     """Rollout engines: the option bounding one sequence's prompt + completion tokens
     (``max_model_len``). A schedule that does not set it gets the checkpoint's maximum
@@ -244,7 +253,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         memory="replicated", ranks="single", multi_rank_as="fsdp", frees_memory="offload",
         cpu_rank_gb=0.3,  # its rank runs in the actor: transformers and the optimizer loaded
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"}),
-        routing_replay=True),  # flowrl.engines.route_replay
+        routing_replay=True,  # flowrl.engines.route_replay
+        lora="train"),  # PEFT wraps the model: flowrl.engines.lora
     EngineSpec(
         "vllm", "rollout", ("tp", "dp"),
         {"gpu_memory_utilization": KwSpec("float", 0.5, min=0.05, max=1.0,
@@ -262,6 +272,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
         sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
         routing_replay=True,  # router hooks on CPU, enable_return_routed_experts on GPUs (flowrl.engines.vllm_engine)
+        lora="adapters", lora_max_rank=512,  # enable_lora + a LoRARequest per resync (vLLM's max_lora_rank values)
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
         # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS},
@@ -280,12 +291,14 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         # cpu_rank_gb 0: measured 1.63 GB per replica (its scheduler and detokenizer processes included),
         # under the estimate's 4.0 GB (mem_fraction of the cpu profile's memory)
         frees_memory="sleep", context_option="max_model_len",
+        lora="merged",  # SGLang's own LoRA serving is not wired in flowrl: the runtime merges the adapters
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
         "hf_generate", "rollout", ("dp",), {}, "transformers generate (no inference engine needed)",
         adapter="flowrl.engines.torch_rollout:TorchRolloutEngine", adapter_options={},
         package="transformers", install="pip install transformers",
         memory="on_demand", frees_memory=None, cpu_rank_gb=0.1,  # measured 0.36 GB per replica
+        lora="merged",
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, searched=False),
 )}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from flowrl.catalog.adapters import ADAPTERS
 from flowrl.catalog.architectures import TINY_ARCHS
 from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
 from flowrl.catalog.platforms import PLATFORMS
@@ -249,10 +250,20 @@ def _op(spec: OpSpec) -> None:
 
 
 # ---- resources ------------------------------------------------------------------
+CONFIG_TABLES = {"loss": LOSSES, "adapter": ADAPTERS}
+"""Configuration values by kind (what a ``config`` option's :attr:`KwSpec.config` names): a call of one of
+their names in a flow is a value, not an op (``loss = ppo_clip(0.2)``, ``lora = lora(r = 16)``)."""
+CONFIG_NAMES = frozenset(LOSSES) | frozenset(ADAPTERS)
+"""Every configuration value's name (losses and adapters share one namespace)."""
+
+_LORA = KwSpec("config", None, config="adapter",
+               doc="train low-rank adapters, not the weights: lora(r = 16, alpha = 32, targets = [\"q_proj\", "
+                   "\"v_proj\"]) (flowrl.catalog.adapters)")
+"""The ``lora`` option of the trainable model constructors."""
 _CHAT = KwSpec("bool", False, doc="prompts are chat messages ([{role, content}], a string being one user message) "
                                   "rendered with the model's chat template (flowrl.data.chat); false: raw text")
 _op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from=FactsFrom.CHECKPOINT,
-           kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16"))},
+           kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16")), "lora": _LORA},
            doc="A transformers checkpoint: a local directory or a hub id."))
 _TINY_SHAPE = {
     "hidden": KwSpec("int", 128, min=32),
@@ -268,7 +279,8 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTI
                    **_TINY_SHAPE,
                    "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
                                         "it stops sooner at its target accuracy; 0: random weights)"),
-                   "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order")},
+                   "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order"),
+                   "lora": _LORA},
            doc="A tiny model (Llama-style unless `arch` says) built locally for `task` and warm-started by SFT (cached)."))
 _op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(t for t in TASKS if TASKS[t].sft_turns is None),

@@ -22,6 +22,9 @@ class KwSpec:
     required: bool = False
     requires: str = ""
     """Another option of the same call that must be given (and not empty) when this one is (E221)."""
+    config: str = "loss"
+    """For a ``config`` option: the table of configuration values it takes, a key of
+    :data:`flowrl.catalog.ops.CONFIG_TABLES` (``loss``: ``ppo_clip(0.2)``...; ``adapter``: ``lora(r = 16)``)."""
 
 
 @dataclass(frozen=True)

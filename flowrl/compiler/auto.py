@@ -53,7 +53,8 @@ from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.compiler.sched import (LayoutSpec, PlaceSpec, PoolSpec, ResyncSpec, SchedState, ScheduleSpec,
                                    engine_label, model_of, role_of)
 from flowrl.compiler.schedule.estimate import build_sim, estimate
-from flowrl.compiler.schedule.layouts import architecture_problems, layout_engine, sampling_problems
+from flowrl.compiler.schedule.layouts import (architecture_problems, layout_engine, lora_engine_problem,
+                                              sampling_problems)
 from flowrl.compiler.schedule.memory import pool_memory, pool_problems, with_memory
 from flowrl.compiler.schedule.placement import base_models, place
 from flowrl.compiler.schedule.staleness import pipeline_plan, staleness_problems
@@ -88,6 +89,7 @@ REASONS = {
     "E441": "a layout exceeds the platform's limits",
     "E443": "a protocol does not run on the platform",
     "E445": "a protocol's transport is missing on the platform",
+    "E613": "the engine cannot train or serve the model's LoRA adapters",
 }
 
 
@@ -387,6 +389,10 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
                 # the engine must also run the model and the flow's sampling options (the passes
                 # after the search refuse them: E607, E438)
                 probs = probs or architecture_problems(key, plan, facts, prob.spec.span)
+                lora = prob.work.lora.get(model_of(key))
+                why = lora_engine_problem(model_of(key), role, plan, lora[0]) if lora and not probs else None
+                if why is not None:  # a LoRA model: only engines that train / serve adapters
+                    probs = [Diagnostic("E613", why[0], prob.spec.span, why[1])]
                 if probs:
                     problem = probs[0]
                     break
@@ -516,7 +522,7 @@ def _state(prob: _Problem, c: _Choice) -> SchedState:
     resyncs = {}
     for n in prob.graph.nodes():
         if n.kind == OpKind.RESYNC:
-            resyncs[n.id] = sync_plan(n.id, n.model, "", st, str(n.span))[0]
+            resyncs[n.id] = sync_plan(n.id, n.model, "", st, str(n.span), prob.work.lora.get(n.model))[0]
     return replace(st, resyncs=resyncs)
 
 

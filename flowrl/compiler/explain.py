@@ -47,9 +47,11 @@ def describe_plan(plan: ExecutionPlan, explain: bool = False) -> str:
 def _engines_of(plan: ExecutionPlan) -> list[tuple[str, EnginePlan, str]]:
     out = []
     for m in plan.models:
+        lora = m.args.get("lora")
+        what = m.role + (f" (LoRA r={lora['r']}: {', '.join(lora['targets'])})" if lora else "")
         for e in (m.train_engine, m.rollout_engine):
             if e is not None:
-                out.append((f"{m.id}.{e.role}", e, m.role))
+                out.append((f"{m.id}.{e.role}", e, what))
     return out
 
 

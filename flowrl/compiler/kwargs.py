@@ -6,7 +6,7 @@ import difflib
 
 from flowrl.diagnostics import Collector, Span, did_you_mean
 from flowrl.ir.graph import Config, Const, Ref, Symbol, Value
-from flowrl.catalog.ops import LOSSES, KwSpec
+from flowrl.catalog.ops import CONFIG_TABLES, KwSpec
 
 
 def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, span: Span,
@@ -49,7 +49,7 @@ def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, 
 def _default_value(kspec: KwSpec, span) -> Value:
     d = kspec.default
     if kspec.type == "config":
-        return Config(str(d), _config_defaults(LOSSES[str(d)]), span)
+        return Config(str(d), _config_defaults(CONFIG_TABLES[kspec.config][str(d)]), span)
     if isinstance(d, list):
         return tuple(Const(x, _py_kind(x), span) for x in d)
     return Const(d, kspec.type if kspec.type in ("int", "float", "str", "bool", "size") else _py_kind(d), span)
@@ -79,33 +79,7 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
     if t == "any":
         return value
     if t == "config":
-        if isinstance(value, Const) and value.kind == "str":
-            if value.value not in LOSSES:
-                errors.error("E211", f"unknown loss {show(value.value)}", span,
-                             did_you_mean(value.value, LOSSES) or f"losses: {', '.join(sorted(LOSSES))}")
-                return value
-            value = Config(value.value, (), value.span)
-        if not isinstance(value, Config):
-            errors.error("E207", f"option `{key}` of {what} must be a loss such as ppo_clip(0.2)", span,
-                         f"losses: {', '.join(sorted(LOSSES))}")
-            return value
-        cspec = LOSSES.get(value.name)
-        if cspec is None:
-            errors.error("E211", f"unknown loss `{value.name}`", value.span,
-                         did_you_mean(value.name, LOSSES) or f"losses: {', '.join(sorted(LOSSES))}")
-            return value
-        names = [k for k, _ in cspec.params]
-        opts = dict(value.options)
-        if len(value.args) > len(names):
-            errors.error("E201", f"`{value.name}` takes at most {len(names)} positional arguments",
-                         getattr(value.args[len(names)], "span", value.span), f"options: {', '.join(names)}")
-        for k, v in zip(names, value.args):
-            if k in opts:
-                errors.error("E212", f"option `{k}` of `{value.name}` given twice", getattr(v, "span", value.span),
-                             f"`{value.name}`'s positional arguments are, in order: {', '.join(names)}")
-            opts[k] = v
-        checked = check_kwargs(tuple(sorted(opts.items())), dict(cspec.params), errors, f"`{value.name}`", value.span)
-        return Config(value.name, checked, value.span)
+        return _check_config(key, value, kspec, errors, what, span)
     if t == "list":
         if not isinstance(value, tuple):
             errors.error("E207", f"option `{key}` of {what} must be a list", span, f"e.g. `{key} = [...]`")
@@ -133,6 +107,44 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
         errors.error("E209", f"option `{key}` of {what} must be one of {', '.join(map(show, kspec.choices))}, "
                              f"got {show(v)}", span, _choice_hint(key, str(v), kspec))
     return value
+
+
+_CONFIG_WORDS = {"loss": ("loss", "losses", "ppo_clip(0.2)"), "adapter": ("adapter", "adapters", "lora(r = 16)")}
+"""Each configuration table: what one of its values is called, and many, and an example."""
+
+
+def _check_config(key: str, value: Value, kspec: KwSpec, errors: Collector, what: str, span) -> Value:
+    """A configuration value (``ppo_clip(0.2)``, ``lora(r = 16)``) of the table ``kspec.config`` names:
+    its name known, its options checked against its record, positional values named."""
+    table = CONFIG_TABLES[kspec.config]
+    word, words, example = _CONFIG_WORDS[kspec.config]
+    listing = f"{words}: {', '.join(sorted(table))}"
+    if isinstance(value, Const) and value.kind == "str":
+        if value.value not in table:
+            errors.error("E211", f"unknown {word} {show(value.value)}", span,
+                         did_you_mean(value.value, table) or listing)
+            return value
+        value = Config(value.value, (), value.span)
+    if not isinstance(value, Config):
+        errors.error("E207", f"option `{key}` of {what} must be {_article(word)} {word} such as {example}", span,
+                     listing)
+        return value
+    cspec = table.get(value.name)
+    if cspec is None:
+        errors.error("E211", f"unknown {word} `{value.name}`", value.span, did_you_mean(value.name, table) or listing)
+        return value
+    names = [k for k, _ in cspec.params]
+    opts = dict(value.options)
+    if len(value.args) > len(names):
+        errors.error("E201", f"`{value.name}` takes at most {len(names)} positional arguments",
+                     getattr(value.args[len(names)], "span", value.span), f"options: {', '.join(names)}")
+    for k, v in zip(names, value.args):
+        if k in opts:
+            errors.error("E212", f"option `{k}` of `{value.name}` given twice", getattr(v, "span", value.span),
+                         f"`{value.name}`'s positional arguments are, in order: {', '.join(names)}")
+        opts[k] = v
+    checked = check_kwargs(tuple(sorted(opts.items())), dict(cspec.params), errors, f"`{value.name}`", value.span)
+    return Config(value.name, checked, value.span)
 
 
 def suggest(kspec: KwSpec) -> str:

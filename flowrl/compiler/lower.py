@@ -25,6 +25,7 @@ from flowrl.compiler.sched import SchedState
 from flowrl.diagnostics import Collector, SourceMap
 from flowrl.hub import is_hub_id
 from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, Symbol, plain
+from flowrl.catalog.adapters import LoraConfig, lora_modules
 from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.ops import OPS, OPTIMIZER_OPTIONS, RESOURCE_KINDS, OpKind
 from flowrl.syntax import ast
@@ -98,12 +99,15 @@ def _models(graph: FlowGraph, st: SchedState, errors: Collector, run: RunPlan) -
                                  "or give the parameter a default")
             continue
         base = n.args[0].target if n.args and isinstance(n.args[0], Ref) else None
-        args = {k: plain(v) for k, v in n.attrs}
+        args = {k: plain(v) for k, v in n.attrs if k != "lora"}
+        facts = st.facts.get(n.id)
+        if isinstance(n.attr("lora"), Config):  # targets as module names ("all-linear" expanded where facts say)
+            lora = {k: v for k, v in _opt(n.attr("lora")).items() if k != "name"}
+            args["lora"] = LoraConfig.from_plan(lora, lora_modules(facts)).to_dict() if facts is not None else lora
         if _path_arg(n) and isinstance(n.args[0], Const):
             args["path"] = _abspath(graph, n, str(n.args[0].value))
             if is_hub_id(str(n.args[0].value)) and not os.path.isfile(os.path.join(args["path"], "config.json")):
                 args["hub_id"] = str(n.args[0].value)  # no local checkpoint: the hub cache's snapshot (flowrl.hub)
-        facts = st.facts.get(n.id)
         _check_served(n, served.get(n.id), st.engines.get(f"{n.id}.train"), errors)
         out.append(ModelPlan(n.id, n.op, args, n.role or "trainable", base, st.engines.get(f"{n.id}.train"),
                              st.engines.get(f"{n.id}.rollout"), optims.get(n.id, {}), str(n.span),

@@ -73,7 +73,7 @@ def facts_of(graph: FlowGraph, model_id: str) -> ModelFacts | None:
     if node is None:
         return None
     source = _facts_from(node)
-    attrs = {k: plain(v) for k, v in node.attrs}
+    attrs = {k: plain(v) for k, v in node.attrs if k != "lora"}  # an adapter leaves the shape as it is
     if source == FactsFrom.OPTIONS:
         if not all(isinstance(v, (int, str)) for v in attrs.values()):
             return None  # an abstract option (a symbol): shape unknown

@@ -15,6 +15,7 @@ from typing import Callable
 
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.passes.assign_placement import assign_placement
+from flowrl.compiler.passes.check_adapters import check_adapters
 from flowrl.compiler.passes.check_chat_templates import check_chat_templates
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_model_fit import check_model_fit
@@ -66,6 +67,7 @@ PASSES: tuple[Pass, ...] = (
     check_resources,
     check_model_fit,
     check_routing,
+    check_adapters,
 )
 PASS_NAMES = tuple(p.__name__ for p in PASSES)
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
+from flowrl.catalog.adapters import ALL_LINEAR
 from flowrl.catalog.models import ModelFacts
 from flowrl.cost.sim import LengthDist
-from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, plain
 from flowrl.catalog.ops import OPS, PRODUCER_KINDS, OpKind
 
 LENGTH_MEDIAN_FRACTION = 0.25
@@ -70,6 +71,8 @@ class Workload:
     epochs: dict = field(default_factory=dict)
     max_tokens: dict = field(default_factory=dict)
     """Model id -> the largest ``max_tokens`` of its generate ops (its training sequences' length)."""
+    lora: dict = field(default_factory=dict)
+    """Model id -> ``(r, targets)`` of a model that trains LoRA adapters (``lora = lora(...)``)."""
 
     def gen_of(self, model: str) -> GenWork | None:
         return next((g for g in self.gens if g.model == model), None)
@@ -128,7 +131,21 @@ def workload(graph: FlowGraph) -> Workload:
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
     gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
-    return Workload(tuple(gens), samples, micro, epochs, max_tok)
+    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph))
+
+
+def lora_of(graph: FlowGraph) -> dict[str, tuple[int, object]]:
+    """Model id -> ``(r, targets)`` of each model declared with ``lora = lora(...)``."""
+    return {n.id: _lora(n.attr("lora")) for n in graph.nodes()
+            if n.kind == OpKind.MODEL and isinstance(n.attr("lora"), Config)}
+
+
+def _lora(value: Config) -> tuple[int, object]:
+    """``(r, targets)`` of a ``lora(...)`` value (targets: ``"all-linear"`` or a tuple of module names)."""
+    targets = dict(value.options).get("targets")
+    if targets is None:
+        return int(value.get("r", 8)), ALL_LINEAR
+    return int(value.get("r", 8)), tuple(plain(targets)) if isinstance(targets, tuple) else plain(targets)
 
 
 def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:
@@ -173,4 +190,4 @@ def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
     return 0
 
 
-__all__ = ["Workload", "GenWork", "workload", "prompt_tokens", "lengths", "seq_len"]
+__all__ = ["Workload", "GenWork", "workload", "lora_of", "prompt_tokens", "lengths", "seq_len"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+from flowrl.catalog.adapters import ADAPTER_BYTES
 from flowrl.catalog.engines import ENGINES, MemoryModel
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.protocols import PROTOCOLS
@@ -75,13 +76,17 @@ def _shards(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                  trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
-                 n_micro: int | None = None) -> Memory:
+                 n_micro: int | None = None, trained_params: int | None = None) -> Memory:
     """Memory per GPU of a train engine ``kind`` (an engine name; its record's memory model).
 
     ``micro_batch`` is sequences per micro-batch, ``seq_len`` tokens per sequence (prompt +
     response), ``n_micro`` the micro-batches per step (for the pipeline's in-flight count),
     ``offload`` the engine's option keeping gradients and optimizer states in host memory.
     A frozen model (``trainable=False``) holds weights and one layer of activations only.
+    ``trained_params``: the parameters that train when not all do (LoRA adapters,
+    :func:`~flowrl.catalog.adapters.lora_params`): only they have gradients and Adam states, and they
+    are fp32 themselves (:data:`~flowrl.catalog.adapters.ADAPTER_BYTES`: no master copy); the frozen
+    base weights are held as weights only.
     """
     mm: MemoryModel = ENGINES[kind].memory_model
     P, wb = f.params, hw.weight_bytes
@@ -93,8 +98,13 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
         weights += mm.gathered_layers * f.layer_params * wb  # layers gathered whole at a time (prefetch)
     grads = optim = 0.0
     if trainable:
-        grads = P * 4 / w_shard
-        optim = P * (8 + master) / o_shard
+        if trained_params is None:
+            grads = P * 4 / w_shard
+            optim = P * (8 + master) / o_shard
+        else:  # adapters: fp32 weights beside the frozen base's, fp32 gradients, Adam's two moments
+            weights += trained_params * ADAPTER_BYTES / w_shard
+            grads = trained_params * 4 / w_shard
+            optim = trained_params * 8 / o_shard
         if mm.offload_option and offload:
             grads = optim = 0.0
     s, b, h = seq_len, micro_batch, f.hidden

@@ -131,11 +131,20 @@ def missing_package(spec: EngineSpec) -> str | None:
     return f"the `{spec.name}` engine needs the `{spec.package}` package, which is not installed: {spec.install}"
 
 
-def build_engine(spec: EngineSpec, layout: dict[str, Any], *, placement: Any = None, **context: Any) -> Any:
+LORA_KWARG: dict[str, bool] = {"train": True, "adapters": True, "merged": False}
+"""An engine's :attr:`~flowrl.catalog.engines.EngineSpec.lora` mode -> whether its adapter takes the
+plan's LoRA as ``lora=`` (it trains or loads adapters itself); ``merged`` engines get merged weights
+from their worker (:class:`flowrl.engines.lora.Merger`) and never see the adapter."""
+
+
+def build_engine(spec: EngineSpec, layout: dict[str, Any], *, lora: dict | None = None, placement: Any = None,
+                 **context: Any) -> Any:
     """Build ``spec``'s adapter with the role's :data:`CONTEXT` and the layout's options.
 
     ``context`` must hold exactly the role's context names; layout options the adapter takes
-    override a context value of the same name (``max_model_len``). ``placement`` (a
+    override a context value of the same name (``max_model_len``). ``lora``: the model trains LoRA
+    adapters (the plan's options), passed to an adapter whose record's mode takes them
+    (:data:`LORA_KWARG`); an engine whose record has no mode refuses it. ``placement`` (a
     :class:`~flowrl.engines.ranks.RankPlacement`): where each rank actor of an engine whose record
     says ``ranks = "actors"`` runs under Ray; None: its ranks are forked here.
     """
@@ -144,6 +153,12 @@ def build_engine(spec: EngineSpec, layout: dict[str, Any], *, placement: Any = N
         raise EngineConfigError(f"building `{spec.name}`: the runtime passed {sorted(context)}, a {spec.serves} "
                                 f"engine takes {sorted(expected)}")
     extra = {}
+    if lora is not None:
+        if spec.lora not in LORA_KWARG:
+            raise EngineConfigError(f"the `{spec.name}` engine cannot take a LoRA model (its record's `lora` is "
+                                    f"{spec.lora!r}); `flowrl check` refuses this (E613)")
+        if LORA_KWARG[spec.lora]:
+            extra["lora"] = lora
     if placement is not None:
         if spec.ranks != "actors":
             raise EngineConfigError(f"building `{spec.name}`: a rank placement was passed, but its record says "
@@ -166,4 +181,4 @@ def make_train_engine(name: str, **kwargs: Any) -> Any:
 
 __all__ = ["CONTEXT", "ROLLOUT_ENGINES", "TRAIN_ENGINES", "UnknownEngineError", "missing_engine_error",
            "engine_record", "runs_on", "adapter_class", "adapter_parameters", "adapter_kwargs", "missing_package",
-           "build_engine", "make_rollout_engine", "make_train_engine"]
+           "LORA_KWARG", "build_engine", "make_rollout_engine", "make_train_engine"]

@@ -190,6 +190,9 @@ class TorchTrainEngine:
         seed: seeds the critic head's initialisation.
         compute_entropy: whether ``train_step`` passes ``"entropy"`` to the loss (actor).
         attn_implementation: transformers attention backend; None keeps its default.
+        lora: train LoRA adapters only (an actor): the plan's ``{"r", "alpha", "dropout", "targets"}``
+            (:mod:`flowrl.engines.lora`). The base weights are frozen and out of the optimizer;
+            :meth:`named_weights` yields the adapter tensors only.
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class TorchTrainEngine:
         seed: int = 0,
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
+        lora: dict | None = None,
     ):
         if role not in ("actor", "critic", "reward"):
             raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor', 'critic' or 'reward'")
@@ -219,6 +223,14 @@ class TorchTrainEngine:
         self.device = torch.device(device)
         self.compute_entropy = compute_entropy
         self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
+        self.lora = None
+        if lora is not None:
+            from flowrl.engines import lora as adapters
+
+            if role != "actor":
+                raise EngineConfigError(f"lora is for actors (a policy's adapters), not a {role}")
+            self.lora = adapters.config_of(lora, model_path)
+            self.model = adapters.wrap(self.model, self.lora, seed)
         _own_storage(self.model)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -280,6 +292,8 @@ class TorchTrainEngine:
         size = micro_batch_size or max(batch.size, 1)
         width = batch.input_ids.shape[1]
         parts: dict[str, list[torch.Tensor]] = {}
+        if self.lora is not None and self.lora.dropout:
+            self.model.eval()  # a log-prob pass runs without the adapters' dropout (the update's forward has it)
         with torch.no_grad():
             for start in range(0, batch.size, size):
                 micro = trim_padding(batch.select(slice(start, start + size)))
@@ -287,6 +301,7 @@ class TorchTrainEngine:
                     padded = torch.zeros(micro.size, width, dtype=torch.float32)
                     padded[:, : value.shape[1]] = value.detach().float().cpu()
                     parts.setdefault(key, []).append(padded)
+        self.model.train()
         return {key: torch.cat(chunks) for key, chunks in parts.items()}
 
     def _check_request(self, *, entropy: bool, values: bool) -> None:
@@ -367,7 +382,16 @@ class TorchTrainEngine:
         every rollout engine loads (SGLang ignores the fused ones without an error), by undoing
         the conversions ``from_pretrained`` applied. Dense families' state dicts are their
         checkpoints' already (no conversion applied).
+
+        With LoRA: the adapter tensors only, under PEFT's names
+        (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``); the base weights never
+        change, and the rollout engine has them.
         """
+        if self.lora is not None:
+            from flowrl.engines.lora import adapter_tensors
+
+            yield from adapter_tensors(self.model)
+            return
         state = self.model.state_dict()
         if getattr(self.model, "_weight_conversions", None):  # what from_pretrained converted (actor only)
             from transformers.core_model_loading import revert_weight_conversion
@@ -434,6 +458,11 @@ class TorchTrainEngine:
         """Write the actor as a transformers checkpoint dir (a rollout engine can start from it)."""
         if self.role != "actor":
             raise EngineConfigError("save_pretrained exports actors only; a critic has no LM head to serve")
+        if self.lora is not None:  # servable without PEFT: a copy of the base with the adapters merged in
+            import copy
+
+            copy.deepcopy(self.model).merge_and_unload(safe_merge=True).save_pretrained(path)
+            return
         self.model.save_pretrained(path)
 
 

@@ -102,6 +102,11 @@ class VLLMOptions:
     experts (routing replay); default: on for a mixture of experts. On CPU vLLM cannot (its
     routed-experts output needs Model Runner V2, which needs Triton): routes are recorded by router
     hooks instead, whatever this says."""
+    lora: dict | None = None
+    """Serve a LoRA-trained policy (the plan's ``{"r", "alpha", "dropout", "targets"}``): the engine
+    starts with ``enable_lora`` and :meth:`VLLMRolloutEngine.load_adapter` loads each resync's
+    adapter tensors as a new adapter; generations use the latest (none before the first: the base
+    model, which an untrained LoRA equals)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to ``vllm.LLM`` as they are (e.g. block_size)."""
 
@@ -280,6 +285,12 @@ class VLLMRolloutEngine:
         self._native_routes = not cpu and bool(self._moe_layers if options.return_routes is None
                                                else options.return_routes)
         extra = {"enable_return_routed_experts": True} if self._native_routes else {}
+        self._lora, self._lora_request, self._lora_dir = None, None, None
+        if options.lora is not None:
+            from flowrl.engines.lora import config_of
+
+            self._lora = config_of(options.lora, model_path)
+            extra.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank(self._lora.r))
         self.llm = LLM(
             model=model_path,
             dtype=options.dtype,
@@ -336,7 +347,8 @@ class VLLMRolloutEngine:
         hooked = spec.routes and self._start_route_hooks()
         try:
             outputs = self.llm.generate(
-                [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+                [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
+                lora_request=self._lora_request,
             )
         finally:
             recorded = self._stop_route_hooks() if hooked else None
@@ -403,7 +415,8 @@ class VLLMRolloutEngine:
         spec = SamplingSpec(n=1, temperature=0.0, max_tokens=1)
         params = self._sampling_params(spec, None, prompt_logprobs=0)
         outputs = self.llm.generate(
-            [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+            [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False,
+            lora_request=self._lora_request,
         )
         result = []
         for seq, request in zip(sequences, outputs):
@@ -436,6 +449,42 @@ class VLLMRolloutEngine:
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM refused to reset its prefix cache after a weight update (requests still running?)")
 
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Serve the LoRA adapter ``named_tensors`` (PEFT's names, ``...q_proj.lora_A.weight``) from now on.
+
+        vLLM loads adapters from a PEFT directory (``LoRARequest.lora_path``): the tensors are
+        written to a new one (a temporary directory the engine owns), registered under a new
+        adapter id, and the previous adapter is removed; the prefix cache is dropped.
+        """
+        if self._lora is None:
+            raise EngineConfigError("load_adapter on a vLLM engine built without lora; build it with lora={...}")
+        pairs = [(name, tensor.detach()) for name, tensor in named_tensors]
+        if not pairs:
+            raise EngineConfigError("load_adapter got no tensors; pass train_engine.named_weights() of a LoRA trainer")
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from flowrl.engines.lora import write_adapter
+
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="flowrl-lora-")
+        old = self._lora_request
+        n = 1 + (old.lora_int_id if old is not None else 0)
+        path = write_adapter(os.path.join(self._lora_dir.name, f"v{n}"), self._lora, pairs)
+        if old is not None:  # one adapter at a time: the previous version goes first
+            import shutil
+
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+            self._lora_request = None
+        request = LoRARequest(f"flowrl-{n}", n, path)
+        if not self.llm.llm_engine.add_lora(request):
+            raise EngineError(f"vLLM refused the LoRA adapter written to {path}")
+        self._lora_request = request
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM refused to reset its prefix cache after loading an adapter")
+
     # ------------------------------------------------------------- memory phases
 
     def sleep(self) -> None:
@@ -458,6 +507,22 @@ class VLLMRolloutEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
+        lora_dir, self._lora_dir = getattr(self, "_lora_dir", None), None
+        if lora_dir is not None:
+            lora_dir.cleanup()
+
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's ``max_lora_rank`` takes (``vllm.config.lora.MaxLoRARanks``); the catalogue's
+``lora_max_rank`` is the last."""
+
+
+def _lora_rank(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
+    fits = [k for k in _LORA_RANKS if k >= r]
+    if not fits:
+        raise EngineConfigError(f"LoRA rank r = {r} is above {_LORA_RANKS[-1]}, the largest vLLM serves")
+    return fits[0]
 
 
 def _prepare_environment(options: VLLMOptions) -> None:

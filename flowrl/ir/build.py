@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flowrl.diagnostics import Span
 from flowrl.ir.graph import Config, Const, FlowGraph, Node, Ref, Region, Value
-from flowrl.catalog.ops import LOSSES, OPS, OpKind
+from flowrl.catalog.ops import CONFIG_NAMES, OPS, OpKind
 from flowrl.syntax import ast
 
 
@@ -53,7 +53,7 @@ class _Builder:
                 self.stmts(stmt.body, rid)
 
     def bind(self, name: str, value: ast.Expr, span, region, name_span=None) -> None:
-        if isinstance(value, ast.Call) and value.func not in LOSSES:
+        if isinstance(value, ast.Call) and value.func not in CONFIG_NAMES:
             nid = self.call(value, region, binding=name)
             self.graph.binding_spans[nid] = name_span or span
             return
@@ -83,7 +83,7 @@ class _Builder:
             return Ref(e.id, e.span)
         if isinstance(e, ast.ListExpr):
             return tuple(self.expr(i, region) for i in e.items)
-        if e.func in LOSSES:
+        if e.func in CONFIG_NAMES:
             return Config(e.func, tuple(sorted((k.name, self.expr(k.value, region)) for k in e.kwargs)),
                           e.span, tuple(self.expr(a, region) for a in e.args))
         # A nested op call, e.g. generate(frozen(policy), batch): hoisted into its own node.

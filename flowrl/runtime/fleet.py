@@ -332,12 +332,14 @@ class Fleet:
                 rec.train = self._actor(TrainWorker, e, 0, e, path, role=role,
                                         optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
                                         seed=self.plan.run.seed, dtype=dtype, share=share[node_of(self.plan, e, 0)],
-                                        placement=placement, fraction=COORDINATOR_SHARE if ranked else 1.0)
+                                        lora=m.args.get("lora"), placement=placement,
+                                        fraction=COORDINATOR_SHARE if ranked else 1.0)
                 pending.append((rec.train, rec.train.ready.remote(), f"{m.id}.train"))
             if m.rollout_engine is not None:
                 e = m.rollout_engine
                 rec.rollout = [self._actor(RolloutWorker, e, r * e.tp, e, path, seed=self.plan.run.seed + r,
-                                           dtype=dtype, share=share[node_of(self.plan, e, r * e.tp)])
+                                           dtype=dtype, share=share[node_of(self.plan, e, r * e.tp)],
+                                           lora=m.args.get("lora"))
                                for r in range(e.dp)]
                 pending += [(a, a.ready.remote(), f"{m.id}.rollout replica {r}") for r, a in enumerate(rec.rollout)]
         t0 = time.time()

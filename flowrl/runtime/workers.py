@@ -76,7 +76,8 @@ class TrainWorker:
     each runs, :func:`~flowrl.runtime.placement.rank_placement`)."""
 
     def __init__(self, engine, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
-                 dtype: str = "float32", threads: int | None = None, share: int = 1, placement=None):
+                 dtype: str = "float32", threads: int | None = None, share: int = 1, lora: dict | None = None,
+                 placement=None):
         _threads(threads, share)
         import torch
 
@@ -84,9 +85,9 @@ class TrainWorker:
 
         torch.manual_seed(seed)
         cfg = optim_config(optim)
-        self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), placement=placement,
-                                   model_path=model_path, role=role, optim=cfg, temperature=temperature, seed=seed,
-                                   dtype=dtype)
+        self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), model_path=model_path,
+                                   role=role, optim=cfg, temperature=temperature, seed=seed, dtype=dtype,
+                                   lora=lora, placement=placement)
 
     def ready(self) -> bool:
         return True
@@ -181,7 +182,7 @@ class RolloutWorker:
     """Hosts a RolloutEngine (one data-parallel replica; its tp ranks are the engine's own processes)."""
 
     def __init__(self, engine, model_path: str, *, seed: int, dtype: str = "float32", threads: int | None = None,
-                 share: int = 1):
+                 share: int = 1, lora: dict | None = None):
         n = _threads(threads, share)
         from flowrl.engines.registry import build_engine, engine_record
 
@@ -189,8 +190,10 @@ class RolloutWorker:
             # The engine's tp worker processes (vLLM's multiprocessing executor) start with this
             # environment: together they get this replica's share of the cores.
             os.environ["OMP_NUM_THREADS"] = str(max(1, n // engine.tp))
-        self.engine = build_engine(engine_record(engine.kind, "rollout"), layout_of(engine), model_path=model_path,
-                                   seed=seed, dtype=dtype, max_model_len=checkpoint_context(model_path))
+        record = engine_record(engine.kind, "rollout")
+        self.engine = build_engine(record, layout_of(engine), model_path=model_path, seed=seed, dtype=dtype,
+                                   max_model_len=checkpoint_context(model_path), lora=lora)
+        self._load = _LOAD_WEIGHTS[record.lora if lora is not None else ""](self.engine, model_path, lora)
 
     def ready(self) -> bool:
         return True
@@ -236,7 +239,7 @@ class RolloutWorker:
 
         t0 = time.time()
         pairs, stats = receive_weights(self.sync, handoff, breaks)
-        self.engine.update_weights(pairs)
+        self._load(pairs)
         return stats, t0, time.time()
 
     def close_sync(self) -> None:
@@ -247,6 +250,44 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _full_weights(engine, model_path: str, lora: dict | None):
+    """A resync's weights go to the engine as they are (a model trained in full)."""
+    return engine.update_weights
+
+
+class _HeldAdapters:
+    """The LoRA adapter tensors a replica holds, each resync's laid over the last: a ``delta`` resync
+    sends only the tensors that changed (after the first update only the ``lora_B`` ones: ``lora_A``'s
+    gradient is zero while ``B`` is), and an adapter is loaded or merged whole."""
+
+    def __init__(self, load):
+        self.load = load
+        self.held: dict = {}
+
+    def __call__(self, pairs) -> None:
+        self.held.update((name, tensor.detach().clone()) for name, tensor in pairs)  # pairs may view sync buffers
+        self.load(list(self.held.items()))
+
+
+def _adapter(engine, model_path: str, lora: dict | None):
+    """A resync's LoRA adapter tensors are loaded by the engine as an adapter (vLLM)."""
+    return _HeldAdapters(engine.load_adapter)
+
+
+def _merged(engine, model_path: str, lora: dict | None):
+    """A resync's LoRA adapter tensors are merged into the base weights here, which the engine then
+    loads in place (:class:`flowrl.engines.lora.Merger`)."""
+    from flowrl.engines.lora import Merger, config_of
+
+    merger = Merger(model_path, config_of(lora, model_path))
+    return _HeldAdapters(lambda pairs: engine.update_weights(merger.merged(pairs)))
+
+
+_LOAD_WEIGHTS = {"": _full_weights, "adapters": _adapter, "merged": _merged}
+"""How a rollout worker loads what a resync sends, by its engine's record's ``lora`` mode (``""``: the
+model trains in full): ``load(pairs)``."""
 
 
 def split(items: list, parts: int) -> list[list]:

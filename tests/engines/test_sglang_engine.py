@@ -189,3 +189,26 @@ def test_unknown_option_is_rejected(tiny_model_dir):
 
     with pytest.raises(EngineConfigError, match="unknown SGLang option 'mem_fraction'"):
         SGLangRolloutEngine(tiny_model_dir, mem_fraction=0.5)
+
+
+@needs_sglang
+def test_lora_adapters_merged_into_sglang(engine, tiny_model_dir):
+    """SGLang's record says `merged`: a LoRA's resync reaches it as the base weights with the adapters merged
+    (flowrl.engines.lora.Merger, k sent along with q and v for the fused qkv); its log-probs are the trainer's."""
+    from engine_testkit import completions_batch, max_logprob_gap, train_a_few_steps
+
+    from flowrl.engines.lora import Merger
+
+    lora = {"r": 8, "alpha": 16.0, "dropout": 0.0, "targets": ["q_proj", "v_proj", "down_proj"]}
+    trainer = make_trainer(tiny_model_dir, lora=lora, temperature=0.7)
+    train_a_few_steps(trainer, 3)
+    merger = Merger(tiny_model_dir, trainer.lora)
+    spec = SamplingSpec(n=2, temperature=0.7, max_tokens=10, seed=1)
+    prompts = [encode(p) for p in ("12+3=", "hello world", "7-2=")]
+    engine.update_weights(merger.merged(trainer.named_weights()))
+    try:
+        groups = engine.generate(prompts, spec)
+        batch = completions_batch(groups)
+        assert max_logprob_gap(groups, trainer.forward(batch)["logprobs"], batch) < 1e-4
+    finally:  # the module's engine goes back to the base weights
+        engine.update_weights([(f"{module}.weight", w) for module, w in merger.base.items()])

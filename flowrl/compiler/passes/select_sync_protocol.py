@@ -7,7 +7,9 @@ Guarantees: ``graph.sched.resyncs`` has one :class:`~flowrl.plan.ResyncPlan` per
 route the bytes take (``local``: the rollout engine sits on the trainer's GPUs;
 ``intra-node``; ``inter-node``), the transport on the cluster's platform, whether sending
 overlaps generation, the bucket plan (bytes of one copy, buckets, the largest tensor), an
-estimated time, and the resharding plan from the train layout to the rollout layout.
+estimated time, and the resharding plan from the train layout to the rollout layout. A model that
+trains LoRA adapters sends those only (fp32, unsharded: :func:`~flowrl.catalog.adapters.lora_tensors`),
+with no resharding plan.
 
 Chosen protocols: the record chosen for the route (colocated engines -> ``inplace``;
 disaggregated -> ``nccl`` on GPUs, ``gloo`` on a CPU cluster), overlapped with the next
@@ -35,6 +37,7 @@ from flowrl.catalog.ops import OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.sched import SchedState
 from flowrl.compiler.schedule.sync import sync_plan
+from flowrl.compiler.workload import lora_of
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import EdgeKind, FlowGraph
 
@@ -43,11 +46,12 @@ def select_sync_protocol(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     st: SchedState = graph.sched
     errors = Collector(ctx.sources)
     plans = {}
+    lora = lora_of(graph)  # a LoRA model's resync sends its adapters only
     for n in graph.nodes():
         if n.kind != OpKind.RESYNC:
             continue
         after = next((u for u, e in graph.in_edges(n.id) if e.kind == EdgeKind.WEIGHTS), "")
-        plan, problems = sync_plan(n.id, n.model, after, st, str(n.span))
+        plan, problems = sync_plan(n.id, n.model, after, st, str(n.span), lora.get(n.model))
         errors.items.extend(problems)
         plans[n.id] = plan
     errors.raise_if_any()

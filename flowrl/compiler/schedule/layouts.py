@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from flowrl.catalog.adapters import lora_params
 from flowrl.catalog.engines import ENGINES, EngineSpec, default_engine
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.ops import OpKind
@@ -264,9 +265,31 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
     samples = max((g.samples for g in work.gens), default=mb)
     n_micro = max(1, samples // max(plan.dp * mb, 1))
     offload = spec.memory_model.offload_option
+    lora = work.lora.get(model)  # LoRA: only the adapters have gradients and optimizer states
     return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, trainable=trainable,
                         micro_batch=mb, seq_len=seq, offload=bool(plan.options.get(offload, False)) if offload else False,
-                        n_micro=n_micro)
+                        n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None)
+
+
+def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int) -> tuple[str, str] | None:
+    """Why ``model``'s ``role`` engine (``plan``) cannot take its LoRA of rank ``r`` (message, hint), or None:
+    the engine that runs the layout (a single-rank engine with more ranks runs on its ``multi_rank_as``)
+    must train adapters (``train``) or serve them (``adapters``, ``merged``), within its largest rank."""
+    spec = ENGINES[plan.kind]
+    runs = ENGINES[spec.multi_rank_as] if spec.multi_rank_as and plan.world_size > 1 else spec
+    wanted = ("train",) if role == "train" else ("adapters", "merged")
+    key = f"{model}.{role}"
+    if runs.lora not in wanted:
+        able = sorted(k for k, e in ENGINES.items() if e.serves == spec.serves and e.lora in wanted)
+        via = f" (with {plan.world_size} ranks it runs on `{runs.name}`'s)" if runs is not spec else ""
+        return (f"`{model}` trains LoRA adapters, but its {role} engine `{plan.kind}`{via} cannot "
+                + ("train them" if role == "train" else "serve them"),
+                f"give `{key}` " + " or ".join(f"`{k}(...)`" + (" with one rank" if ENGINES[k].multi_rank_as else "")
+                                             for k in able) + ", or drop `lora` to train the full weights")
+    if runs.lora_max_rank is not None and r > runs.lora_max_rank:
+        return (f"`lora` of `{model}` has rank r = {r}, above the {runs.lora_max_rank} its {role} engine "
+                f"`{plan.kind}` loads adapters of", f"use r <= {runs.lora_max_rank}")
+    return None
 
 
 def micro_batch(spec: EngineSpec, options: dict, update_micro_batch: int) -> int:

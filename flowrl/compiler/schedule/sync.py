@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from flowrl.catalog.adapters import ADAPTER_BYTES, lora_params, lora_tensors
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.platforms import PLATFORMS, TRANSPORTS
 from flowrl.catalog.protocols import PROTOCOLS, ROUTES, chosen_protocol
@@ -62,7 +63,8 @@ def choose_protocol(route: str, hw: Profile) -> tuple[str, str]:
     return p.name, f"{where}: {p.doc}"
 
 
-def sync_plan(rid: str, model: str, after: str, st: SchedState, origin: str) -> tuple[ResyncPlan, list[Diagnostic]]:
+def sync_plan(rid: str, model: str, after: str, st: SchedState, origin: str,
+              lora: tuple | None = None) -> tuple[ResyncPlan, list[Diagnostic]]:
     """The ResyncPlan of resync node ``rid`` of ``model``, and what is wrong with the written protocol."""
     spec = st.spec
     per_node = int(spec.cluster["gpus_per_node"])
@@ -89,7 +91,12 @@ def sync_plan(rid: str, model: str, after: str, st: SchedState, origin: str) -> 
     largest_name = ""
     seconds = 0.0
     reshard = None
-    if facts is not None:
+    if facts is not None and lora is not None:  # LoRA (r, targets): the adapters only, unsharded, in fp32
+        tensors = lora_tensors(facts, *lora)  # none for targets the model lacks: check_adapters says so (E613)
+        total = lora_params(facts, *lora) * ADAPTER_BYTES
+        largest_name, shape, _ = max(tensors, key=lambda t: math.prod(t[1]), default=("", (0,), 0))
+        largest = math.prod(shape) * ADAPTER_BYTES
+    elif facts is not None:
         total = facts.params * st.hw.weight_bytes
         largest_name, shape = max(facts.tensors(), key=lambda t: math.prod(t[1]))
         largest = math.prod(shape) * st.hw.weight_bytes
