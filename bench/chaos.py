@@ -17,8 +17,8 @@ would run it (``--restarts 1``, or ``--resume`` afterwards), and compares:
 
 Cases, one per fault of issue 14:
 
-* ``kill -9`` mid-step of the vLLM actor, of the train actor, and of one rank process of a trainer
-  that forks a rank per GPU (its own flow, on a node of 2 GPUs that joins for the case);
+* ``kill -9`` mid-step of the vLLM actor, of the train actor, and of one rank actor of a trainer
+  with a rank per GPU (its own flow, on a node of 2 GPUs that joins for the case);
 * ``kill -9`` of the driver (a ``flowrl run`` process) after step 3, and during step 4's checkpoint
   write (its files written, its manifest not);
 * SIGTERM (preemption); a generate that hangs (the watchdog, with deadlines shortened by
@@ -148,7 +148,7 @@ the agentic flow with a calculator environment, the bench's flow whose weights t
 in a directory both nodes see (``checkpoint``: the protocol that can lose a part; a broadcast's
 bytes are either all delivered or the group breaks), the bench's flow whose weights are broadcast
 over a gloo group from node 0 to node 1 (the protocol whose group can break), and the bench's flow on
-one node of 2 GPUs whose trainer forks a rank process per GPU (``torch(dp = 2)``)."""
+one node of 2 GPUs whose trainer runs a rank actor per GPU (``torch(dp = 2)``, on fsdp's ranks)."""
 
 
 @dataclass
@@ -273,7 +273,7 @@ def engine_kill(engine: str) -> Callable[[Bench], Row]:
 
 
 def rank_kill(b: Bench) -> Row:
-    """``kill -9`` of rank 1's process of a trainer that forks its ranks (``torch(dp = 2)``, on a node of 2 GPUs
+    """``kill -9`` of rank 1's actor process of a trainer with rank actors (``torch(dp = 2)``, on a node of 2 GPUs
     that joins for this case) while it trains step 4: the engine stops its other rank and names the dead one,
     and ``--restarts 1`` starts the engines again from step 2's checkpoint."""
     from flowrl.runtime.fleet import Faults

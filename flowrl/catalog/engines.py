@@ -78,8 +78,9 @@ class EngineSpec:
     (Megatron names, qkv interleaved per KV-head group, sharded by tp and pp)."""
     ranks: str = "replicas"
     """How its ranks become processes: ``replicas`` (one Ray actor per data-parallel replica, its
-    tp ranks inside it), ``forked`` (one Ray actor forks every rank: the engine's GPUs must be on
-    one node), ``single`` (one rank)."""
+    tp ranks inside it), ``actors`` (one Ray actor per rank, each in the placement-group bundle of
+    its GPU on its node, coordinated by the engine's actor; built outside Ray, the engine forks its
+    ranks on one machine: :func:`~flowrl.engines.rank_hosts.start_ranks`), ``single`` (one rank)."""
     multi_rank_as: str | None = None
     """For a ``single``-rank engine: the engine whose ranks run its layout when it has more
     than one (``torch(dp = 2)`` runs on ``fsdp``'s ranks)."""
@@ -230,9 +231,6 @@ WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
 _CONTEXT_DOC = ("longest prompt + completion, tokens (default: the checkpoint's maximum positions, "
                 f"at most {CONTEXT_CAP})")
 
-FORKED_RANKS_WHY = ("its ranks are processes forked by one Ray actor, so all of them run on one node; "
-             "place it on a pool within one node")
-
 ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec(
         "megatron", "train", ("tp", "pp", "dp", "cp"),
@@ -243,8 +241,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter="flowrl.engines.megatron.engine:MegatronTrainEngine",
         adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
-        memory="megatron", weights="megatron", ranks="forked", frees_memory="offload", converts_weights=True,
-        cpu_rank_gb=0.25,  # measured 0.64 GB for an actor with 2 tp ranks (forkserver included)
+        memory="megatron", weights="megatron", ranks="actors", frees_memory="offload", converts_weights=True,
+        cpu_rank_gb=0.25,  # forked: 0.64 GB for an actor with 2 tp ranks; a rank actor: 0.38 GB (0.17 + ACTOR_GB)
         architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,
                    "rocm": unsupported("Megatron-core's ROCm path lives in AMD's fork; use `fsdp` on AMD GPUs")}),
@@ -254,7 +252,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         "PyTorch FSDP2 data-parallel (sharded) training",
         adapter="flowrl.engines.fsdp:FsdpTrainEngine", adapter_options={"dp": "dp", "offload": "offload"},
         package="torch", install="pip install torch",
-        memory="fsdp", ranks="forked", frees_memory="offload",
+        memory="fsdp", ranks="actors", frees_memory="offload",
         cpu_rank_gb=0.3,  # measured 0.82 GB for an actor with 2 dp ranks (forkserver included)
         architectures=architectures_run_by("fsdp"),  # it wraps each of model.model.layers (Llama-style)
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
@@ -343,5 +341,5 @@ def searched_engines(role: str) -> list[EngineSpec]:
                   key=lambda e: (e.default_for != role, len(e.axes), e.name))
 
 
-__all__ = ["EngineSpec", "ENGINES", "AXES", "FORKED_RANKS_WHY", "engine", "default_engine", "engines_serving",
+__all__ = ["EngineSpec", "ENGINES", "AXES", "engine", "default_engine", "engines_serving",
            "searched_engines", "UnknownEngine", "MemoryModel", "MEMORY_MODELS", "WeightLayout", "WEIGHT_LAYOUTS"]

@@ -86,7 +86,7 @@ REASONS = {
     "E438": "a sampling option the rollout engine refuses",
     "E607": "an engine does not run the model's architecture",
     "E439": "engines sharing GPUs do not fit together", "E440": "an engine does not run on the platform",
-    "E441": "a layout exceeds the platform's limits", "E442": "forked ranks would span nodes",
+    "E441": "a layout exceeds the platform's limits",
     "E443": "a protocol does not run on the platform",
     "E445": "a protocol's transport is missing on the platform",
     "E613": "the engine cannot train or serve the model's LoRA adapters",

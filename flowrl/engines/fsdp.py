@@ -1,7 +1,8 @@
 """The ``fsdp`` :class:`~flowrl.engines.base.TrainEngine`: ``dp`` FSDP2 rank processes.
 
-``FsdpTrainEngine`` is the driver-side handle. It starts ``dp`` processes through
-:class:`~flowrl.engines.ranks.RankGroup` (the machinery the megatron engine uses), each
+``FsdpTrainEngine`` is the driver-side handle. It starts ``dp`` ranks through
+:func:`~flowrl.engines.rank_hosts.start_ranks` (the machinery the megatron engine uses: forked
+processes, or under Ray one actor per rank), each
 hosting one :class:`~flowrl.engines.fsdp_rank.FsdpRank`: a transformers model whose
 decoder layers and root are wrapped with ``torch.distributed.fsdp.fully_shard`` on a 1-D
 ``dp`` DeviceMesh (gloo on CPU, NCCL on GPUs), so parameters, gradients and AdamW state
@@ -25,7 +26,8 @@ import torch
 
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
-from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankProcessError, cloudpickle_module
+from flowrl.engines.rank_hosts import start_ranks
+from flowrl.engines.ranks import RankedTrainEngine, RankPlacement, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import _DTYPES, OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -59,6 +61,8 @@ class FsdpTrainEngine(RankedTrainEngine):
         threads: torch threads per rank (default: CPU cores / dp).
         timeout_s: longest wait for one call before the ranks are declared stuck.
         device: accepted for signature compatibility; ranks use CUDA when available, else CPU.
+        placement: under Ray, where each rank's actor runs (the runtime passes it); None: the
+            ranks are processes forked on this machine.
     """
 
     meta_file = META_FILE
@@ -83,6 +87,7 @@ class FsdpTrainEngine(RankedTrainEngine):
         threads: int | None = None,
         timeout_s: float = 600.0,
         device: str | None = None,
+        placement: RankPlacement | None = None,
     ):
         _check_args(model_path, role, temperature, dp, tp, pp, dtype)
         self.role = role
@@ -94,8 +99,8 @@ class FsdpTrainEngine(RankedTrainEngine):
             threads=threads,
         )
         self.step = 0
-        self._start(RankGroup(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
-                              error_cls=FsdpRankError))
+        self._start(start_ranks(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
+                                error_cls=FsdpRankError, placement=placement))
 
     @property
     def dp(self) -> int:

@@ -27,7 +27,7 @@ import torch
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
-from flowrl.engines.ranks import dp_slices
+from flowrl.engines.ranks import dp_slices, local_device_index
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
 from flowrl.engines.types import TokenBatch
 
@@ -110,7 +110,7 @@ class FsdpRank:
         self.rank, self.world = rank, world_size
         torch.set_num_threads(options.threads or max(1, (os.cpu_count() or 1) // world_size))
         cuda = torch.cuda.is_available()
-        device = f"cuda:{rank % torch.cuda.device_count()}" if cuda else "cpu"
+        device = f"cuda:{local_device_index()}" if cuda else "cpu"  # the GPU its host gave this rank
         if cuda:
             torch.cuda.set_device(device)
         dist.init_process_group(options.backend or ("nccl" if cuda else "gloo"), init_method=init_method,

@@ -1,13 +1,23 @@
 """Rank processes for multi-process train engines (``megatron``, ``fsdp``).
 
-A :class:`RankGroup` forks ``world`` processes, each hosting one *rank worker* (an
-object built as ``worker_cls(rank, world, init_method, options)`` that joins a
-``torch.distributed`` group at ``init_method``). The driver-side engine broadcasts
-every Protocol call as ``(method, kwargs)`` to all ranks' inboxes and collects one
-answer per rank from the shared outbox. A rank that raises or dies stops the whole
-group (ranks blocked in a collective with a failed peer would never return), and the
-error reaches the caller as the rank's own :class:`~flowrl.engines.base.EngineError`
-or as a :class:`RankProcessError` carrying the remote traceback.
+A :class:`RankGroup` is ``world`` processes, each hosting one *rank worker* (an object built as
+``worker_cls(rank, world, init_method, options)`` that joins a ``torch.distributed`` group at
+``init_method``). The engine broadcasts every Protocol call as ``(method, kwargs)`` to all ranks
+and collects one answer per rank. A rank that raises or dies stops the whole group (ranks blocked
+in a collective with a failed peer would never return), and the error reaches the caller as the
+rank's own :class:`~flowrl.engines.base.EngineError` or as a :class:`RankProcessError` carrying
+the remote traceback (and, for a rank that died, its name).
+
+Two kinds of group, chosen by the engine's ``placement`` argument
+(:func:`~flowrl.engines.rank_hosts.start_ranks`):
+
+* no placement (an engine built outside Ray: tests, notebooks): :class:`ForkedRanks`, processes
+  forked on this machine through a fork server, one inbox each and a shared outbox;
+* a :class:`RankPlacement` (an engine under the Ray runtime): one Ray actor per rank, each in
+  the placement-group bundle the plan gave its rank, on that bundle's node
+  (:class:`~flowrl.engines.rank_actors.ActorRanks`).
+
+A rank worker picks its accelerator with :func:`local_device_index` (the host says which).
 
 Rank workers must expose ``coords`` (a dict, returned by the start call) and
 ``shutdown()``. A ``loss_fn`` keyword travels as cloudpickle bytes (closures and
@@ -22,7 +32,8 @@ import sys
 import time
 import traceback
 import weakref
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from flowrl.engines.base import EngineConfigError, EngineError
 
@@ -44,11 +55,53 @@ class RankProcessError(EngineError):
         return type(self), (str(self), self.remote_traceback, self.dead_ranks)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for the rendezvous URL)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (an address of this machine) that is free right now (for the rendezvous URL)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+LOCAL_RANK_ENV = "LOCAL_RANK"
+"""torch's name for a rank's index among the accelerators its process sees; set by the rank's host."""
+
+
+def local_device_index() -> int:
+    """The CUDA device index this rank uses: what its host put in ``LOCAL_RANK`` (a forked rank: its
+    rank, all ranks sharing this node's GPUs; a rank actor: 0, the GPU Ray gave it), modulo the devices
+    it sees."""
+    import torch
+
+    value = os.environ.get(LOCAL_RANK_ENV)
+    if value is None:
+        raise EngineError(f"{LOCAL_RANK_ENV} is not set: a rank worker runs under ForkedRanks or ActorRanks, "
+                          "which set it")
+    return int(value) % max(1, torch.cuda.device_count())
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where each rank of an engine runs under Ray: rank ``r`` is an actor in bundle ``bundles[r]`` of
+    placement group ``groups[r]``, taking ``shares[r]`` of that bundle's ``resource`` (``"GPU"``, or
+    ``"CPU"`` on a CPU-only cluster: :func:`~flowrl.runtime.placement.slot_resource`)."""
+
+    groups: tuple
+    """Per rank: its Ray ``PlacementGroup`` (one per plan node)."""
+    bundles: tuple[int, ...]
+    """Per rank: its bundle index in that group (its GPU on that node)."""
+    shares: tuple[float, ...]
+    """Per rank: the part of its bundle's resource it takes."""
+    resource: str = "GPU"
+    nodes: tuple[int, ...] = ()
+    """Per rank: its plan node (error messages and placement records)."""
+
+    def __post_init__(self):
+        n = len(self.groups)
+        if not (len(self.bundles) == len(self.shares) == n) or (self.nodes and len(self.nodes) != n):
+            raise EngineConfigError(f"RankPlacement: {n} groups, {len(self.bundles)} bundles, {len(self.shares)} "
+                                    f"shares, {len(self.nodes)} nodes: one of each per rank")
+        if self.resource not in ("GPU", "CPU"):
+            raise EngineConfigError(f"RankPlacement: resource={self.resource!r}; use 'GPU' or 'CPU'")
 
 
 def cloudpickle_module() -> Any:
@@ -103,15 +156,11 @@ def rank_main(rank: int, world: int, init_method: str, worker_cls: type, options
     the process ends by itself if ``owner_pid`` (the engine's process) dies (:func:`exit_with_owner`)."""
     if owner_pid is not None:
         exit_with_owner(owner_pid)
+    os.environ[LOCAL_RANK_ENV] = str(rank)  # every rank on this machine: they share its GPUs in rank order
     cloudpickle = cloudpickle_module()
 
     def answer(call: Any) -> None:
-        try:
-            outbox.put((rank, True, call()))
-        except EngineError as exc:  # a user-facing error: send it as is (its type and message)
-            outbox.put((rank, False, (exc, traceback.format_exc())))
-        except BaseException as exc:  # anything else: its text
-            outbox.put((rank, False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        outbox.put((rank, *run_answering(call)))
 
     holder: dict[str, Any] = {}
     answer(lambda: holder.setdefault("rank", worker_cls(rank, world, init_method, options)).coords)
@@ -124,9 +173,23 @@ def rank_main(rank: int, world: int, init_method: str, worker_cls: type, options
             worker.shutdown()
             outbox.put((rank, True, None))
             return
-        if "loss_fn" in kwargs:  # closures travel as cloudpickle bytes
-            kwargs = {**kwargs, "loss_fn": cloudpickle.loads(kwargs["loss_fn"])}
-        answer(lambda: getattr(worker, method)(**kwargs))
+        answer(lambda: getattr(worker, method)(**unpickled(kwargs, cloudpickle)))
+
+
+def run_answering(call: Any) -> tuple[bool, Any]:
+    """``(True, call())``, or ``(False, (error, traceback text))`` if it raised: an
+    :class:`~flowrl.engines.base.EngineError` as is (its type and message), anything else as its text."""
+    try:
+        return True, call()
+    except EngineError as exc:
+        return False, (exc, traceback.format_exc())
+    except BaseException as exc:
+        return False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def unpickled(kwargs: dict, cloudpickle: Any) -> dict:
+    """A call's keyword arguments with its ``loss_fn`` (cloudpickle bytes: closures travel by value) loaded."""
+    return {**kwargs, "loss_fn": cloudpickle.loads(kwargs["loss_fn"])} if "loss_fn" in kwargs else kwargs
 
 
 _MAIN_ENV = "_FLOWRL_FORKSERVER_MAIN"
@@ -176,8 +239,29 @@ def _adopt_parent_main() -> None:
 _adopt_parent_main()
 
 
-class RankGroup:
-    """``world`` rank processes and their queues (one inbox each, one shared outbox).
+class RankGroup(Protocol):
+    """What an engine asks of its ranks, however they run (:class:`ForkedRanks`, ``ActorRanks``)."""
+
+    world: int
+    coords: list
+    """Per rank: what its worker's ``coords`` said at start."""
+
+    def call(self, method: str, timeout_s: float, **kwargs: Any) -> list[Any]:
+        """Run ``method(**kwargs)`` on every rank; the answers in rank order. A rank that dies, or a rank error
+        its peers do not answer within a grace period (they wait in a collective), stops every rank."""
+
+    def locations(self) -> list[dict]:
+        """Per rank: ``{"pid": ..., "node_id": ..., "gpu_ids": [...]}`` (node and GPUs: Ray's, None outside Ray)."""
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask every rank to shut down, then stop any still running."""
+
+    def kill(self) -> None:
+        """Stop every rank now."""
+
+
+class ForkedRanks:
+    """``world`` rank processes forked on this machine and their queues (one inbox each, one shared outbox).
 
     Args:
         worker_cls: importable class built in each rank as ``worker_cls(rank, world, init_method, options)``.
@@ -237,6 +321,9 @@ class RankGroup:
         if errors:
             raise self._failure(method, errors, [], False)
         return [results[r] for r in range(self.world)]
+
+    def locations(self) -> list[dict]:
+        return [{"pid": p.pid, "node_id": None, "gpu_ids": None} for p in self.procs]
 
     def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
         if dead:  # first: its peers' errors (a collective whose connection was reset) follow from it
@@ -299,7 +386,7 @@ class RankedTrainEngine:
     def _start(self, group: "RankGroup") -> None:
         self._group = group
         # Stop the rank processes if the engine is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, RankGroup.kill, group)
+        self._finalizer = weakref.finalize(self, type(group).kill, group)
 
     def save(self, path: str) -> None:
         """Every rank writes its part (model and optimizer shards, RNG) into directory ``path``; then
@@ -351,6 +438,10 @@ class RankedTrainEngine:
     def reload(self) -> int:
         """Bring back what :meth:`offload` moved, in place (bit-identical); the bytes moved."""
         return sum(self._group.call("reload", self.timeout_s))
+
+    def rank_locations(self) -> list[dict]:
+        """Per rank: its process id, and under Ray its node id and GPU ids (:meth:`RankGroup.locations`)."""
+        return self._group.locations()
 
     def state_checksums(self) -> list[dict[str, int]]:
         """Per rank: CRC-32 of every parameter, gradient and optimizer-state tensor it holds."""

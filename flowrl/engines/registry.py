@@ -137,13 +137,16 @@ plan's LoRA as ``lora=`` (it trains or loads adapters itself); ``merged`` engine
 from their worker (:class:`flowrl.engines.lora.Merger`) and never see the adapter."""
 
 
-def build_engine(spec: EngineSpec, layout: dict[str, Any], *, lora: dict | None = None, **context: Any) -> Any:
+def build_engine(spec: EngineSpec, layout: dict[str, Any], *, lora: dict | None = None, placement: Any = None,
+                 **context: Any) -> Any:
     """Build ``spec``'s adapter with the role's :data:`CONTEXT` and the layout's options.
 
     ``context`` must hold exactly the role's context names; layout options the adapter takes
     override a context value of the same name (``max_model_len``). ``lora``: the model trains LoRA
     adapters (the plan's options), passed to an adapter whose record's mode takes them
-    (:data:`LORA_KWARG`); an engine whose record has no mode refuses it.
+    (:data:`LORA_KWARG`); an engine whose record has no mode refuses it. ``placement`` (a
+    :class:`~flowrl.engines.ranks.RankPlacement`): where each rank actor of an engine whose record
+    says ``ranks = "actors"`` runs under Ray; None: its ranks are forked here.
     """
     expected = set(CONTEXT[spec.serves])
     if set(context) != expected:
@@ -156,6 +159,11 @@ def build_engine(spec: EngineSpec, layout: dict[str, Any], *, lora: dict | None 
                                     f"{spec.lora!r}); `flowrl check` refuses this (E613)")
         if LORA_KWARG[spec.lora]:
             extra["lora"] = lora
+    if placement is not None:
+        if spec.ranks != "actors":
+            raise EngineConfigError(f"building `{spec.name}`: a rank placement was passed, but its record says "
+                                    f"ranks = {spec.ranks!r}; only engines with rank actors take one")
+        extra["placement"] = placement
     return adapter_class(spec)(**{**context, **adapter_kwargs(spec, layout), **extra})
 
 

@@ -1,8 +1,9 @@
 """The engines of a run: one :class:`ModelEngines` record per model, on Ray where the plan placed them.
 
 :class:`Fleet` starts Ray (or joins a cluster), reserves one placement group per node,
-starts every engine's actors in the bundles the plan names (a train engine is one actor;
-a rollout engine one actor per data-parallel replica), opens every resync's weight-sync
+starts every engine's actors in the bundles the plan names (a train engine is one actor, which
+for an engine with several ranks coordinates one rank actor per rank, each in its own bundle
+on its planned node; a rollout engine one actor per data-parallel replica), opens every resync's weight-sync
 protocol, and then serves the handlers' engine calls (it is the run's
 :class:`~flowrl.runtime.step.EngineService`): ``generate`` split over the replicas,
 ``forward`` and ``train`` on the train engine, ``resync``. Policy versions live in the
@@ -34,8 +35,8 @@ import numpy as np
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
 from flowrl.runtime.errors import RuntimeFlowError, user_error
-from flowrl.runtime.placement import (actor_location, check_cluster_fits, node_of, node_targets, processes_per_node,
-                                      slot_resource, wait_placed)
+from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, node_of, node_targets,
+                                      processes_per_node, rank_actors, rank_placement, slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
 from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
     died_cause
@@ -74,8 +75,8 @@ class Faults:
     kill_engine: str = "policy.rollout"
     """The engine (``model.rollout`` or ``model.train``) :attr:`kill_at_step` kills."""
     kill_rank: int | None = None
-    """With :attr:`kill_at_step` and a train engine that forks its ranks (``fsdp``, ``megatron``, ``torch``
-    with dp > 1): SIGKILL this rank's process (in start order) instead of the engine's actor."""
+    """With :attr:`kill_at_step` and a train engine with rank actors (``fsdp``, ``megatron``, ``torch``
+    with dp > 1): SIGKILL this rank's actor process instead of the engine's (coordinating) actor."""
     nan_at_step: int | None = None
     """The floating-point inputs of this step's updates (advantages, old and reference log-probs) carry a NaN, as
     a diverged reward or value would make them: the train engine finds a non-finite loss (``on_nan``)."""
@@ -249,6 +250,8 @@ class Fleet:
         """Actors that hung (a call passed its deadline) or died: shutdown does not wait on them."""
         self.placed: dict[int, dict] = {}
         """Each actor's row of ``placement.json`` (by ``id(actor)``): where an engine that died ran."""
+        self.rank_pids: dict[str, list[int]] = {}
+        """Engine (``policy.train``) -> its rank actors' process ids, in rank order (engines with rank actors)."""
         self.started_ray = False
         """This run called ``ray.init`` (shutdown disconnects again); a Ray session the caller had already
         started (a notebook's, a test's shared instance) is left running."""
@@ -292,16 +295,18 @@ class Fleet:
                     for k, t in enumerate(self.node_targets)]
         wait_placed(self.plan, self.pgs, address, self.slot)
 
-    def _actor(self, cls, engine, rank: int, *args, **kwargs):
+    def _actor(self, cls, engine, rank: int, *args, fraction: float = 1.0, **kwargs):
+        """An actor of ``cls`` in the bundle of ``engine``'s ``rank``, taking ``fraction`` of that rank's share."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpu = (engine.gpus or engine.bundles or (0,))[rank]  # the global GPU id the plan gave this rank
         pg = self.pgs[gpu // self.gpus_per_node]
+        share = round(engine.gpus_per_rank * fraction, 4)  # Ray counts resources in 1e-4 units
         remote = ray.remote(cls).options(
             # a rank takes its share of its GPU slot: a GPU, or a core of a CPU-only cluster
-            num_cpus=engine.gpus_per_rank if self.slot == "CPU" else 0,
-            num_gpus=engine.gpus_per_rank if self.slot == "GPU" else 0,
+            num_cpus=share if self.slot == "CPU" else 0,
+            num_gpus=share if self.slot == "GPU" else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=gpu % self.gpus_per_node),
             runtime_env={"env_vars": {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}})
         return remote.remote(*args, **kwargs)
@@ -320,10 +325,15 @@ class Fleet:
             if m.train_engine is not None:
                 e = m.train_engine
                 role = served.get(m.id) or ("critic" if m.role == "critic" else "actor")
+                # An engine with rank actors: this actor coordinates them from a sliver of rank 0's slot
+                # (where the ranks' weights gather for a resync: on GPUs it sees rank 0's GPU).
+                ranked = rank_actors(e)
+                placement = rank_placement(self.plan, e, self.pgs, self.slot) if ranked else None
                 rec.train = self._actor(TrainWorker, e, 0, e, path, role=role,
                                         optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
                                         seed=self.plan.run.seed, dtype=dtype, share=share[node_of(self.plan, e, 0)],
-                                        lora=m.args.get("lora"))
+                                        lora=m.args.get("lora"), placement=placement,
+                                        fraction=COORDINATOR_SHARE if ranked else 1.0)
                 pending.append((rec.train, rec.train.ready.remote(), f"{m.id}.train"))
             if m.rollout_engine is not None:
                 e = m.rollout_engine
@@ -367,7 +377,29 @@ class Fleet:
                                                                                   "report its location", 0), calls):
             row.update(node_id=node_id, gpu_ids=gpu_ids)
             self.placed[id(actor)] = {**row, "pid": pid}
+        rows += self._rank_rows(bundle_nodes)
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
+        return rows
+
+    def _rank_rows(self, bundle_nodes: list[dict]) -> list[dict]:
+        """``placement.json``'s rows of the rank actors of engines that have them (``"actor": "rank"``; the
+        engine's own row is its coordinator); their process ids go to :attr:`rank_pids`."""
+        rows = []
+        for rec in self.models.values():
+            e = rec.plan.train_engine
+            if rec.train is None or not rank_actors(e):
+                continue
+            name = f"{rec.plan.id}.train"
+            where, = self._wait([(rec.train, rec.train.rank_locations.remote(), _who("train", 0))], name,
+                                "report its ranks' locations", 0)
+            self.rank_pids[name] = [w["pid"] for w in where]
+            for rank, w in enumerate(where):
+                gpu = (e.gpus or e.bundles)[rank]
+                node, bundle = divmod(gpu, self.gpus_per_node)
+                rows.append({"engine": name, "rank": rank, "actor": "rank", "pool": e.pool, "gpu": gpu, "node": node,
+                             "placement_group": node, "bundle": bundle, "target_node_id": self.node_targets[node],
+                             "bundle_node_id": bundle_nodes[node].get(bundle), "node_id": w["node_id"],
+                             "gpu_ids": w["gpu_ids"]})
         return rows
 
     def _open_syncs(self) -> None:
@@ -437,7 +469,8 @@ class Fleet:
         """:attr:`Faults.kill_at_step`: ``kill -9`` of ``engine``'s first actor while its call of ``step`` runs."""
         if self.faults.kill_at_step == step and self.faults.kill_engine == engine and actors:
             pid = self.placed[id(actors[0])]["pid"]
-            os.kill(pid if self.faults.kill_rank is None else _rank_pids(pid)[self.faults.kill_rank], signal.SIGKILL)
+            os.kill(pid if self.faults.kill_rank is None else self.rank_pids[engine][self.faults.kill_rank],
+                    signal.SIGKILL)
 
     def _where(self, actor) -> str | None:
         """Where ``actor`` ran, in words, and which other engines ran on that Ray node (they are gone too
@@ -713,11 +746,16 @@ class Fleet:
 
         # Rollout engines stop their own processes and files first (vLLM's engine core and cache
         # directory, SGLang's scheduler): ray.kill ends an actor without running its clean-up.
+        # Train engines with rank actors stop them (their process groups closed) and wait until Ray has
+        # ended them, so none outlives the run on a cluster that does (Ray would end them with their
+        # coordinator anyway, but later).
         live = [a for rec in self.models.values() for a in rec.rollout if id(a) not in self.lost]
+        ranked = [rec.train for rec in self.models.values()
+                  if rec.train is not None and id(rec.train) not in self.lost and rank_actors(rec.plan.train_engine)]
         try:
-            ray.get([a.shutdown.remote() for a in live], timeout=30)
+            ray.get([a.shutdown.remote() for a in live] + [a.stop_ranks.remote() for a in ranked], timeout=60)
         except Exception as error:  # shutting down after a failure: the run's own error matters more
-            self.log(f"warning: stopping the rollout engines failed: {type(error).__name__}: "
+            self.log(f"warning: stopping the engines failed: {type(error).__name__}: "
                      f"{str(error).splitlines()[0] if str(error) else ''}")
         for rec in self.models.values():
             for actor in ([rec.train] if rec.train else []) + rec.rollout:
@@ -734,15 +772,6 @@ def _poisoned(batch):
         if v.is_floating_point() and v.numel():
             v.view(-1)[0] = float("nan")
     return replace(batch, extras=extras)
-
-
-def _rank_pids(actor_pid: int) -> list[int]:
-    """The rank processes an engine actor forked (through its forkserver: the descendants whose parent is
-    not the actor), in start order."""
-    import psutil
-
-    ranks = [p for p in psutil.Process(actor_pid).children(recursive=True) if p.ppid() != actor_pid]
-    return [p.pid for p in sorted(ranks, key=lambda p: p.create_time())]
 
 
 def _corrupted(error: BaseException | None) -> bool:

@@ -7,7 +7,8 @@ plan gave global GPU ``g`` into bundle ``g % gpus_per_node`` of node ``g //
 gpus_per_node``'s group. This module holds what that needs besides the Ray calls
 themselves: refusing a cluster that cannot hold the plan (with the nodes, pools and
 engines that do not fit), pinning plan nodes to Ray nodes, waiting for the reservation
-with a clear timeout, and the share of a node's CPU cores each engine process gets.
+with a clear timeout, each rank actor's bundle of a train engine with several ranks
+(:func:`rank_placement`), and the share of a node's CPU cores each engine process gets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 from flowrl.catalog.hardware import PROFILES
+from flowrl.engines.ranks import RankPlacement
 from flowrl.engines.registry import runs_on
 from flowrl.plan import ExecutionPlan
 from flowrl.runtime.errors import RuntimeFlowError
@@ -82,7 +84,7 @@ def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
     """``(engine, ranks, GB per rank)`` of each engine of a plan for the ``cpu`` platform: the compiler's
     memory estimate (``flowrl plan``'s ``memory/GPU`` column: on ``cpu`` a logical GPU's memory is the
     host's RAM), plus what each rank's process holds beyond it (the record's ``cpu_rank_gb``) and its
-    share of the actors' own (:data:`ACTOR_GB`: one per replica, or one forking every rank); empty for a
+    share of the actors' own (:data:`ACTOR_GB`: one per replica, or one per rank and their coordinator); empty for a
     plan for GPUs (device memory, which the compiler checks per GPU)."""
     gpu = str(plan.cluster.get("gpu", "cpu"))
     if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
@@ -92,7 +94,8 @@ def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
         for e in (m.train_engine, m.rollout_engine):
             if e is not None and e.memory is not None:
                 spec = runs_on(e.kind, e.world_size)
-                actors = e.dp if spec.ranks == "replicas" else 1
+                # replicas: an actor each; rank actors: an actor per rank and their coordinator
+                actors = {"replicas": e.dp, "actors": e.world_size + 1, "single": 1}[spec.ranks]
                 per_rank = float(e.memory.total_gb) + spec.cpu_rank_gb + ACTOR_GB * actors / e.world_size
                 rows.append((f"{m.id}.{e.role} ({e.kind})", e.world_size, per_rank))
     return rows
@@ -197,19 +200,42 @@ def node_of(plan: ExecutionPlan, engine, rank: int) -> int:
     return int(gpus[rank]) // int(plan.cluster["gpus_per_node"])
 
 
+COORDINATOR_SHARE = 0.01
+"""The part of rank 0's slot share an engine's coordinating actor takes when its ranks are actors
+(:func:`rank_placement`); rank 0's actor takes the rest. The coordinator computes nothing, but holds a
+sliver of the slot so that on GPUs Ray shows it rank 0's GPU (a collective resync sends from it)."""
+
+
+def rank_actors(engine) -> bool:
+    """Whether ``engine`` (an :class:`~flowrl.plan.EnginePlan`) runs one Ray actor per rank: its layout's
+    record says ``ranks = "actors"`` and it has more than one rank."""
+    return engine.world_size > 1 and runs_on(engine.kind, engine.world_size).ranks == "actors"
+
+
+def rank_placement(plan: ExecutionPlan, engine, groups: list, slot: str) -> RankPlacement:
+    """Where each rank actor of ``engine`` runs: rank ``r``, planned on global GPU ``g``, in bundle
+    ``g % gpus_per_node`` of node ``g // gpus_per_node``'s placement group ``groups[node]``, taking the
+    plan's GPUs per rank (rank 0 less the coordinator's :data:`COORDINATOR_SHARE`) of ``slot``."""
+    per = int(plan.cluster["gpus_per_node"])
+    gpus = [int(g) for g in (engine.gpus or engine.bundles)[:engine.world_size]]
+    full = round(float(engine.gpus_per_rank), 4)
+    shares = tuple(round(full - round(full * COORDINATOR_SHARE, 4), 4) if r == 0 else full for r in range(len(gpus)))
+    return RankPlacement(groups=tuple(groups[g // per] for g in gpus), bundles=tuple(g % per for g in gpus),
+                         shares=shares, resource=slot, nodes=tuple(g // per for g in gpus))
+
+
 def processes_per_node(plan: ExecutionPlan) -> dict[int, int]:
     """How many computing engine processes run on each node: the share of its CPU cores each gets.
 
-    A train engine whose ranks are processes (the record running its layout says ``forked``: megatron,
-    fsdp, and ``torch(dp = 2)`` on fsdp's ranks) counts one per rank, else one;
+    A train engine whose ranks are actors (the record running its layout says ``actors``: megatron,
+    fsdp, and ``torch(dp = 2)`` on fsdp's ranks) counts one per rank on its rank's node, else one;
     a rollout replica counts one per tensor-parallel rank (the engine runs a worker per rank).
     """
     count: dict[int, int] = {n: 0 for n in range(int(plan.cluster["nodes"]))}
     for m in plan.models:
         if m.train_engine is not None:
             e = m.train_engine
-            ranked = runs_on(e.kind, e.world_size).ranks == "forked"
-            for r in range(e.world_size if ranked else 1):
+            for r in range(e.world_size if rank_actors(e) else 1):
                 count[node_of(plan, e, r)] += 1
         if m.rollout_engine is not None:
             e = m.rollout_engine

@@ -72,10 +72,12 @@ def optim_config(optim: dict):
 
 
 class TrainWorker:
-    """Hosts a TrainEngine (one process, or the driver of the engine's forked rank processes)."""
+    """Hosts a TrainEngine: its one rank, or the coordinator of its rank actors (``placement``: where
+    each runs, :func:`~flowrl.runtime.placement.rank_placement`)."""
 
     def __init__(self, engine, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
-                 dtype: str = "float32", threads: int | None = None, share: int = 1, lora: dict | None = None):
+                 dtype: str = "float32", threads: int | None = None, share: int = 1, lora: dict | None = None,
+                 placement=None):
         _threads(threads, share)
         import torch
 
@@ -85,10 +87,18 @@ class TrainWorker:
         cfg = optim_config(optim)
         self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), model_path=model_path,
                                    role=role, optim=cfg, temperature=temperature, seed=seed, dtype=dtype,
-                                   lora=lora)
+                                   lora=lora, placement=placement)
 
     def ready(self) -> bool:
         return True
+
+    def rank_locations(self) -> list[dict]:
+        """Per rank actor: its pid, Ray node id and GPU ids (an engine with rank actors only)."""
+        return self.engine.rank_locations()
+
+    def stop_ranks(self) -> None:
+        """Shut the engine's rank actors down and wait until they are gone (an engine with rank actors only)."""
+        self.engine.shutdown()
 
     def forward(self, batch: dict, entropy: bool = False, values: bool = False) -> tuple[dict, float, float]:
         t0 = time.time()

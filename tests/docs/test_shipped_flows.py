@@ -5,7 +5,8 @@ test that runs it. Nothing in between (issue 9: what `check` accepts, `run` exec
 
 The refusal today is the host-memory check of a local instance
 (:func:`flowrl.runtime.placement.check_host_memory`): ``flows/grpo_auto.flow`` plans 64 logical
-GPUs, 56 of them vLLM replicas, more memory than a small machine has. Which flows it refuses is
+GPUs (64 vLLM replicas and two megatron engines' ranks colocated on them), more memory than a small
+machine has. Which flows it refuses is
 computed here from the same rule and this machine's available memory, so on a machine that can hold
 a plan the flow must train its step instead.
 

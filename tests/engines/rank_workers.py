@@ -1,5 +1,5 @@
-"""A rank worker for :class:`flowrl.engines.ranks.RankGroup` tests: no torch.distributed group, it
-reports its process id."""
+"""Rank workers for :class:`flowrl.engines.ranks.RankGroup` tests: no torch.distributed group; they
+report their process ids (and sleep or refuse when asked)."""
 
 from __future__ import annotations
 
@@ -12,3 +12,18 @@ class PidWorker:
 
     def shutdown(self) -> None:
         pass
+
+
+class SleepWorker(PidWorker):
+    """A rank that sleeps when asked (a call in progress, for a test to kill a rank under)."""
+
+    def sleep(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
+
+    def refuse(self) -> None:
+        """A user-facing error on every rank (the group stays usable)."""
+        from flowrl.engines.base import EngineConfigError
+
+        raise EngineConfigError(f"rank {self.coords['rank']} refuses")

@@ -19,8 +19,8 @@ OWNER = """
 import json, sys, time
 sys.path.insert(0, {here!r})
 from rank_workers import PidWorker
-from flowrl.engines.ranks import RankGroup
-group = RankGroup(PidWorker, None, 2, 120.0, name="probe")
+from flowrl.engines.ranks import ForkedRanks
+group = ForkedRanks(PidWorker, None, 2, 120.0, name="probe")
 print(json.dumps([c["pid"] for c in group.coords]), flush=True)
 time.sleep(600)
 """

@@ -299,8 +299,8 @@ def schedule(rng: random.Random, gpus_choices: tuple[str, ...], max_nodes: int, 
         return f"schedule main auto on {cluster} {{ staleness <= {rng.randint(1, 3)} }}\n", nodes, per, gpu
     total = nodes * per
     lines = []
-    # Train engines whose ranks are forked by one actor stay on one node (E442): on several nodes
-    # the pools are mostly separate, the trainer's within a node.
+    # On several nodes the pools are mostly separate, the trainer's within a node (a tensor-parallel
+    # group must stay within one: E429).
     separate = total >= 2 and rng.random() < (0.8 if nodes > 1 else 0.5)
     if separate:
         if nodes == 1:

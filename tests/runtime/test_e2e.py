@@ -257,7 +257,7 @@ def test_megatron_tp2_grpo_learns_and_matches_vllm(megatron_run):
 
 
 def test_a_train_rank_killed_mid_step_is_restarted_from_the_checkpoint(workdir, megatron_run, ray_address):
-    """``kill -9`` of one rank process of the Megatron engine (rank 1 of tp = 2) while it trains step 5:
+    """``kill -9`` of one rank actor of the Megatron engine (rank 1 of tp = 2) while it trains step 5:
     the engine stops its ranks, the run names the engine and the dead rank (an engine fault, issue 14),
     restarts the engines from step 3's checkpoint (``--restarts 1``) and ends with the undisturbed run's
     metrics."""
@@ -270,7 +270,7 @@ def test_a_train_rank_killed_mid_step_is_restarted_from_the_checkpoint(workdir, 
     assert _undisturbed(result.rows) == _undisturbed(calm.rows)
     restart = next(line for line in said.getvalue().splitlines() if line.startswith("flowrl: restart"))
     assert restart.startswith("flowrl: restart 1 of 1: engine `policy.train` (train actor: "), restart
-    assert "rank process died during train" in restart and "exit code -9" in restart, restart
+    assert "rank process died during train_step (megatron-rank1 (plan node 0, Ray node " in restart, restart
     assert restart.endswith("the engines start again from its checkpoint of step 3"), restart
 
 

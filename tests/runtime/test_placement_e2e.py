@@ -213,6 +213,31 @@ def test_two_plan_nodes_land_on_two_ray_nodes_and_a_lost_node_is_named(cluster):
     assert "The actor died because its node has died. Node Id: " + lost["id"] in message, message
 
 
+RANKS_ACROSS_NODES = """
+schedule main on cluster(nodes = 2, gpus_per_node = 2) {
+  pool train = gpus(gpus = 2, nodes = 2)
+  pool gen = gpus(gpus = 2, nodes = 2)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+  policy.train = torch(dp = 2)
+}
+"""
+
+
+@pytest.mark.long  # make test-long, 123 s; in make test: megatron(tp = 2, dp = 2) rank actors on 2 fake nodes (tests/engines/test_rank_actors.py), rank actors through the runtime on one node (test_e2e's megatron runs)
+def test_a_train_engine_over_two_plan_nodes_runs_a_rank_actor_on_each(cluster):
+    """``torch(dp = 2)`` (fsdp's ranks) on a pool over both nodes, the reference colocated with it: each
+    engine's rank 0 runs on one Ray node and rank 1 on the other, as planned (``placement.json``'s rank
+    rows), and two steps train and sync to vLLM's replicas on both nodes."""
+    _, result = _run(cluster, "ranks_across_nodes", RANKS_ACROSS_NODES, steps=2)
+    ranks = {(r["engine"], r["rank"]): r for r in _placement(result) if r.get("actor") == "rank"}
+    assert set(ranks) == {(e, r) for e in ("policy.train", "grpo.ref.train") for r in (0, 1)}
+    for (engine, rank), r in ranks.items():
+        assert r["node"] == rank and r["node_id"] == r["bundle_node_id"] == r["target_node_id"], r
+    assert ranks["policy.train", 0]["node_id"] != ranks["policy.train", 1]["node_id"]  # two Ray nodes
+    assert [r["step"] for r in result.rows] == [1, 2] and all(r["sync/bytes"] > 0 for r in result.rows)
+
+
 def test_a_plan_larger_than_the_cluster_names_what_is_missing(cluster):
     with pytest.raises(Exception) as info:
         _run(cluster, "too_big", TWO_NODES.format(per=4), steps=1)

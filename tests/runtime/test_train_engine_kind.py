@@ -39,7 +39,7 @@ def _adapter(e) -> tuple[str, dict]:
 
 def test_a_single_rank_engine_runs_larger_layouts_on_its_records_multi_rank_engine():
     assert runs_on("torch", 1).name == "torch"
-    assert runs_on("torch", 2).name == "fsdp" and runs_on("torch", 2).ranks == "forked"
+    assert runs_on("torch", 2).name == "fsdp" and runs_on("torch", 2).ranks == "actors"
     assert runs_on("megatron", 2).name == "megatron"
     assert runs_on("fsdp", 1).name == "fsdp"
 

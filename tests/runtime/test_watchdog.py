@@ -149,7 +149,7 @@ def test_an_actor_that_died_is_named_and_a_failed_constructor_keeps_its_own_erro
 
 
 def test_a_dead_rank_process_is_the_engine_s_death_and_other_task_errors_pass(monkeypatch):
-    """A train engine that forks its ranks raises RankProcessError naming the dead rank processes (killed,
+    """A train engine with several ranks raises RankProcessError naming the dead rank processes (killed,
     out of memory): that is EngineDied (which --restarts restarts); any other error of a task passes."""
     import pickle
     import sys

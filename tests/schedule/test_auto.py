@@ -70,15 +70,12 @@ def test_partial_rollout_in_auto_needs_staleness_two(plan_of):
 
 
 def test_large_models_need_sharded_layouts(plan_of):
-    """A 14B policy does not fit replicated (E428); a train engine's ranks are forked by one Ray
-    actor, so no train layout may span the two nodes (E442): the winner trains on one node."""
+    """A 14B policy does not fit replicated (E428): the winner shards it (megatron or fsdp)."""
     plan = plan_of(auto('cluster(nodes = 2, gpus_per_node = 8, gpu = "H100")', "  staleness <= 2",
                         model='hf("Qwen/Qwen2.5-14B")', max_tokens=2048))
     train = next(m.train_engine for m in plan.models if m.id == "policy")
     assert train.kind in ("megatron", "fsdp") and train.memory.total_gb <= 80
-    assert len({g // 8 for g in train.gpus}) == 1
     assert any(k.startswith("E428") for k in plan.search.rejected)
-    assert any(k.startswith("E442") for k in plan.search.rejected)
 
 
 def test_nothing_fits_is_one_error_at_the_schedule_line(compile_flow):
@@ -144,5 +141,6 @@ def test_explain_lists_every_engine_considered(capsys):
     out = capsys.readouterr().out
     block = out.split("  engines (every one the catalogue has for the flow's roles):\n")[1].split("  runners-up:")[0]
     rows = [line.split()[:3] for line in block.splitlines()]
-    assert ["rollout", "vllm", "chosen"] in rows and ["train", "torch", "chosen"] in rows
+    # a train engine may span the 8 nodes (its ranks are Ray actors): the search picks megatron(tp = 2) over them
+    assert ["rollout", "vllm", "chosen"] in rows and ["train", "megatron", "chosen"] in rows
     assert {r[1] for r in rows} == {"vllm", "sglang", "hf_generate", "torch", "fsdp", "megatron"}

@@ -239,8 +239,6 @@ def test_compare_async_anchor_shape(monkeypatch):
     modes = [r["mode"] for r in rows]
     assert modes == ["sync", "one-step-off", "bounded async (s=4)", "partial rollout"]
     sync = rows[0]
-    # 2 nodes: a train engine's ranks are forked by one Ray actor (E442), so no train layout spans
-    # both nodes and the synchronous winner trains on one node
     assert sync["speedup"] == 1.0 and "staleness 1" in sync["schedule"]
     assert all(r["step_s"] > 0 and r["anchor"] or r["mode"] == "sync" for r in rows)
     best_async = min(r["step_s"] for r in rows[1:])

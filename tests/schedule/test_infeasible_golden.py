@@ -1,7 +1,7 @@
 """Golden set of infeasible schedules: each ``infeasible/NAME.flow`` fails with exactly the
 diagnostics in ``NAME.expected`` (rendered as ``flowrl check`` prints them).
 
-Every schedule-feasibility code (E422-E437, E439-E443) has at least one program here, each message
+Every schedule-feasibility code (E422-E437, E439-E441, E443) has at least one program here, each message
 gives its numbers and points at a schedule line. Regenerate with
 ``FLOWRL_REGEN=1 pytest tests/schedule`` and read the diff as a user would.
 """
@@ -21,8 +21,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CASES = sorted((HERE / "infeasible").glob("*.flow"))
 REGEN = os.environ.get("FLOWRL_REGEN") == "1"
-FEASIBILITY_CODES = {f"E{n}" for n in (*range(422, 438), *range(439, 444))}
-"""E438 (a sampling option the rollout engine refuses) points at the `generate` in the flow: tests/golden/invalid."""
+FEASIBILITY_CODES = {f"E{n}" for n in (*range(422, 438), 439, 440, 441, 443)}
+"""E438 (a sampling option the rollout engine refuses) points at the `generate` in the flow: tests/golden/invalid.
+E442 (a train engine's ranks forked on one node) is gone: its ranks are Ray actors on their own nodes."""
 NO_PROGRAM = {"E441": "no engine of the catalogue limits a layout on a platform today (tensor parallelism "
                       "on CPU was the last: vLLM's and SGLang's run); tests/schedule/test_catalog_engines.py "
                       "checks it with a record that does"}

@@ -53,8 +53,7 @@ schedule main on cluster(nodes = 2, gpus_per_node = 8, gpu = "H100") {
 
 
 def test_pool_spanning_nodes_packs(plan_of):
-    # train engines fork their ranks from one Ray actor (E442: one node), rollout replicas may
-    # span nodes: the 2-node pool holds the rollout engine, the trainers share GPU 3
+    # the 2-node pool holds the rollout engine's replicas, the trainers share GPU 3
     plan = plan_of(grpo(schedule="""
 schedule main on cluster(nodes = 2, gpus_per_node = 4) {
   pool gen = gpus(gpus = 6, nodes = 2)

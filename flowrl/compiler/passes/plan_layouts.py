@@ -11,8 +11,7 @@ record)
 
 * uses exactly its pool (E424), runs on the cluster's platform within its limits (E440,
   E441), fits the model's heads, KV heads and layers (E425-E427), keeps tensor-parallel
-  groups (E429) and engines whose ranks one actor forks (E442) within a node, and fits in
-  memory alone (E428, E430);
+  groups within a node (E429), and fits in memory alone (E428, E430);
 
 the engines sharing a pool fit together in every phase the runtime runs (E439,
 :mod:`flowrl.compiler.schedule.memory`), and every ``generate`` asks its rollout engine only

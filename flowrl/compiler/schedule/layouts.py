@@ -16,8 +16,8 @@ limits. A layout
   splits them as it can: ``ep`` only for a mixture of experts, dividing its experts per layer
   and ``dp``, with tp = 1 for a mixture of experts
   (:func:`~flowrl.catalog.architectures.expert_layout_problems`, read by the engine too) (E614);
-* keeps each tensor-parallel group on one node (E429), and an engine whose ranks are
-  forked by one Ray actor on one node altogether (E442);
+* keeps each tensor-parallel group on one node (E429) (a train engine's other ranks may
+  span nodes: each is a Ray actor on its own GPU's node);
 * fits in memory (E428): weights, gradients, optimizer states, activations (train
   engines), or weights + workspace inside the rollout engine's reservation, with room
   for at least one sequence of KV cache (E430);
@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from flowrl.catalog.adapters import lora_params
 from flowrl.catalog.architectures import expert_layout_problems
-from flowrl.catalog.engines import ENGINES, FORKED_RANKS_WHY, EngineSpec, default_engine
+from flowrl.catalog.engines import ENGINES, EngineSpec, default_engine
 from flowrl.catalog.models import ModelFacts
 from flowrl.catalog.ops import OpKind
 from flowrl.compiler.sched import LayoutSpec, model_of, role_of
@@ -98,7 +98,6 @@ def layout_engine(key: str, placed: EnginePlan, lspec: LayoutSpec | None, facts:
     problems += shape_problems(key, kind, par["tp"], par["pp"], facts, span)
     problems += expert_problems(key, plan, facts, span)
     problems += node_problems(key, plan, pool, span)
-    problems += forked_problems(key, spec, plan, pool, span)
     plan = replace(plan, gpus=tuple(pool.gpu_ids[:plan.world_size]), bundles=tuple(range(plan.world_size)))
     if facts is not None and not problems:
         mem = engine_memory(kind, role, plan, facts, hw, work, trainable, model_of(key))
@@ -228,26 +227,6 @@ def node_problems(key: str, plan: EnginePlan, pool: PoolPlan, span: Span) -> lis
                 "tensor parallelism needs the fast links inside a node: keep tp within a node's GPUs "
                 "and use pp or dp across nodes")]
     return []
-
-
-def rank_style(spec: EngineSpec, world_size: int) -> str:
-    """How an engine's ranks become processes at this size: its record's ``ranks``, or, for a
-    single-rank engine with more ranks, that of the engine whose ranks run it (``multi_rank_as``)."""
-    if spec.ranks == "single" and world_size > 1 and spec.multi_rank_as:
-        return ENGINES[spec.multi_rank_as].ranks
-    return spec.ranks
-
-
-def forked_problems(key: str, spec: EngineSpec, plan: EnginePlan, pool: PoolPlan, span: Span) -> list[Diagnostic]:
-    """E442: an engine whose ranks one Ray actor forks, on GPUs of more than one node."""
-    nodes = sorted(set(pool.nodes[:plan.world_size]))
-    if len(nodes) <= 1 or rank_style(spec, plan.world_size) != "forked":
-        return []
-    return [Diagnostic(
-        "E442", f"`{key}` = {label_of(plan)} runs on {len(nodes)} nodes ({', '.join(map(str, nodes))}) of pool "
-                f"`{pool.name}`, but {FORKED_RANKS_WHY}", span,
-        f"place `{key}` on a pool of one node's GPUs (`pool NAME = gpus(gpus = N)` with N at most the GPUs of "
-        f"a node stays on one node), or give it fewer than {plan.world_size} ranks")]
 
 
 def sampling_problems(graph: FlowGraph, engines: dict[str, EnginePlan]) -> list[Diagnostic]:
@@ -433,5 +412,5 @@ def _choose_rollout(key: str, placed: EnginePlan, facts, hw, pool: PoolPlan, wor
     return first
 
 
-__all__ = ["layout_engine", "shape_problems", "node_problems", "forked_problems", "platform_problems",
-           "memory_problems", "engine_memory", "sampling_problems", "label_of", "rank_style", "micro_batch"]
+__all__ = ["layout_engine", "shape_problems", "node_problems", "platform_problems",
+           "memory_problems", "engine_memory", "sampling_problems", "label_of", "micro_batch"]

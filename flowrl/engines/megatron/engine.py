@@ -1,7 +1,8 @@
 """The ``megatron`` :class:`~flowrl.engines.base.TrainEngine`: a group of Megatron rank processes.
 
-``MegatronTrainEngine`` is the driver-side handle. It spawns ``tp * pp * dp * cp`` processes
-(``torch.multiprocessing``, spawn start method), each hosting one
+``MegatronTrainEngine`` is the driver-side handle. It starts ``tp * pp * dp * cp`` ranks
+(:func:`~flowrl.engines.rank_hosts.start_ranks`: processes forked here, or under Ray one actor per
+rank in the bundle the plan gave it), each hosting one
 :class:`~flowrl.engines.megatron.worker.MegatronRank`; the ranks form one
 ``torch.distributed`` group (gloo on CPU, NCCL on GPUs) with Megatron's
 ``parallel_state`` laid out as (tp, pp, dp, cp). Every Protocol call is broadcast to all
@@ -31,7 +32,8 @@ import torch
 from flowrl.catalog.architectures import expert_layout_problems
 from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
-from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankProcessError, cloudpickle_module
+from flowrl.engines.rank_hosts import start_ranks
+from flowrl.engines.ranks import RankedTrainEngine, RankGroup, RankPlacement, RankProcessError, cloudpickle_module
 from flowrl.engines.torch_train import OptimConfig
 from flowrl.engines.types import TokenBatch
 
@@ -60,12 +62,13 @@ _PRELOAD = (
 (importing torch + Megatron costs ~10 s of CPU per process otherwise)."""
 
 
-def _rank_group(options: RankOptions, start_timeout_s: float) -> RankGroup:
-    """Start ``tp * pp * dp * cp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` processes."""
+def _rank_group(options: RankOptions, start_timeout_s: float, placement: RankPlacement | None = None) -> RankGroup:
+    """Start ``tp * pp * dp * cp`` :class:`~flowrl.engines.megatron.worker.MegatronRank` ranks: forked
+    processes, or Ray actors where ``placement`` says (:func:`~flowrl.engines.rank_hosts.start_ranks`)."""
     from flowrl.engines.megatron.worker import MegatronRank
 
-    return RankGroup(MegatronRank, options, options.world_size, start_timeout_s, name="megatron",
-                     preload=_PRELOAD, error_cls=MegatronRankError)
+    return start_ranks(MegatronRank, options, options.world_size, start_timeout_s, name="megatron",
+                       preload=_PRELOAD, error_cls=MegatronRankError, placement=placement)
 
 
 class MegatronTrainEngine(RankedTrainEngine):
@@ -93,6 +96,8 @@ class MegatronTrainEngine(RankedTrainEngine):
             apply (tests show with it that each shim is needed).
         device: accepted for signature compatibility with the torch engine; ranks use
             CUDA when it is available, else the CPU.
+        placement: under Ray, where each rank's actor runs (the runtime passes it); None: the
+            ranks are processes forked on this machine.
     """
 
     meta_file = META_FILE
@@ -120,6 +125,7 @@ class MegatronTrainEngine(RankedTrainEngine):
         timeout_s: float = 600.0,
         skip_cpu_shims: tuple[str, ...] = (),
         device: str | None = None,
+        placement: RankPlacement | None = None,
         **unused: Any,
     ):
         _check_installed()
@@ -143,7 +149,7 @@ class MegatronTrainEngine(RankedTrainEngine):
             compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )
         self.step = 0
-        self._start(_rank_group(self.options, self.timeout_s))
+        self._start(_rank_group(self.options, self.timeout_s, placement))
 
     @property
     def layout(self) -> dict[str, int]:

@@ -33,7 +33,7 @@ import torch
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
-from flowrl.engines.ranks import dp_slices
+from flowrl.engines.ranks import dp_slices, local_device_index
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError
 from flowrl.engines.megatron.context_parallel import cp_layer_spec, cp_token_index, gather_sequence, padded_width
 from flowrl.engines.megatron.convert import (
@@ -234,7 +234,7 @@ class MegatronRank:
 
         backend = self.options.backend or (dist.Backend.NCCL if torch.cuda.is_available() else dist.Backend.GLOO)
         if backend == dist.Backend.NCCL:
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            torch.cuda.set_device(local_device_index())  # the GPU its host gave this rank
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
         apply_cpu_shims(skip=self.options.skip_cpu_shims)  # no-op when a GPU is visible
         from megatron.core import parallel_state, tensor_parallel
