@@ -276,8 +276,13 @@ def layout(rng: random.Random, engine: str, gpus: int) -> str:
     return f"{engine}({', '.join(parts)})"
 
 
-def resync(rng: random.Random) -> str:
-    name = _pick(rng, sorted(PROTOCOLS))
+def resync(rng: random.Random, colocated: bool = False) -> str:
+    """A resync statement; for colocated engines, half of the time a protocol of the local route
+    (some run nowhere else: ``cuda_ipc``), so that every protocol is drawn where it can be planned."""
+    names = sorted(PROTOCOLS)
+    if colocated and rng.random() < 0.5:
+        names = [n for n in names if "local" in PROTOCOLS[n].routes]
+    name = _pick(rng, names)
     opts = []
     for opt, kw in sorted(PROTOCOLS[name].options.items()):
         if rng.random() < 0.4 and kw.type != "str":
@@ -302,6 +307,7 @@ def schedule(rng: random.Random, gpus_choices: tuple[str, ...], max_nodes: int, 
     # On several nodes the pools are mostly separate, the trainer's within a node (a tensor-parallel
     # group must stay within one: E429).
     separate = total >= 2 and rng.random() < (0.8 if nodes > 1 else 0.5)
+    colocated = False
     if separate:
         if nodes == 1:
             gen = _pick(rng, range(1, total))
@@ -321,7 +327,8 @@ def schedule(rng: random.Random, gpus_choices: tuple[str, ...], max_nodes: int, 
         train_gpus, gen_gpus = train, gen
     else:
         train_gpus = gen_gpus = total
-        if rng.random() < 0.5:
+        colocated = rng.random() < 0.5
+        if colocated:
             lines.append("colocate policy.train, policy.rollout")
     if rng.random() < 0.8:
         lines.append(f"policy.train = {layout(rng, _pick(rng, engines_serving('train')), train_gpus)}")
@@ -330,7 +337,7 @@ def schedule(rng: random.Random, gpus_choices: tuple[str, ...], max_nodes: int, 
     if rng.random() < 0.7:
         lines.append(f"staleness {_pick(rng, (0, 1, 1, 2, 2, 2, 3, 3, 3, 3))}")  # 0 is refused (E408)
     if rng.random() < 0.7:
-        lines.append(resync(rng))
+        lines.append(resync(rng, colocated))
     for call, kwargs in sorted(SCHED_CALLS.items()):
         if rng.random() < 0.25:
             opts = ", ".join(f"{k} = {_lit(draw_option(rng, k, kw))}" for k, kw in sorted(kwargs.items())
