@@ -291,24 +291,31 @@ class VLLMRolloutEngine:
 
             self._lora = config_of(options.lora, model_path)
             extra.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank(self._lora.r))
-        self.llm = LLM(
-            model=model_path,
-            dtype=options.dtype,
-            max_model_len=options.max_model_len,
-            seed=options.seed,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            tensor_parallel_size=options.tensor_parallel_size,
-            enforce_eager=options.enforce_eager if options.enforce_eager is not None else cpu,
-            distributed_executor_backend=backend,
-            enable_prefix_caching=options.enable_prefix_caching,
-            enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
-            enable_chunked_prefill=options.enable_chunked_prefill if options.enable_chunked_prefill is not None
-            else not cpu,
-            logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
-            worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
-            **extra,
-            **options.engine_kwargs,
-        )
+        # vLLM's CPU worker binds its OpenMP threads, then replaces torch.set_num_threads
+        # process-wide with a no-op. When that worker lives in this process, every later caller
+        # here (a trainer, the warm start) would silently keep vLLM's thread count: give it back.
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = LLM(
+                model=model_path,
+                dtype=options.dtype,
+                max_model_len=options.max_model_len,
+                seed=options.seed,
+                gpu_memory_utilization=options.gpu_memory_utilization,
+                tensor_parallel_size=options.tensor_parallel_size,
+                enforce_eager=options.enforce_eager if options.enforce_eager is not None else cpu,
+                distributed_executor_backend=backend,
+                enable_prefix_caching=options.enable_prefix_caching,
+                enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
+                enable_chunked_prefill=options.enable_chunked_prefill if options.enable_chunked_prefill is not None
+                else not cpu,
+                logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
+                worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
+                **extra,
+                **options.engine_kwargs,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
 
     # ------------------------------------------------------------------ sampling

@@ -36,6 +36,17 @@ def test_engine_runs_in_process_with_direct_weight_updates(engine):
     assert engine.llm.llm_engine.model_config.logprobs_mode == "processed_logprobs"
 
 
+def test_an_in_process_engine_leaves_torch_threads_settable(engine):
+    # vLLM's CPU worker swaps torch.set_num_threads for a no-op; the engine puts it back, so a
+    # trainer (or the warm start) in this process still sets its own thread count.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(before + 1)
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_grouped_completions(engine):
     contract.check_grouped_completions(engine)
 

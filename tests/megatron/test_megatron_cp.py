@@ -112,5 +112,5 @@ def test_cp2_save_load_resumes_bit_identically(tiny_dir, tmp_path):
 
 
 def test_bad_cp_is_refused_before_any_process_starts(tiny_dir):
-    with pytest.raises(EngineConfigError, match="cp=0: each must be an integer >= 1"):
+    with pytest.raises(EngineConfigError, match="^cp=0: each of tp, pp, dp, cp and ep must be an integer >= 1"):
         MegatronTrainEngine(tiny_dir, cp=0)

@@ -22,7 +22,7 @@ from flowrl.engines.torch_train import TorchTrainEngine  # noqa: E402
         ({"pp": 3}, "num_hidden_layers=2 is not divisible by pp=3"),
         ({"role": "judge"}, "role='judge' is not a train-engine role"),
         ({"temperature": 0.0}, "temperature=0.0 must be > 0"),
-        ({"dp": 0}, "each must be an integer >= 1"),
+        ({"dp": 0}, "dp=0: each of tp, pp, dp, cp and ep must be an integer >= 1"),
         ({"dtype": "bfloat16"}, "needs a GPU"),
     ],
 )

@@ -86,7 +86,7 @@ def test_layouts_that_cannot_split_the_experts_are_refused(moe_dir, tmp_path):
 
     with pytest.raises(EngineConfigError, match="ep = 2 does not divide dp = 1"):
         MegatronTrainEngine(moe_dir, ep=2)  # refused before any rank process starts
-    with pytest.raises(EngineConfigError, match="ep=0: each must be an integer >= 1"):
+    with pytest.raises(EngineConfigError, match="^ep=0: each of tp, pp, dp, cp and ep must be an integer >= 1"):
         MegatronTrainEngine(moe_dir, ep=0)
 
 

@@ -253,11 +253,12 @@ def _check_installed() -> None:
 
 def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int, dp: int, cp: int, ep: int,
                 dtype: str) -> None:
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
+    bad = ", ".join(f"{k}={v!r}" for k, v in sizes.items() if not (isinstance(v, int) and v >= 1))
     checks = (
         (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
         (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
-        (all(isinstance(n, int) and n >= 1 for n in (tp, pp, dp, cp, ep)),
-         f"tp={tp!r}, pp={pp!r}, dp={dp!r}, cp={cp!r}, ep={ep!r}: each must be an integer >= 1"),
+        (not bad, f"{bad}: each of tp, pp, dp, cp and ep must be an integer >= 1"),
         (dtype == "float32" or torch.cuda.is_available(),
          f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
         (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),
