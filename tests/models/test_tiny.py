@@ -87,6 +87,9 @@ def test_loads_in_vllm_with_matching_logprobs(tiny_llama_dir, tmp_path, monkeypa
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
+    # vLLM's in-process CPU worker makes torch.set_num_threads a no-op for the whole process
+    # (VLLMRolloutEngine gives it back; this bare LLM does not): undone after the test.
+    monkeypatch.setattr(torch, "set_num_threads", torch.set_num_threads)
     from vllm import LLM, SamplingParams
 
     llm = LLM(
