@@ -82,9 +82,8 @@ def plan_ranks(lengths: list[int], ranks: int, *, max_rows: int, max_tokens: int
     if max_tokens > 0:
         shares = balance(lengths, ranks) if ranks > 1 else [list(range(n))]
     else:
-        base, extra = divmod(n, ranks)
-        starts = [r * base + min(r, extra) for r in range(ranks + 1)]
-        shares = [list(range(starts[r], starts[r + 1])) for r in range(ranks)]
+        bounds = [round(r * n / ranks) for r in range(ranks + 1)]  # flowrl.engines.ranks.dp_slices' rule
+        shares = [list(range(bounds[r], bounds[r + 1])) for r in range(ranks)]
     plans = [micro_batches(lengths, rows, max_rows=max_rows, max_tokens=max_tokens) for rows in shares]
     most = max(len(p) for p in plans)
     for plan in plans:
@@ -96,6 +95,11 @@ def plan_ranks(lengths: list[int], ranks: int, *, max_rows: int, max_tokens: int
             k = plan.index(big)
             plan[k:k + 1] = [big[: len(big) // 2], big[len(big) // 2:]]
     return plans
+
+
+def rank_rows(plans: list[list[list[int]]]) -> list[list[int]]:
+    """Each rank's rows in ascending order (the order a rank returns its forward outputs in)."""
+    return [sorted(i for m in plan for i in m) for plan in plans]
 
 
 def lengths_of(batch: TokenBatch) -> list[int]:
@@ -151,4 +155,4 @@ def pad_fraction(batch: TokenBatch, plan: list[list[int]], packed: bool) -> floa
     return 1.0 - real / slots if slots else 0.0
 
 
-__all__ = ["balance", "micro_batches", "plan_ranks", "lengths_of", "Packed", "pack", "unpack", "pad_fraction"]
+__all__ = ["balance", "micro_batches", "plan_ranks", "rank_rows", "lengths_of", "Packed", "pack", "unpack", "pad_fraction"]

@@ -85,3 +85,25 @@ def test_pack_masks_attention_within_each_sequence():
     assert allowed[3].tolist() == [0, 0, 0, 1, 0, 0] and allowed[5].tolist() == [0, 0, 0, 1, 1, 1]
     values = torch.arange(6.0)
     assert batching.unpack(values, p.lengths, 4).tolist() == [[0, 1, 2, 0], [3, 4, 5, 0]]
+
+
+def test_fsdp_dp2_token_budget_packed_matches_torch_padded(tiny_model_dir):
+    from flowrl.engines.fsdp import FsdpTrainEngine
+    from flowrl.engines.torch_train import TorchTrainEngine
+
+    batch = _long_tailed(8, seed=5)
+    optim = OptimConfig(lr=1e-2, eps=1e-3)
+    ref = TorchTrainEngine(tiny_model_dir, optim=optim)
+    ref_out = ref.forward(batch, entropy=True)
+    ref_stats = ref.train_step(batch, sft_loss, micro_batch_size=3)
+    ref_weights = dict(ref.named_weights())
+    with FsdpTrainEngine(tiny_model_dir, optim=optim, dp=2) as eng:
+        out = eng.forward(batch, entropy=True, micro_batch_size=2, micro_batch_tokens=30, pack=True)
+        stats = eng.train_step(batch, sft_loss, micro_batch_size=3, micro_batch_tokens=30, pack=True)
+        weights = dict(eng.named_weights())
+    for key in ref_out:
+        torch.testing.assert_close(out[key], ref_out[key], atol=1e-5, rtol=1e-5)
+    assert stats["loss"] == pytest.approx(ref_stats["loss"], abs=1e-6)
+    assert stats["grad_norm"] == pytest.approx(ref_stats["grad_norm"], abs=1e-5)
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, ref_weights[name], atol=1e-5, rtol=1e-5)
