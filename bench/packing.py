@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 if i >= args.warmup:
                     times.append(time.perf_counter() - t0)
                 first = first or stats
-            plan = batching.plan_ranks(lengths, 1, max_rows=args.micro, max_tokens=budget)[0]
+            plan = batching.plan_ranks(lengths, 1, max_rows=args.micro, max_tokens=budget,
+                                       padded=not kw.get("pack", False))[0]
             step = statistics.median(times)
             rows.append({"mode": mode, "micro_batch": args.micro, "budget": budget, "micro_batches": len(plan),
                          "pad_fraction": first["pad_fraction"], "step_s": step, "tokens_per_s": real / step,

@@ -22,8 +22,10 @@ rows are split into micro-batches changes the gradient only by float rounding.
 
 >>> balance([5, 4, 3, 3, 1], 2)
 [[0, 3], [1, 2, 4]]
->>> micro_batches([9, 2, 3, 5, 1], [0, 1, 2, 3, 4], max_rows=8, max_tokens=6)
+>>> micro_batches([9, 2, 3, 5, 1], [0, 1, 2, 3, 4], max_rows=8, max_tokens=6, padded=False)
 [[0], [3, 4], [2, 1]]
+>>> micro_batches([9, 2, 3, 5, 1], [0, 1, 2, 3, 4], max_rows=8, max_tokens=6)  # rows x longest <= 6
+[[0], [3], [2, 1], [4]]
 """
 
 from __future__ import annotations
@@ -48,33 +50,39 @@ def balance(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(rows) for rows in out]
 
 
-def micro_batches(lengths: list[int], rows: list[int], *, max_rows: int, max_tokens: int = 0) -> list[list[int]]:
+def micro_batches(lengths: list[int], rows: list[int], *, max_rows: int, max_tokens: int = 0,
+                  padded: bool = True) -> list[list[int]]:
     """Split ``rows`` (indices into ``lengths``) into micro-batches.
 
     ``max_tokens == 0``: consecutive runs of ``max_rows`` rows (the padded path's split).
-    ``max_tokens > 0``: first-fit decreasing into bins of ``max_tokens`` real tokens; a row longer
-    than the budget fills a bin alone.
+    ``max_tokens > 0``: first-fit decreasing into bins of ``max_tokens`` tokens; a row longer than
+    the budget fills a bin alone. A ``padded`` micro-batch counts its token slots (rows x its
+    longest row: what it costs run padded, so the budget bounds its activations), a packed one its
+    real tokens; either way it holds at most ``max_tokens`` real tokens.
     """
     if max_tokens <= 0:
         return [rows[s:s + max_rows] for s in range(0, len(rows), max_rows)]
     bins: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(rows, key=lambda i: (-lengths[i], i)):
-        b = next((b for b, free in enumerate(room) if free >= lengths[i]), None)
+    used: list[int] = []  # real tokens per bin
+    for i in sorted(rows, key=lambda i: (-lengths[i], i)):  # a bin's first row is its longest
+        cost = (lambda b: (len(bins[b]) + 1) * lengths[bins[b][0]]) if padded else (lambda b: used[b] + lengths[i])
+        b = next((b for b in range(len(bins)) if cost(b) <= max_tokens), None)
         if b is None:
             bins.append([i])
-            room.append(max_tokens - lengths[i])
+            used.append(lengths[i])
         else:
             bins[b].append(i)
-            room[b] -= lengths[i]
+            used[b] += lengths[i]
     return bins
 
 
-def plan_ranks(lengths: list[int], ranks: int, *, max_rows: int, max_tokens: int = 0) -> list[list[list[int]]]:
+def plan_ranks(lengths: list[int], ranks: int, *, max_rows: int, max_tokens: int = 0,
+               padded: bool = True) -> list[list[list[int]]]:
     """Per rank, its micro-batches (lists of row indices).
 
     With a token budget the rows are balanced over ranks by tokens (:func:`balance`); without one
-    each rank keeps its contiguous slice (the padded path, unchanged). Ranks with fewer
+    each rank keeps its contiguous slice (the padded path, unchanged). ``padded``: see
+    :func:`micro_batches` (False when the micro-batches run packed). Ranks with fewer
     micro-batches split their largest multi-row one until all have as many; a rank with too few
     rows to split that far runs zero-weight passes (the engine's business).
     """
@@ -84,7 +92,7 @@ def plan_ranks(lengths: list[int], ranks: int, *, max_rows: int, max_tokens: int
     else:
         bounds = [round(r * n / ranks) for r in range(ranks + 1)]  # flowrl.engines.ranks.dp_slices' rule
         shares = [list(range(bounds[r], bounds[r + 1])) for r in range(ranks)]
-    plans = [micro_batches(lengths, rows, max_rows=max_rows, max_tokens=max_tokens) for rows in shares]
+    plans = [micro_batches(lengths, rows, max_rows=max_rows, max_tokens=max_tokens, padded=padded) for rows in shares]
     most = max(len(p) for p in plans)
     for plan in plans:
         while len(plan) < most:
@@ -155,4 +163,5 @@ def pad_fraction(batch: TokenBatch, plan: list[list[int]], packed: bool) -> floa
     return 1.0 - real / slots if slots else 0.0
 
 
-__all__ = ["balance", "micro_batches", "plan_ranks", "rank_rows", "lengths_of", "Packed", "pack", "unpack", "pad_fraction"]
+__all__ = ["balance", "micro_batches", "plan_ranks", "rank_rows", "lengths_of", "Packed", "pack", "unpack",
+           "pad_fraction"]

@@ -133,7 +133,8 @@ class FsdpTrainEngine(RankedTrainEngine):
             raise EngineConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 0 (0: micro-batches by rows)")
         parts = self._group.call("forward", self.timeout_s, batch=batch, entropy=entropy, values=values,
                                  micro_batch_size=size, micro_batch_tokens=micro_batch_tokens, pack=pack)
-        plans = batching.plan_ranks(batching.lengths_of(batch), self.dp, max_rows=size, max_tokens=micro_batch_tokens)
+        plans = batching.plan_ranks(batching.lengths_of(batch), self.dp, max_rows=size, max_tokens=micro_batch_tokens,
+                                    padded=not pack)
         order = torch.tensor([i for rows in batching.rank_rows(plans) for i in rows], dtype=torch.long)
         out = {}
         for key in parts[0]:

@@ -149,11 +149,13 @@ class FsdpRank:
 
     # ---------------------------------------------------------------- batches
 
-    def _plan(self, batch: TokenBatch, size: int, tokens: int) -> tuple[list[tuple[list[int], TokenBatch]], int]:
+    def _plan(self, batch: TokenBatch, size: int, tokens: int,
+              pack: bool) -> tuple[list[tuple[list[int], TokenBatch]], int]:
         """This rank's micro-batches (``(rows, trimmed micro-batch)``: ``size`` rows each, or at most
         ``tokens`` real tokens with rows balanced over ranks by tokens, :func:`batching.plan_ranks`)
         and how many padding passes keep it in step with the busiest rank."""
-        plans = batching.plan_ranks(batching.lengths_of(batch), self.world, max_rows=size, max_tokens=tokens)
+        plans = batching.plan_ranks(batching.lengths_of(batch), self.world, max_rows=size, max_tokens=tokens,
+                                    padded=not pack)
         micros = [(m, trim_padding(batch.select(torch.tensor(m, dtype=torch.long)))) for m in plans[self.rank]]
         return micros, max(len(p) for p in plans) - len(micros)
 
@@ -165,7 +167,7 @@ class FsdpRank:
         (:func:`batching.rank_rows`): ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0)."""
         eng = self.engine
         eng._check_request(entropy=entropy, values=values)
-        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens)
+        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens, pack)
         mine = sorted(i for rows, _ in micros for i in rows)
         where = {row: k for k, row in enumerate(mine)}
         width = batch.input_ids.shape[1]
@@ -198,7 +200,7 @@ class FsdpRank:
         entropy = eng.role == "actor" and eng.compute_entropy
         eng.model.train()
         eng.optimizer.zero_grad(set_to_none=True)
-        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens)
+        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens, pack)
         totals: dict[str, float] = {"loss": 0.0}
         for _, micro in micros:
             outputs = eng._outputs(micro, entropy=entropy, pack=pack)
@@ -217,7 +219,7 @@ class FsdpRank:
         if capture_grads:
             self._grads = self._collect(lambda p: p.grad, eng.model.named_parameters())
         plans = batching.plan_ranks(batching.lengths_of(batch), self.world, max_rows=micro_batch_size,
-                                    max_tokens=micro_batch_tokens)
+                                    max_tokens=micro_batch_tokens, padded=not pack)
         pad = batching.pad_fraction(batch, [m for plan in plans for m in plan], pack)
         return {**merged, "pad_fraction": pad, **eng._apply_gradients()}
 

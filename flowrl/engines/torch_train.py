@@ -300,11 +300,12 @@ class TorchTrainEngine:
             out["entropy"] = batching.unpack(token_entropy(logits, inside), p.lengths, width)
         return out
 
-    def _micro_batches(self, batch: TokenBatch, rows: int, tokens: int) -> list[tuple[torch.Tensor, TokenBatch]]:
+    def _micro_batches(self, batch: TokenBatch, rows: int, tokens: int,
+                       pack: bool) -> list[tuple[torch.Tensor, TokenBatch]]:
         """``(row indices, trimmed micro-batch)`` pairs covering ``batch`` (:func:`batching.plan_ranks`, one rank)."""
         if tokens < 0:
             raise EngineConfigError(f"micro_batch_tokens={tokens} must be >= 0 (0: micro-batches by rows)")
-        plan = batching.plan_ranks(batching.lengths_of(batch), 1, max_rows=rows, max_tokens=tokens)[0]
+        plan = batching.plan_ranks(batching.lengths_of(batch), 1, max_rows=rows, max_tokens=tokens, padded=not pack)[0]
         return [(idx, trim_padding(batch.select(idx))) for idx in (torch.tensor(m, dtype=torch.long) for m in plan)]
 
     def forward(
@@ -336,7 +337,7 @@ class TorchTrainEngine:
         if self.lora is not None and self.lora.dropout:
             self.model.eval()  # a log-prob pass runs without the adapters' dropout (the update's forward has it)
         with torch.no_grad():
-            for rows, micro in self._micro_batches(batch, size, micro_batch_tokens):
+            for rows, micro in self._micro_batches(batch, size, micro_batch_tokens, pack):
                 for key, value in self._outputs(micro, entropy=entropy, pack=pack).items():
                     full = out.setdefault(key, torch.zeros(batch.size, width, dtype=torch.float32))
                     full[rows, : value.shape[1]] = value.detach().float().cpu()
@@ -388,7 +389,7 @@ class TorchTrainEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
-        micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens)
+        micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens, pack)
         for _, micro in micros:
             outputs = self._outputs(micro, entropy=self.role == "actor" and self.compute_entropy, pack=pack)
             loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))

@@ -18,8 +18,8 @@ from flowrl.engines.types import Completion
 def test_plan_assigns_every_row_once_with_equal_micro_batch_counts(seed):
     rng = random.Random(seed)
     lengths = [rng.choice([rng.randint(2, 20), rng.randint(50, 300)]) for _ in range(rng.randint(1, 40))]
-    ranks, budget = rng.randint(1, 4), rng.choice([0, 64, 256])
-    plans = batching.plan_ranks(lengths, ranks, max_rows=rng.randint(1, 8), max_tokens=budget)
+    ranks, budget, padded = rng.randint(1, 4), rng.choice([0, 64, 256]), rng.random() < 0.5
+    plans = batching.plan_ranks(lengths, ranks, max_rows=rng.randint(1, 8), max_tokens=budget, padded=padded)
     rows = sorted(i for plan in plans for m in plan for i in m)
     assert rows == list(range(len(lengths)))
     most = max(len(plan) for plan in plans)
@@ -29,8 +29,9 @@ def test_plan_assigns_every_row_once_with_equal_micro_batch_counts(seed):
         totals = [sum(lengths[i] for m in plan for i in m) for plan in plans]
         assert max(totals) - min(totals) <= max(lengths)
         for plan in plans:
-            for m in plan:  # within the budget, or one long row alone
-                assert sum(lengths[i] for i in m) <= budget or len(m) == 1
+            for m in plan:  # within the budget (padded: rows x longest), or one long row alone
+                cost = len(m) * max(lengths[i] for i in m) if padded else sum(lengths[i] for i in m)
+                assert cost <= budget or len(m) == 1
 
 
 def test_balance_is_within_the_longest_row():
