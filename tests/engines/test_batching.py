@@ -6,8 +6,7 @@ import random
 
 import pytest
 import torch
-from engine_testkit import make_trainer, sft_loss
-from engine_testkit import batch_of, BOS_ID
+from engine_testkit import BOS_ID, batch_of, make_trainer, sft_loss
 
 from flowrl.engines import batching
 from flowrl.engines.torch_train import OptimConfig
@@ -108,3 +107,11 @@ def test_fsdp_dp2_token_budget_packed_matches_torch_padded(tiny_model_dir):
     assert stats["grad_norm"] == pytest.approx(ref_stats["grad_norm"], abs=1e-5)
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, ref_weights[name], atol=1e-5, rtol=1e-5)
+
+
+def test_packed_critic_values_equal_padded(tiny_model_dir):
+    engine = make_trainer(tiny_model_dir, role="critic")
+    batch = _long_tailed(6, seed=7)
+    padded = engine.forward(batch, values=True)["values"]
+    packed = engine.forward(batch, values=True, micro_batch_tokens=50, pack=True)["values"]
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
