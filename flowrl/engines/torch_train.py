@@ -166,6 +166,19 @@ def _load_model(path: str, role: str, dtype: torch.dtype, attn: str | None, seed
     return CriticModel(base, base.config.hidden_size, seed)
 
 
+def _sliding_window(path: str) -> int | None:
+    """The sliding attention window of the checkpoint at ``path`` (tokens), None when attention is global."""
+    import json
+
+    from flowrl.catalog.architectures import sliding_window
+
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        return sliding_window(json.load(f))
+
+
 def _without_dropout(model: nn.Module) -> nn.Module:
     """Turn dropout off, as RL trainers do (veRL, OpenRLHF, TRL's ``disable_dropout``; our Megatron
     engine builds with zero dropouts): the engine runs in train mode, and its log-probs must be the
@@ -228,6 +241,7 @@ class TorchTrainEngine:
         self.device = torch.device(device)
         self.compute_entropy = compute_entropy
         self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
+        self._window = _sliding_window(model_path)  # a packed row's mask cannot apply it (_packed_outputs)
         self.lora = None
         if lora is not None:
             from flowrl.engines import lora as adapters
@@ -284,6 +298,10 @@ class TorchTrainEngine:
         if ROUTES in batch.extras:
             raise EngineConfigError("pack=True with routing replay: the replayed routes are per padded row; "
                                     "use routing = \"native\" or pack = false")
+        window = self._window
+        if window is not None and int(batch.attention_mask.sum(dim=1).max()) > window:
+            raise EngineConfigError(f"pack=True on a model with a {window}-token sliding window and a longer "
+                                    "sequence: the packed row's mask does not apply the window; use pack = false")
         dtype = next(self.model.parameters()).dtype
         p = batching.pack(batch, dtype=dtype if dtype.is_floating_point else torch.float32)
         ids, pos, mask = p.input_ids.to(self.device), p.position_ids.to(self.device), p.attention_mask.to(self.device)

@@ -40,3 +40,25 @@ def test_megatron_refuses_token_batches(extra):
 
 def test_torch_with_dp2_runs_them_on_fsdp_ranks():
     assert _compile(", micro_batch_tokens = 256, pack = true", "torch(dp = 2)").sched is not None
+
+
+def _config_dir(tmp_path, **cfg):
+    import json
+
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "vocab_size": 64, "max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps({**base, **cfg}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("cfg, says", [
+    ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 16}, "sliding window of 16"),
+    ({"architectures": ["MyOwnForCausalLM"], "model_type": "mine"}, "`MyOwnForCausalLM`"),
+])
+def test_pack_refused_for_models_whose_attention_a_packed_mask_breaks(tmp_path, cfg, says):
+    path = _config_dir(tmp_path, **cfg)
+    text = FLOW.replace("tiny()", f'hf("{path}")').replace("{extra}", ", pack = true").replace("{train}", "torch()")
+    text = text.replace("gpus_per_node = 2", "gpus_per_node = 1").replace("dp = 2)", "dp = 1)")
+    with pytest.raises(FlowError) as e:
+        compile_text(text, "t.flow", allow_missing=True)
+    assert "E615" in str(e.value) and says in str(e.value), str(e.value)

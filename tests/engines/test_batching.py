@@ -115,3 +115,12 @@ def test_packed_critic_values_equal_padded(tiny_model_dir):
     padded = engine.forward(batch, values=True)["values"]
     packed = engine.forward(batch, values=True, micro_batch_tokens=50, pack=True)["values"]
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_packing_refuses_a_sliding_window_shorter_than_a_sequence(tiny_model_dir):
+    from flowrl.engines.base import EngineConfigError
+
+    engine = make_trainer(tiny_model_dir)
+    engine._window = 4  # as read from a Mistral-style config.json with sliding_window = 4
+    with pytest.raises(EngineConfigError, match="sliding window"):
+        engine.forward(_long_tailed(3, seed=2), pack=True)

@@ -13,7 +13,8 @@ option as written):
 * a packed model is an architecture of :data:`~flowrl.catalog.architectures.ARCHITECTURES`: those
   take a 4-D attention mask and per-sequence position ids in transformers' eager and sdpa kernels
   (:func:`flowrl.engines.batching.pack`); a class flowrl does not know may ignore them and attend
-  across sequences.
+  across sequences. Nor does it apply a sliding window shorter than the context (the packed mask
+  replaces the window's).
 
 A budget below the longest sequence is not an error: such a sequence runs alone.
 The graph is returned unchanged.
@@ -69,6 +70,10 @@ def check_packing(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
                                  "know to take a 4-D attention mask and per-sequence position ids", span,
                          f"drop `pack = true` (`micro_batch_tokens` alone still cuts the padding); packing runs "
                          f"{', '.join(sorted(ARCHITECTURES))}")
+        elif pack and facts is not None and facts.window is not None and facts.window < facts.max_len:
+            errors.error("E615", f"`update` of `{node.model}` packs sequences, but {facts.name} attends within a "
+                                 f"sliding window of {facts.window} tokens, which a packed row's mask does not keep",
+                         span, "drop `pack = true` (`micro_batch_tokens` alone still cuts the padding)")
     errors.raise_if_any()
     return graph
 
