@@ -111,6 +111,10 @@ class EngineSpec:
     """Mixtures of experts' routing replay (``routing = "replay"``): a rollout engine returns the
     experts it routed each token to; a train engine routes its forward by given experts. ``flowrl
     check`` refuses replay on an engine without it (E612)."""
+    token_batches: bool = False
+    """Train engines: micro-batches formed by a token budget (``update(micro_batch_tokens = N)``),
+    balanced over its data-parallel ranks by tokens, and sequence packing (``update(pack = true)``)
+    (:mod:`flowrl.engines.batching`); ``flowrl check`` refuses them on an engine without (E615)."""
     lora: str = ""
     """What it does with a model that trains LoRA adapters (``hf(..., lora = lora(...))``), one of
     :data:`~flowrl.catalog.adapters.LORA_MODES`: ``train`` (a train engine training the adapters only,
@@ -255,6 +259,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         memory="fsdp", ranks="actors", frees_memory="offload",
         cpu_rank_gb=0.3,  # measured 0.82 GB for an actor with 2 dp ranks (forkserver included)
         architectures=architectures_run_by("fsdp"),  # it wraps each of model.model.layers (Llama-style)
+        token_batches=True,  # flowrl.engines.fsdp_rank._plan
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(
         "torch", "train", ("dp",), {}, "Plain PyTorch/transformers training (dp > 1 runs on fsdp's ranks)",
@@ -264,6 +269,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         cpu_rank_gb=0.3,  # its rank runs in the actor: transformers and the optimizer loaded
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}, default_for="train", extra_roles=frozenset({"reward"}),
         routing_replay=True,  # flowrl.engines.route_replay
+        token_batches=True,  # flowrl.engines.batching
         lora="train"),  # PEFT wraps the model: flowrl.engines.lora
     EngineSpec(
         "vllm", "rollout", ("tp", "dp"),

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue, moe_layers
+from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue, moe_layers, sliding_window
 from flowrl.tasks import TASKS, get_task
 
 
@@ -59,6 +59,9 @@ class ModelFacts:
     set: Megatron) cannot take this checkpoint although they run its architecture (a RoPE
     scaling they do not reproduce, a sliding window...); empty when they can
     (:func:`~flowrl.catalog.architectures.conversion_issue`)."""
+    window: int | None = None
+    """The sliding attention window the config applies (tokens; :func:`~flowrl.catalog.architectures.sliding_window`),
+    None when attention is global."""
     experts: int = 0
     """Experts per MoE layer (0: a dense model)."""
     experts_per_token: int = 0
@@ -240,7 +243,7 @@ def from_config(path: str | Path) -> ModelFacts:
             dtype_bytes=4 if dtype == "float32" else 2,
             max_len=max_positions(cfg) or DEFAULT_MAX_LEN, positions_key=positions_key(cfg),
             architecture=str(archs[0]) if archs else "", gated_mlp=record is None or record.gated_mlp,
-            unconvertible=conversion_issue(cfg), **_expert_facts(cfg, layers))
+            unconvertible=conversion_issue(cfg), window=sliding_window(cfg), **_expert_facts(cfg, layers))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{p}: not a decoder config ({e})") from None
 

@@ -484,6 +484,13 @@ _op(OpSpec("update", OpKind.UPDATE,
                    "epochs": KwSpec("int", 1, min=1),
                    "minibatches": KwSpec("int", 1, min=1),
                    "micro_batch": KwSpec("int", 8, min=1),
+                   "micro_batch_tokens": KwSpec("int", 0, min=0,
+                                                doc="micro-batches of at most this many real tokens instead of "
+                                                    "`micro_batch` rows, balanced over data-parallel ranks by "
+                                                    "tokens; a longer sequence runs alone (0: by rows)"),
+                   "pack": KwSpec("bool", False,
+                                  doc="run each micro-batch as one row of its sequences end to end, attention "
+                                      "kept within each sequence: no padding"),
                    "on_nan": KwSpec("str", "skip", choices=NAN_POLICIES,
                                     doc="a non-finite loss or gradient: skip that optimizer step and count it "
                                         "(faults/nan_skipped), or stop the run naming the op and step"),

@@ -16,6 +16,7 @@ from typing import Callable
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.passes.assign_placement import assign_placement
 from flowrl.compiler.passes.check_adapters import check_adapters
+from flowrl.compiler.passes.check_packing import check_packing
 from flowrl.compiler.passes.check_chat_templates import check_chat_templates
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_model_fit import check_model_fit
@@ -68,6 +69,7 @@ PASSES: tuple[Pass, ...] = (
     check_model_fit,
     check_routing,
     check_adapters,
+    check_packing,
 )
 PASS_NAMES = tuple(p.__name__ for p in PASSES)
 

@@ -73,6 +73,8 @@ class Workload:
     """Model id -> the largest ``max_tokens`` of its generate ops (its training sequences' length)."""
     lora: dict = field(default_factory=dict)
     """Model id -> ``(r, targets)`` of a model that trains LoRA adapters (``lora = lora(...)``)."""
+    micro_batch_tokens: dict = field(default_factory=dict)
+    """Model id -> its update's token budget per micro-batch (``micro_batch_tokens``; absent or 0: by rows)."""
 
     def gen_of(self, model: str) -> GenWork | None:
         return next((g for g in self.gens if g.model == model), None)
@@ -112,7 +114,7 @@ def workload(graph: FlowGraph) -> Workload:
     samples: dict[str, int] = {}
     for n in graph.topo_order():
         samples[n.id] = _rows(graph, n, samples)
-    gens, micro, epochs, max_tok = [], {}, {}, {}
+    gens, micro, epochs, max_tok, budget = [], {}, {}, {}, {}
     for n in graph.nodes():
         if n.kind == OpKind.GENERATE and n.model:
             prompts_in = _input(graph, n, "prompts")
@@ -126,12 +128,13 @@ def workload(graph: FlowGraph) -> Workload:
             max_tok[n.model] = max(max_tok.get(n.model, 0), g.max_tokens)
         elif n.kind == OpKind.UPDATE and n.model:
             micro[n.model] = _int(n, "micro_batch", 8)
+            budget[n.model] = _int(n, "micro_batch_tokens", 0)
             epochs[n.model] = _int(n, "epochs", 1)
     draws = _expected_draws(graph, samples)
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
     gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
-    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph))
+    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph), micro_batch_tokens=budget)
 
 
 def lora_of(graph: FlowGraph) -> dict[str, tuple[int, object]]:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
+from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
 from flowrl.engines.rank_hosts import start_ranks
@@ -108,13 +109,16 @@ class FsdpTrainEngine(RankedTrainEngine):
         return self.options.dp
 
     def forward(
-        self, batch: TokenBatch, *, entropy: bool = False, values: bool = False, micro_batch_size: int | None = None
+        self, batch: TokenBatch, *, entropy: bool = False, values: bool = False, micro_batch_size: int | None = None,
+        micro_batch_tokens: int = 0, pack: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Per-token outputs without grad, each ``[B, T]`` float32 on CPU (0 at position 0 and padding).
 
         Actor: ``"logprobs"`` and, with ``entropy=True``, ``"entropy"`` (nats). Critic:
         ``"values"`` (``values[b, t]`` = value of ``input_ids[b, :t]``). ``micro_batch_size``
-        bounds the rows each rank runs at once (default: all its rows).
+        bounds the rows each rank runs at once (default: all its rows); ``micro_batch_tokens`` (> 0)
+        the real tokens instead, rows balanced over ranks by tokens; ``pack`` runs each micro-batch
+        as one packed row (:mod:`flowrl.engines.batching`).
         """
         if values and self.role != "critic":
             raise EngineConfigError("values=True asked of an actor engine; build FsdpTrainEngine(role='critic')")
@@ -125,18 +129,28 @@ class FsdpTrainEngine(RankedTrainEngine):
         size = micro_batch_size or max(1, -(-batch.size // self.dp))
         if size < 1:
             raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if micro_batch_tokens < 0:
+            raise EngineConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 0 (0: micro-batches by rows)")
         parts = self._group.call("forward", self.timeout_s, batch=batch, entropy=entropy, values=values,
-                                 micro_batch_size=size)
-        return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+                                 micro_batch_size=size, micro_batch_tokens=micro_batch_tokens, pack=pack)
+        plans = batching.plan_ranks(batching.lengths_of(batch), self.dp, max_rows=size, max_tokens=micro_batch_tokens,
+                                    padded=not pack)
+        order = torch.tensor([i for rows in batching.rank_rows(plans) for i in rows], dtype=torch.long)
+        out = {}
+        for key in parts[0]:
+            out[key] = torch.zeros(batch.size, batch.input_ids.shape[1], dtype=torch.float32)
+            out[key][order] = torch.cat([p[key] for p in parts])
+        return out
 
     def train_step(
         self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int, denominator: Denominator | None = None,
-        capture_grads: bool = False,
+        capture_grads: bool = False, micro_batch_tokens: int = 0, pack: bool = False,
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` (see :meth:`TrainEngine.train_step`).
 
         Rank ``r`` takes rows ``dp_slices(B, dp)[r]`` and splits them into micro-batches of
-        ``micro_batch_size``; ``loss_fn(outputs, micro, denominator)`` gets ``[b, t]``
+        ``micro_batch_size`` (or, with ``micro_batch_tokens > 0``, rows balanced over ranks by real
+        tokens into micro-batches of at most that many; ``pack``: each as one packed row); ``loss_fn(outputs, micro, denominator)`` gets ``[b, t]``
         outputs with grad and the global ``denominator`` (default: counts of the whole
         ``batch``). Returns ``loss`` and the loss metrics combined over micro-batches and
         ranks (sum; ``*_max``/``*_min`` by max/min), ``grad_norm`` (global L2 before
@@ -145,6 +159,8 @@ class FsdpTrainEngine(RankedTrainEngine):
         """
         if micro_batch_size < 1:
             raise EngineConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if micro_batch_tokens < 0:
+            raise EngineConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 0 (0: micro-batches by rows)")
         if batch.size < self.dp:
             raise EngineConfigError(
                 f"train_step got {batch.size} rows but dp={self.dp}; every data-parallel rank needs a row"
@@ -153,6 +169,7 @@ class FsdpTrainEngine(RankedTrainEngine):
         stats = self._group.call(
             "train_step", self.timeout_s, batch=batch, loss_fn=cloudpickle_module().dumps(loss_fn),
             micro_batch_size=micro_batch_size, denominator=denominator, capture_grads=capture_grads,
+            micro_batch_tokens=micro_batch_tokens, pack=pack,
         )
         self.step = int(stats[0]["step"])
         return dict(stats[0])

@@ -17,7 +17,6 @@ because each rank's loss is already normalised by the global denominator.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ from typing import Any
 import torch
 
 from flowrl.algos.losses import combine_metrics
+from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
-from flowrl.engines.ranks import dp_slices, local_device_index
+from flowrl.engines.ranks import local_device_index
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
 from flowrl.engines.types import TokenBatch
 
@@ -149,44 +149,50 @@ class FsdpRank:
 
     # ---------------------------------------------------------------- batches
 
-    def _plan(self, batch: TokenBatch, size: int) -> tuple[list[TokenBatch], int]:
-        """This rank's trimmed micro-batches and how many padding passes keep it in step with the busiest rank."""
-        mine = dp_slices(batch.size, self.world)[self.rank]
-        local = batch.select(mine)
-        micros = [trim_padding(local.select(slice(s, s + size))) for s in range(0, local.size, size)]
-        most = max(math.ceil((s.stop - s.start) / size) for s in dp_slices(batch.size, self.world))
-        return micros, most - len(micros)
+    def _plan(self, batch: TokenBatch, size: int, tokens: int,
+              pack: bool) -> tuple[list[tuple[list[int], TokenBatch]], int]:
+        """This rank's micro-batches (``(rows, trimmed micro-batch)``: ``size`` rows each, or at most
+        ``tokens`` real tokens with rows balanced over ranks by tokens, :func:`batching.plan_ranks`)
+        and how many padding passes keep it in step with the busiest rank."""
+        plans = batching.plan_ranks(batching.lengths_of(batch), self.world, max_rows=size, max_tokens=tokens,
+                                    padded=not pack)
+        micros = [(m, trim_padding(batch.select(torch.tensor(m, dtype=torch.long)))) for m in plans[self.rank]]
+        return micros, max(len(p) for p in plans) - len(micros)
 
     # ---------------------------------------------------------------- forward
 
-    def forward(self, batch: TokenBatch, entropy: bool, values: bool, micro_batch_size: int) -> dict[str, torch.Tensor]:
-        """This rank's slice of the per-token outputs: ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0)."""
+    def forward(self, batch: TokenBatch, entropy: bool, values: bool, micro_batch_size: int,
+                micro_batch_tokens: int = 0, pack: bool = False) -> dict[str, torch.Tensor]:
+        """This rank's rows of the per-token outputs, in ascending row order
+        (:func:`batching.rank_rows`): ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0)."""
         eng = self.engine
         eng._check_request(entropy=entropy, values=values)
-        micros, padding = self._plan(batch, micro_batch_size)
+        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens, pack)
+        mine = sorted(i for rows, _ in micros for i in rows)
+        where = {row: k for k, row in enumerate(mine)}
         width = batch.input_ids.shape[1]
-        parts: dict[str, list[torch.Tensor]] = {}
+        out: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for micro in micros:
-                for key, value in eng._outputs(micro, entropy=entropy).items():
-                    padded = torch.zeros(micro.size, width, dtype=torch.float32)
-                    padded[:, : value.shape[1]] = value.detach().float().cpu()
-                    parts.setdefault(key, []).append(padded)
+            for rows, micro in micros:
+                for key, value in eng._outputs(micro, entropy=entropy, pack=pack).items():
+                    full = out.setdefault(key, torch.zeros(len(mine), width, dtype=torch.float32))
+                    full[[where[r] for r in rows], : value.shape[1]] = value.detach().float().cpu()
             for _ in range(padding):  # keep FSDP's all-gathers in step with the other ranks
-                dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy)
+                dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy, pack=pack)
                 for key in dummy:
-                    parts.setdefault(key, []).append(torch.zeros(0, width, dtype=torch.float32))
-        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+                    out.setdefault(key, torch.zeros(len(mine), width, dtype=torch.float32))
+        return out
 
     # --------------------------------------------------------------- training
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, micro_batch_size: int, denominator: Denominator,
-                   capture_grads: bool = False) -> dict[str, float]:
+                   capture_grads: bool = False, micro_batch_tokens: int = 0, pack: bool = False) -> dict[str, float]:
         """Backward over this rank's micro-batches, FSDP grad reduce-scatter (sum), global clip, AdamW step.
 
         Returns the loss and loss metrics combined over all ranks
         (:func:`~flowrl.algos.losses.combine_metrics`) plus ``grad_norm`` (global L2 before
-        clipping), ``lr``, ``step`` and ``skipped`` - identical on every rank.
+        clipping), ``lr``, ``step``, ``skipped`` and ``pad_fraction`` (of the slots all ranks ran)
+        - identical on every rank.
         """
         import torch.distributed as dist
 
@@ -194,15 +200,16 @@ class FsdpRank:
         entropy = eng.role == "actor" and eng.compute_entropy
         eng.model.train()
         eng.optimizer.zero_grad(set_to_none=True)
-        micros, padding = self._plan(batch, micro_batch_size)
+        micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens, pack)
         totals: dict[str, float] = {"loss": 0.0}
-        for micro in micros:
-            loss, metrics = _split_loss(loss_fn(eng._outputs(micro, entropy=entropy), micro, denominator))
+        for _, micro in micros:
+            outputs = eng._outputs(micro, entropy=entropy, pack=pack)
+            loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
             loss.backward()
             totals["loss"] += float(loss.detach())
             combine_metrics(totals, metrics)
         for _ in range(padding):  # a zero-weight pass so every rank joins the same reduce-scatters
-            dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy)
+            dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy, pack=pack)
             (sum(v.sum() for v in dummy.values()) * 0.0).backward()
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, totals)
@@ -211,7 +218,10 @@ class FsdpRank:
             combine_metrics(merged, part)
         if capture_grads:
             self._grads = self._collect(lambda p: p.grad, eng.model.named_parameters())
-        return {**merged, **eng._apply_gradients()}
+        plans = batching.plan_ranks(batching.lengths_of(batch), self.world, max_rows=micro_batch_size,
+                                    max_tokens=micro_batch_tokens, padded=not pack)
+        pad = batching.pad_fraction(batch, [m for plan in plans for m in plan], pack)
+        return {**merged, "pad_fraction": pad, **eng._apply_gradients()}
 
     # ------------------------------------------------------------ weights & io
 

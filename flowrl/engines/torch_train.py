@@ -22,6 +22,7 @@ from torch import nn
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
+from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
 from flowrl.engines.route_replay import replayed_routes
 from flowrl.engines.types import ROUTES, TokenBatch
@@ -121,9 +122,11 @@ class CriticModel(nn.Module):
             self.value_head = nn.Linear(hidden_size, 1)
         self.value_head.to(next(base.parameters()).dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Returns [B, T] float32 values of the hidden state at each position (not yet shifted)."""
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
 
 
@@ -136,8 +139,10 @@ class RewardModel(nn.Module):
         super().__init__()
         self.classifier = classifier
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.classifier.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.classifier.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                            position_ids=position_ids).last_hidden_state
         return self.classifier.score(hidden).squeeze(-1).float()
 
 
@@ -159,6 +164,19 @@ def _load_model(path: str, role: str, dtype: torch.dtype, attn: str | None, seed
                 path, num_labels=1, **kwargs)))
     base = _without_dropout(AutoModel.from_pretrained(path, **kwargs))
     return CriticModel(base, base.config.hidden_size, seed)
+
+
+def _sliding_window(path: str) -> int | None:
+    """The sliding attention window of the checkpoint at ``path`` (tokens), None when attention is global."""
+    import json
+
+    from flowrl.catalog.architectures import sliding_window
+
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        return sliding_window(json.load(f))
 
 
 def _without_dropout(model: nn.Module) -> nn.Module:
@@ -223,6 +241,7 @@ class TorchTrainEngine:
         self.device = torch.device(device)
         self.compute_entropy = compute_entropy
         self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
+        self._window = _sliding_window(model_path)  # a packed row's mask cannot apply it (_packed_outputs)
         self.lora = None
         if lora is not None:
             from flowrl.engines import lora as adapters
@@ -245,8 +264,11 @@ class TorchTrainEngine:
 
     # ------------------------------------------------------------------ forward
 
-    def _outputs(self, batch: TokenBatch, *, entropy: bool) -> dict[str, torch.Tensor]:
-        """Per-token outputs of ``batch`` ([B, T] float32 each), with grad if grad mode is on."""
+    def _outputs(self, batch: TokenBatch, *, entropy: bool, pack: bool = False) -> dict[str, torch.Tensor]:
+        """Per-token outputs of ``batch`` ([B, T] float32 each), with grad if grad mode is on; with
+        ``pack`` the rows run as one packed row (:func:`_packed_outputs`), same outputs."""
+        if pack:
+            return self._packed_outputs(batch, entropy=entropy)
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         if self.role == "reward":  # [B, T]: the reward model's score of the prefix ending at t
@@ -269,6 +291,41 @@ class TorchTrainEngine:
             out["entropy"] = token_entropy(logits, attn)
         return out
 
+    def _packed_outputs(self, batch: TokenBatch, *, entropy: bool) -> dict[str, torch.Tensor]:
+        """:meth:`_outputs` of ``batch``'s B rows run as one packed row of L tokens
+        (:func:`flowrl.engines.batching.pack`: attention within each sequence, positions restarting),
+        scattered back to [B, T]. Predictions never cross a sequence start (``position_ids == 0``)."""
+        if ROUTES in batch.extras:
+            raise EngineConfigError("pack=True with routing replay: the replayed routes are per padded row; "
+                                    "use routing = \"native\" or pack = false")
+        window = self._window
+        if window is not None and int(batch.attention_mask.sum(dim=1).max()) > window:
+            raise EngineConfigError(f"pack=True on a model with a {window}-token sliding window and a longer "
+                                    "sequence: the packed row's mask does not apply the window; use pack = false")
+        dtype = next(self.model.parameters()).dtype
+        p = batching.pack(batch, dtype=dtype if dtype.is_floating_point else torch.float32)
+        ids, pos, mask = p.input_ids.to(self.device), p.position_ids.to(self.device), p.attention_mask.to(self.device)
+        inside = (pos != 0).long()  # [1, L]: 0 at each sequence's first token (nothing predicts it)
+        width = batch.input_ids.shape[1]
+        if self.role == "reward":
+            return {"scores": batching.unpack(self.model(ids, mask, pos), p.lengths, width)}
+        if self.role == "critic":
+            raw = self.model(ids, mask, pos)  # [1, L]
+            return {"values": batching.unpack(_shift_right(raw[:, :-1]) * inside.float(), p.lengths, width)}
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float() / self.temperature
+        out = {"logprobs": batching.unpack(token_logprobs(logits, ids, inside), p.lengths, width)}
+        if entropy:
+            out["entropy"] = batching.unpack(token_entropy(logits, inside), p.lengths, width)
+        return out
+
+    def _micro_batches(self, batch: TokenBatch, rows: int, tokens: int,
+                       pack: bool) -> list[tuple[torch.Tensor, TokenBatch]]:
+        """``(row indices, trimmed micro-batch)`` pairs covering ``batch`` (:func:`batching.plan_ranks`, one rank)."""
+        if tokens < 0:
+            raise EngineConfigError(f"micro_batch_tokens={tokens} must be >= 0 (0: micro-batches by rows)")
+        plan = batching.plan_ranks(batching.lengths_of(batch), 1, max_rows=rows, max_tokens=tokens, padded=not pack)[0]
+        return [(idx, trim_padding(batch.select(idx))) for idx in (torch.tensor(m, dtype=torch.long) for m in plan)]
+
     def forward(
         self,
         batch: TokenBatch,
@@ -276,6 +333,8 @@ class TorchTrainEngine:
         entropy: bool = False,
         values: bool = False,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int = 0,
+        pack: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Per-token outputs without grad, each [B, T] float32 on CPU.
 
@@ -286,23 +345,22 @@ class TorchTrainEngine:
         ``"routes_differ"`` counts, per token, the layers where they differ from the router's own.
         Critic: ``"values"``, where
         ``values[b, t]`` is the value of the state ``input_ids[b, :t]``. Position 0
-        and padding are 0. ``micro_batch_size`` bounds the rows run at once.
+        and padding are 0. ``micro_batch_size`` bounds the rows run at once; ``micro_batch_tokens``
+        (> 0) the real tokens instead; ``pack`` runs each micro-batch as one packed row.
         """
         self._check_request(entropy=entropy, values=values)
         size = micro_batch_size or max(batch.size, 1)
         width = batch.input_ids.shape[1]
-        parts: dict[str, list[torch.Tensor]] = {}
+        out: dict[str, torch.Tensor] = {}
         if self.lora is not None and self.lora.dropout:
             self.model.eval()  # a log-prob pass runs without the adapters' dropout (the update's forward has it)
         with torch.no_grad():
-            for start in range(0, batch.size, size):
-                micro = trim_padding(batch.select(slice(start, start + size)))
-                for key, value in self._outputs(micro, entropy=entropy).items():
-                    padded = torch.zeros(micro.size, width, dtype=torch.float32)
-                    padded[:, : value.shape[1]] = value.detach().float().cpu()
-                    parts.setdefault(key, []).append(padded)
+            for rows, micro in self._micro_batches(batch, size, micro_batch_tokens, pack):
+                for key, value in self._outputs(micro, entropy=entropy, pack=pack).items():
+                    full = out.setdefault(key, torch.zeros(batch.size, width, dtype=torch.float32))
+                    full[rows, : value.shape[1]] = value.detach().float().cpu()
         self.model.train()
-        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+        return out
 
     def _check_request(self, *, entropy: bool, values: bool) -> None:
         if values and self.role != "critic":
@@ -319,8 +377,16 @@ class TorchTrainEngine:
         *,
         micro_batch_size: int,
         denominator: Denominator | None = None,
+        micro_batch_tokens: int = 0,
+        pack: bool = False,
     ) -> dict[str, float]:
         """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
+
+        Micro-batches hold ``micro_batch_size`` rows, or with ``micro_batch_tokens > 0`` at most that
+        many real tokens (a longer row alone); ``pack`` runs each as one packed row
+        (:mod:`flowrl.engines.batching`). The denominator is the whole batch's either way, so the
+        gradient is the padded path's up to float rounding. ``pad_fraction`` reports the share of
+        padding in the token slots the model ran.
 
         ``loss_fn(outputs, micro, denominator)`` gets [b, t] outputs with grad and the
         whole-batch ``denominator`` (``{"tokens": response tokens, "sequences": B}``;
@@ -341,14 +407,15 @@ class TorchTrainEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
-        for start in range(0, batch.size, micro_batch_size):
-            micro = trim_padding(batch.select(slice(start, start + micro_batch_size)))
-            outputs = self._outputs(micro, entropy=self.role == "actor" and self.compute_entropy)
+        micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens, pack)
+        for _, micro in micros:
+            outputs = self._outputs(micro, entropy=self.role == "actor" and self.compute_entropy, pack=pack)
             loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
             loss.backward()
             totals["loss"] += float(loss.detach())
             combine_metrics(totals, metrics)
-        return {**totals, **self._apply_gradients(totals["loss"])}
+        pad = batching.pad_fraction(batch, [rows.tolist() for rows, _ in micros], pack)
+        return {**totals, "pad_fraction": pad, **self._apply_gradients(totals["loss"])}
 
     def _apply_gradients(self, loss: float = 0.0) -> dict[str, float]:
         """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite."""

@@ -545,7 +545,8 @@ class Fleet:
         if self.faults.nan_at_step == step:
             batch = _poisoned(batch)
         ref = rec.train.train.remote(batch_to_numpy(batch), loss, int(o["micro_batch"]), int(o["minibatches"]),
-                                     int(o["epochs"]), op_seed(self.plan.run.seed, step, op.id))
+                                     int(o["epochs"]), op_seed(self.plan.run.seed, step, op.id),
+                                     int(o.get("micro_batch_tokens", 0)), bool(o.get("pack", False)))
         self._kill_injected(f"{model}.train", step, [rec.train])
         (stats, t0, t1), = self._wait([(rec.train, ref, _who("train", 0))], f"{model}.train", "train", step)
         self.timeline.add(f"train:{model}", f"{model}.train", step, t0, t1)

@@ -28,6 +28,12 @@ def batch_to_numpy(batch) -> dict:
     return out
 
 
+def _token_batches(micro_batch_tokens: int, pack: bool) -> dict:
+    """The train-step keywords of token-budget micro-batches and packing, only when asked for: an
+    engine without them (Megatron's, refused by ``flowrl check``: E615) never sees them."""
+    return {"micro_batch_tokens": micro_batch_tokens, "pack": pack} if micro_batch_tokens or pack else {}
+
+
 def batch_from_numpy(d: dict):
     import torch
 
@@ -106,7 +112,10 @@ class TrainWorker:
         return {k: v.numpy() for k, v in out.items()}, t0, time.time()
 
     def train(self, batch: dict, loss_spec: dict, micro_batch: int, minibatches: int, epochs: int,
-              seed: int) -> tuple[list[dict], float, float]:
+              seed: int, micro_batch_tokens: int = 0, pack: bool = False) -> tuple[list[dict], float, float]:
+        """``epochs`` x ``minibatches`` optimizer steps; micro-batches of ``micro_batch`` rows, or of at
+        most ``micro_batch_tokens`` real tokens, each packed into one row with ``pack``
+        (:mod:`flowrl.engines.batching`)."""
         import torch
 
         from flowrl.runtime.losses import make_loss_fn
@@ -120,7 +129,8 @@ class TrainWorker:
             order = torch.randperm(full.size, generator=g) if minibatches > 1 else torch.arange(full.size)
             for chunk in torch.tensor_split(order, minibatches):
                 if len(chunk):
-                    stats.append(self.engine.train_step(full.select(chunk), loss_fn, micro_batch_size=micro_batch))
+                    stats.append(self.engine.train_step(full.select(chunk), loss_fn, micro_batch_size=micro_batch,
+                                                        **_token_batches(micro_batch_tokens, pack)))
         return stats, t0, time.time()
 
     def offload(self) -> tuple[int, float, float]:

@@ -64,7 +64,7 @@ def _assert_same(ref, got):
     for key in ref_out:
         torch.testing.assert_close(out[key], ref_out[key], **TOL)
     assert stats.keys() == ref_stats.keys()
-    for key in ref_stats:
+    for key in ref_stats.keys() - {"pad_fraction"}:  # padding depends on the split, the maths does not
         assert stats[key] == pytest.approx(ref_stats[key], rel=1e-5, abs=1e-6), key
     coef = _clip_coef(stats["grad_norm"])
     assert ref_grads.keys() == grads.keys()

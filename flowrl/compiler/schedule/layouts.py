@@ -297,6 +297,9 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
     mb = micro_batch(spec, plan.options, work.micro_batch.get(model, 8))
     samples = max((g.samples for g in work.gens), default=mb)
     n_micro = max(1, samples // max(plan.dp * mb, 1))
+    budget = work.micro_batch_tokens.get(model, 0) if spec.token_batches else 0
+    if budget:  # a micro-batch holds at most the budget's token slots, or one longer sequence alone
+        mb, seq = 1, max(budget, seq)  # (flowrl.engines.batching.micro_batches)
     offload = spec.memory_model.offload_option
     lora = work.lora.get(model)  # LoRA: only the adapters have gradients and optimizer states
     return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
