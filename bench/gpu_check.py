@@ -275,6 +275,15 @@ def ipc_sender(model_dir: str, device: str, conn) -> None:
     sender.close()
 
 
+def _reap(proc, timeout: float) -> None:
+    """Wait for ``proc`` by polling its exit status, not by ``join``: on CPU the sender's shared memory
+    starts torch's ``torch_shm_manager``, which inherits the end of the process's sentinel pipe, so
+    ``join`` would see the exit only when that manager quits (after this process lets go of the tensors)."""
+    deadline = time.monotonic() + timeout
+    while proc.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def check_weight_ipc(ctx: Ctx) -> dict:
     """``cuda_ipc`` from another process into a running rollout engine (vLLM where it is installed, else
     the torch engine), verified by checksums, then by the engine's log-probs matching the trainer's on
@@ -306,7 +315,7 @@ def check_weight_ipc(ctx: Ctx) -> dict:
         t_load = time.perf_counter() - t0
         parent.send("loaded")
     finally:
-        proc.join(timeout=60)
+        _reap(proc, 60)
     after = engine.score(seqs)
     trainer = _trainer(ctx, "bfloat16")
     trainer.model.load_state_dict({n: t.to(trainer.device) for n, t in pairs}, strict=True)
