@@ -287,6 +287,11 @@ _op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTI
                                    doc="a single-turn task of flowrl.tasks: its rows, verifier and tokenizer characters"),
                    **_TINY_SHAPE,
                    "steps": KwSpec("int", 4000, min=1, doc="Bradley-Terry steps on the preference pairs"),
+                   "samples": KwSpec("int", 8, min=1, doc="completions of the policy's warm start per train prompt; "
+                                     "its wrong ones are the rejected of the pairs"),
+                   "base_accuracy": KwSpec("float", 0.8, min=0.0, max=1.0,
+                                           doc="the reward model's own warm start runs until this held-out "
+                                               "accuracy (a judge must know more than the policy it judges)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init, the warm start, "
                                                 "the sampled pairs and the fit")},
            doc="A tiny reward model for `task` built locally (cached): the task's tiny model warm-started "

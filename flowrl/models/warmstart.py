@@ -10,14 +10,12 @@ model config, SFT config, seed): a second call with the same arguments returns a
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
@@ -25,82 +23,19 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from flowrl.models.tiny import build_tiny_model, load_tokenizer
+from flowrl.warmcache import (  # noqa: F401  (re-exported: the warm start's public names)
+    CACHE_VERSION,
+    SFTConfig,
+    TinyModelConfig,
+    WarmStartError,
+    WarmStartResult,
+    cache_key,
+    cached,
+    default_cache_dir,
+    task_sft,
+)
 from flowrl.tasks import get_task
 
-CACHE_VERSION = 3
-"""Bump when the warm-start procedure changes, so stale cache entries are not reused."""
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """Shape of the tiny model (see ``build_tiny_model``); defaults fit the arith task."""
-
-    arch: str = "llama"
-    """The family: a key of :data:`~flowrl.catalog.architectures.TINY_ARCHS` ("llama", "qwen3", "gpt2"...)."""
-    hidden: int = 128
-    """Residual width."""
-    layers: int = 2
-    """Decoder blocks."""
-    heads: int = 4
-    """Query heads; the head size hidden / heads must be one vLLM's CPU attention takes
-    (:data:`flowrl.catalog.models.CPU_HEAD_SIZES`)."""
-    kv_heads: int = 2
-    """Key/value heads (grouped-query attention)."""
-    intermediate: int = 256
-    """MLP width."""
-    max_position: int = 128
-    """Longest sequence in tokens."""
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Supervised warm-start settings (defaults chosen by ``bench/rl_feasibility.py``)."""
-
-    steps: int = 3000
-    """Most optimizer steps (fewer when ``stop_at_accuracy`` is reached first)."""
-    batch_size: int = 64
-    """Rows per step, sampled without replacement within a step."""
-    lr: float = 3e-3
-    """AdamW learning rate (constant)."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay. Without it the step at which the model starts to add
-    varies far more with the seed (seed 1 had not started after 3000 steps)."""
-    betas: tuple[float, float] = (0.9, 0.98)
-    """AdamW betas."""
-    stop_at_accuracy: float | None = 0.3
-    """Stop at the first check at which greedy accuracy on the ``check_rows`` validation
-    rows reaches this (None: run all steps, on every row). Why: a 2-layer model learns
-    addition in a sudden transition (held-out accuracy ~8% on a plateau, then 12% -> 48%
-    within 150 steps) whose start varies with the seed and the CPU's arithmetic (about 450
-    to 1300 steps), so no fixed step count leaves every seed "partway"; GRPO gains little
-    from below ~15% and a lot from ~25-40%."""
-    check_every: int = 10
-    """Steps between accuracy checks. Small, so that the transition cannot carry the model
-    far past the target between two checks (the old 50 did: 19% on one CPU, 27% on another)."""
-    check_rows: int = 512
-    """How many rows (the first ones of the train split) the check scores. With a
-    ``stop_at_accuracy`` they are a validation set: never trained on, so the check measures
-    what held-out accuracy measures. (Checked on rows it trained on, the model memorised
-    them at a rate that depends on the CPU: one machine stopped at 30% on them with 20%
-    held-out, another at 34% held-out.) The accuracy is computed exactly in one
-    teacher-forced forward pass (``teacher_forced_accuracy``), so the check is cheap enough
-    to run often."""
-
-
-@dataclass(frozen=True)
-class WarmStartResult:
-    """What ``warm_start`` produced or found in its cache."""
-
-    path: Path
-    """The checkpoint directory (transformers + tokenizer files)."""
-    cached: bool
-    """True when the checkpoint came from the cache."""
-    info: dict = field(default_factory=dict)
-    """Contents of ``warmstart.json``: the key's inputs, final loss, held-out accuracy."""
-
-
-class WarmStartError(RuntimeError):
-    """A warm start that cannot run (bad settings, unusable cache directory)."""
 
 
 def encode_sft_batch(
@@ -306,32 +241,6 @@ def evaluate_accuracy(
     return sum(t.strip() == r["answer"].strip() for t, r in zip(texts, rows)) / len(rows)
 
 
-def task_sft(task: str, **overrides) -> SFTConfig:
-    """The warm-start settings of ``task``: ``SFTConfig``'s defaults, the task's own (``Task.sft``),
-    then ``overrides``."""
-    return SFTConfig(**{**get_task(task).sft, **overrides})
-
-
-def default_cache_dir() -> Path:
-    """``$FLOWRL_CACHE/warmstart`` if set, else ``~/.cache/flowrl/warmstart``."""
-    root = os.environ.get("FLOWRL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "flowrl") / "warmstart"
-
-
-def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) -> tuple[str, dict]:
-    """``(hex key, the dict it hashes)`` for one warm start."""
-    inputs = {
-        "version": CACHE_VERSION,
-        "task": task,
-        "task_spec": get_task(task).spec(),
-        "model": asdict(model_cfg),
-        "sft": asdict(sft),
-        "seed": seed,
-    }
-    blob = json.dumps(inputs, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16], inputs
-
-
 def warm_start(
     task: str = "arith",
     *,
@@ -351,11 +260,10 @@ def warm_start(
     """
     spec = get_task(task)
     sft = sft if sft is not None else task_sft(task)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key, inputs = cache_key(task, model_cfg, sft, seed)
+    found, root, key, inputs = cached(task, model_cfg, sft, seed, cache_dir)
+    if found is not None:
+        return found
     final = root / f"{task}-{key}"
-    if (final / "warmstart.json").is_file():
-        return WarmStartResult(final, True, json.loads((final / "warmstart.json").read_text()))
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -65,18 +65,23 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
 
     Its init and SFT data order are seeded by the run's ``seed`` plus ``tiny(seed = ...)``
     (an offset, as ``generate``'s seed is), so ``--set seed=1`` reaches the warm start."""
-    from flowrl.models.warmstart import TinyModelConfig, task_sft, warm_start
+    from flowrl.warmcache import TinyModelConfig, cached, task_sft
 
     a = m.args
+    task, seed = str(a.get("task", "arith")), seed + int(a.get("seed", 0))
     cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
                           layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
                           kv_heads=int(a.get("kv_heads", 2)))
     steps = a.get("warm_start")  # None: the task's (Task.sft, over SFTConfig's)
-    sft = task_sft(str(a.get("task", "arith")), **({} if steps is None else {"steps": int(steps)}))
+    sft = task_sft(task, **({} if steps is None else {"steps": int(steps)}))
     t0 = time.time()
-    log(f"model `{m.id}`: preparing the tiny {a.get('task', 'arith')} model "
+    log(f"model `{m.id}`: preparing the tiny {task} model "
         "(built and warm-started by SFT on first use, then cached)...")
-    result = warm_start(str(a.get("task", "arith")), model_cfg=cfg, sft=sft, seed=seed + int(a.get("seed", 0)))
+    result = cached(task, cfg, sft, seed)[0]
+    if result is None:  # torch and transformers only when there is a model to build
+        from flowrl.models.warmstart import warm_start
+
+        result = warm_start(task, model_cfg=cfg, sft=sft, seed=seed)
     acc = result.info.get("test_accuracy")
     how = "cached" if result.cached else f"built and warm-started in {time.time() - t0:.0f}s"
     log(f"model `{m.id}`: tiny {a.get('task', 'arith')} model {how}"
@@ -99,7 +104,8 @@ def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs on first "
         "use, then cached)...")
     result = reward_start(task, model_cfg=cfg, sft=task_sft(task), seed=seed + int(a.get("seed", 0)),
-                          preferences=PreferenceConfig(steps=int(a.get("steps", 4000))))
+                          preferences=PreferenceConfig(steps=int(a.get("steps", 4000)), samples=int(a.get("samples", 8)),
+                                                       base_accuracy=float(a.get("base_accuracy", 0.8))))
     auc = result.info.get("test_auc")
     how = "cached" if result.cached else f"built in {time.time() - t0:.0f}s"
     log(f"model `{m.id}`: tiny {task} reward model {how}"
