@@ -31,7 +31,7 @@ pytest.importorskip("ray")
 RUNTIME_TESTS = Path(__file__).resolve().parents[1] / "runtime"
 sys.path.insert(0, str(RUNTIME_TESTS))
 
-from e2e_kit import make_workdir  # noqa: E402
+from e2e_kit import make_workdir, shared_ray  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
@@ -66,7 +66,7 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   {rollouts}
 }}
 """)
-    run_file(str(path), out=str(workdir / name))
+    run_file(str(path), out=str(workdir / name), ray_address=shared_ray())
     rows = [json.loads(line) for line in (workdir / name / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if any(k.startswith("offpolicy/") for k in r)]
     assert len(train) == steps, [sorted(r) for r in rows]

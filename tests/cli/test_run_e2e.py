@@ -18,7 +18,7 @@ pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from e2e_kit import flow_text, make_workdir  # noqa: E402
+from e2e_kit import flow_text, make_workdir, shared_ray  # noqa: E402
 from tracker_readers import mlflow_run, tensorboard_scalars, tensorboard_texts, wandb_history  # noqa: E402
 
 from flowrl.cli import main  # noqa: E402
@@ -43,7 +43,8 @@ def stopped_run(tmp_path_factory):
     out = work / "run"
     progress = io.StringIO()
     with pytest.raises(SystemExit):
-        run_file(str(flow), out=str(out), save_every=1, faults=Faults(stop_after_step=1), stream=progress)
+        run_file(str(flow), out=str(out), save_every=1, faults=Faults(stop_after_step=1), stream=progress,
+                 ray_address=shared_ray())
     return flow, out, progress.getvalue()
 
 

@@ -135,10 +135,11 @@ def test_fsdp_dp2_grpo_runs_and_matches_vllm(tmp_path, monkeypatch):
     from flowrl.launch import run_file
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "runtime"))  # e2e_kit, e2e_rewards
-    from e2e_kit import make_workdir, write_flow
+    from e2e_kit import make_workdir, shared_ray, write_flow
 
     make_workdir(tmp_path, rows=60, train=50)
-    result = run_file(str(write_flow(tmp_path / "fsdp.flow", GRPO, 2, FSDP_SCHEDULE)), out=str(tmp_path / "run"))
+    result = run_file(str(write_flow(tmp_path / "fsdp.flow", GRPO, 2, FSDP_SCHEDULE)), out=str(tmp_path / "run"),
+                      ray_address=shared_ray())
     assert [r["policy/version"] for r in result.rows] == [1, 2]
     for row in result.rows:
         assert row["mismatch/abs_max"] < 1e-4, row  # vLLM vs the FSDP-sharded trainer, after each resync

@@ -92,6 +92,8 @@ def cluster(tmp_path_factory):
     # rank_workers): their directories on the actors' path.
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(MEGATRON_TESTS), str(HERE), old) if p)
+    if ray.is_initialized():  # the tests' shared local instance (e2e_kit.shared_ray): this module joins its own cluster
+        ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     c.add_node(num_cpus=2, num_gpus=2)
     c.wait_for_nodes()

@@ -88,10 +88,11 @@ def test_grpo_with_vllm_tp2_on_a_cpu_cluster(tmp_path, monkeypatch):
     from flowrl.compiler.pipeline import check_file
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "runtime"))
-    from e2e_kit import RUNTIME_DIR, make_workdir, write_flow
+    from e2e_kit import RUNTIME_DIR, end_shared_ray, make_workdir, write_flow
 
     from flowrl.launch import run_file
 
+    end_shared_ray()  # a Ray instance of this run's own, whose workers see the PYTHONPATH below
     monkeypatch.setenv("PYTHONPATH", f"{RUNTIME_DIR}:{__import__('os').environ.get('PYTHONPATH', '')}")
     workdir = make_workdir(tmp_path, rows=40, train=32)
     grpo = "grpo(policy, prompts, sevens, batch = 4, group = 4, max_tokens = 6, lr = 3e-3, kl = 0.0, seed = 1)"

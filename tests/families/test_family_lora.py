@@ -24,13 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_shipped_lora_flow_sends_adapters_and_matches_the_trainer(tmp_path):
+def test_shipped_lora_flow_sends_adapters_and_matches_the_trainer(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "runtime"))
+    from e2e_kit import shared_ray  # one local Ray instance for the in-process runs of every module
+
     (tmp_path / "flows").mkdir()
     shutil.copy(ROOT / "flows/family_lora.flow", tmp_path / "flows")
     (tmp_path / "data").symlink_to(ROOT / "data")
     (tmp_path / "stdlib").symlink_to(ROOT / "stdlib")
     result = run_file(str(tmp_path / "flows/family_lora.flow"), sets={"eval_every": 0}, steps=3,
-                      out=str(tmp_path / "run"))
+                      out=str(tmp_path / "run"), ray_address=shared_ray())
     plan = json.loads((result.out / "plan.json").read_text())
     policy = next(m for m in plan["models"] if m["id"] == "policy")
     facts = tiny_facts({"task": "arith"})

@@ -283,7 +283,7 @@ def test_sglang_cpu_runs_moe_and_takes_the_trainers_expert_tensors(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("flow", ["family_qwen3_moe.flow",
                                   pytest.param("family_qwen3_moe_megatron.flow", marks=pytest.mark.long)])
-def test_shipped_moe_flow_trains_with_vllm_matching_the_trainer(flow, tmp_path):
+def test_shipped_moe_flow_trains_with_vllm_matching_the_trainer(flow, tmp_path, monkeypatch):
     """flows/family_qwen3_moe.flow (torch trainer) and family_qwen3_moe_megatron.flow (Megatron, dp = 2,
     ep = 2; ~40 s of engine start-up, so `long`) for 2 steps (the warm start from the user's cache, as
     `make run`'s; 17 s when cold): every resync leaves vLLM's log-probs within 1e-4 of the trainer's."""
@@ -293,11 +293,15 @@ def test_shipped_moe_flow_trains_with_vllm_matching_the_trainer(flow, tmp_path):
         pytest.importorskip("megatron.core")
     from flowrl.launch import run_file
 
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "runtime"))
+    from e2e_kit import shared_ray  # one local Ray instance for the in-process runs of every module
+
     (tmp_path / "flows").mkdir()
     shutil.copy(ROOT / "flows" / flow, tmp_path / "flows")
     (tmp_path / "data").symlink_to(ROOT / "data")
     (tmp_path / "stdlib").symlink_to(ROOT / "stdlib")
-    result = run_file(str(tmp_path / "flows" / flow), sets={"eval_every": 0}, steps=2, out=str(tmp_path / "run"))
+    result = run_file(str(tmp_path / "flows" / flow), sets={"eval_every": 0}, steps=2, out=str(tmp_path / "run"),
+                      ray_address=shared_ray())
     plan = json.loads((result.out / "plan.json").read_text())
     facts = next(m["facts"] for m in plan["models"] if m["id"] == "policy")
     assert (facts["architecture"], facts["experts"], facts["experts_per_token"]) == ("Qwen3MoeForCausalLM", 8, 2)

@@ -258,7 +258,7 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_grpo_with_routing_replay_through_ray_and_vllm(tmp_path):
+def test_grpo_with_routing_replay_through_ray_and_vllm(tmp_path, monkeypatch):
     """3 GRPO steps with routing = "replay": vLLM records every token's experts, the trainer's update
     (whose first forward is the old policy's: the old-logprob pass is elided) replays them, and after
     every resync the mismatch is the fp32 level; metrics.jsonl counts the replayed token-layers."""
@@ -267,9 +267,12 @@ def test_grpo_with_routing_replay_through_ray_and_vllm(tmp_path):
     from flowrl.launch import run_file
 
     root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root / "tests" / "runtime"))
+    from e2e_kit import shared_ray  # one local Ray instance for the in-process runs of every module
+
     (tmp_path / "stdlib").symlink_to(root / "stdlib")
     (tmp_path / "r3.flow").write_text(FLOW.format(data=root / "data/arith/train.jsonl"))
-    result = run_file(str(tmp_path / "r3.flow"), steps=3, out=str(tmp_path / "run"))
+    result = run_file(str(tmp_path / "r3.flow"), steps=3, out=str(tmp_path / "run"), ray_address=shared_ray())
     plan = json.loads((result.out / "plan.json").read_text())
     generate = next(o for o in plan["ops"] if o["kind"] == "generate")
     assert ROUTES in generate["fields"]

@@ -54,28 +54,45 @@ def write_flow(path: Path, body: str, steps: int, schedule: str = "", imports: t
     return path
 
 
-def local_ray(gpus: int = 8):
-    """A module fixture's body: one local Ray instance (``gpus`` logical GPUs) for every run of the
-    module, its GCS address yielded for ``run_file(..., ray_address=...)`` (a run that joins it leaves
-    it running); shut down at the end if this started it.
+SHARED_GPUS = 8
+"""Logical GPUs of the shared local Ray instance: as many as any in-process test's flow plans on one node."""
 
-    Each run starting Ray of its own costs 8-10 s on 2 cores (start and shutdown); the runs place and
-    release their own placement groups, so they share one instance as they would share a cluster.
+
+def shared_ray() -> str:
+    """The GCS address of the one local Ray instance the in-process runs of every test module share,
+    started by the first caller (:data:`SHARED_GPUS` logical GPUs, this machine's cores).
+
+    Each run starting Ray of its own costs 8-18 s on 2 cores (start and shutdown); a run that joins
+    an instance places and releases its own placement groups and actors, as it would on a cluster, and
+    leaves it running. A module that needs a cluster of its own (``ray.cluster_utils.Cluster``) ends
+    this instance first (:func:`end_shared_ray`); the next caller starts it again. The process's exit
+    ends it (Ray's own exit hook).
     ``address="local"``: a new instance even when another Ray session runs on this machine.
     """
     import os
 
     import ray
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        if started:
-            ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=SHARED_GPUS,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray.get_runtime_context().gcs_address
+
+
+def end_shared_ray() -> None:
+    """Disconnect from (and so stop) the shared instance, before a module starts a cluster of its own."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def local_ray(gpus: int = SHARED_GPUS):
+    """A module fixture's body: the shared instance's address (:func:`shared_ray`), for
+    ``run_file(..., ray_address=...)``. ``gpus``: how many logical GPUs the module's flows need at most."""
+    if gpus > SHARED_GPUS:
+        raise ValueError(f"the shared Ray instance has {SHARED_GPUS} logical GPUs; {gpus} asked")
+    yield shared_ray()
 
 
 def stable(rows: list[dict]) -> list[dict]:

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 
-from e2e_kit import make_workdir  # noqa: E402
+from e2e_kit import make_workdir, shared_ray  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
@@ -46,7 +46,7 @@ def agentic_run(tmp_path_factory):
     work = make_workdir(tmp_path_factory.mktemp("agentic"))
     shutil.copy(ENVS, work / "loop_envs.py")
     (work / "agentic.flow").write_text(FLOW)
-    return run_file(str(work / "agentic.flow"), out=str(work / "run"))
+    return run_file(str(work / "agentic.flow"), out=str(work / "run"), ray_address=shared_ray())
 
 
 def test_multi_turn_episodes_train(agentic_run):

@@ -19,6 +19,8 @@ ORIGIN = f"{ENVS / 'x.flow'}:1:1"  # the flow file's folder is where `loop_envs`
 def ray_local():
     import ray
 
+    if ray.is_initialized():  # the tests' shared instance (e2e_kit.shared_ray): these pools run on one CPU
+        ray.shutdown()
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, write_flow  # noqa: E402
+from e2e_kit import make_workdir, shared_ray, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
@@ -31,7 +31,7 @@ def test_a_packed_token_budget_update_runs(tmp_path):
     workdir = make_workdir(tmp_path)
     path = write_flow(workdir / "packed.flow", BODY, steps=2, schedule=SCHEDULE, imports=())
     out = workdir / "run"
-    run_file(str(path), out=str(out))
+    run_file(str(path), out=str(out), ray_address=shared_ray())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1, 2]

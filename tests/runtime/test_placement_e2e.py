@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, resume_copy, stable, write_flow  # noqa: E402
+from e2e_kit import end_shared_ray, make_workdir, resume_copy, stable, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 from flowrl.runtime.driver import Faults  # noqa: E402
@@ -66,6 +66,7 @@ def cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     tmp = make_workdir(tmp_path_factory.mktemp("placement"), rows=60, train=50)
+    end_shared_ray()  # this module's runs join a cluster of their own
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     c.add_node(num_cpus=2, num_gpus=2)
     c.wait_for_nodes()

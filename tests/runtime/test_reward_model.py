@@ -87,13 +87,13 @@ def test_a_flow_trains_against_a_reward_model_built_on_preferences(tmp_path):
     scored by the dataset's `eval_reward` verifier, not by the reward model. ``base_accuracy = 0.3`` is the
     policy's own warm start (the same cache entry), and one sample per prompt: the fit's inputs, not its
     quality, are what this test needs (tests/models/test_reward_start.py covers the fit)."""
-    from e2e_kit import make_workdir
+    from e2e_kit import make_workdir, shared_ray
 
     from flowrl.launch import run_file
 
     work = make_workdir(tmp_path)
     (work / "rm.flow").write_text(RM_FLOW)
-    result = run_file(str(work / "rm.flow"), out=str(work / "run"))
+    result = run_file(str(work / "rm.flow"), out=str(work / "run"), ray_address=shared_ray())
     logged = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in logged if "eval/reward" in r]
     assert [r["step"] for r in evals] == [0, 2]

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("sglang")
 pytest.importorskip("ray")
 
-from e2e_kit import make_workdir, write_flow  # noqa: E402
+from e2e_kit import make_workdir, shared_ray, write_flow  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
@@ -40,7 +40,7 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sglang_run(workdir):
     path = write_flow(workdir / "sglang.flow", GRPO, 4, SGLANG_SCHEDULE)
-    return run_file(str(path), out=str(workdir / "sglang"))
+    return run_file(str(path), out=str(workdir / "sglang"), ray_address=shared_ray())
 
 
 def test_grpo_trains_with_sglang_rollouts(sglang_run):
