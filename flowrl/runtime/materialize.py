@@ -15,6 +15,7 @@ Each is the function of :data:`MODEL_SOURCES` its op's catalogue record names
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -138,12 +139,35 @@ def _one(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     return source_of(m)(m, paths, log, seed)
 
 
-def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
-    """The tokenizer shared by the flow's models (the one that generates, else the first)."""
-    from transformers import AutoTokenizer
+PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""``tokenizer_class`` names of transformers' plain fast tokenizer (one class; the first its name since transformers 5)."""
 
+
+def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
+    """The tokenizer shared by the flow's models (the one that generates, else the first).
+
+    A checkpoint whose ``tokenizer_config.json`` names the plain fast tokenizer (``TokenizersBackend``,
+    ``PreTrainedTokenizerFast`` before transformers 5: the tiny models) loads that class directly: what ``AutoTokenizer`` would resolve to, without importing transformers'
+    model registry (``auto_factory`` pulls in torch.distributed.tensor and sympy: 5-15 s of the
+    driver's start-up on 2 cores, before any engine starts)."""
     gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
     mid = gen or (plan.models[0].id if plan.models else None)
     if mid is None:
         raise RuntimeFlowError(f"{plan.source}: the flow declares no model")
-    return AutoTokenizer.from_pretrained(str(paths[mid]))
+    path = Path(paths[mid])
+    if tokenizer_class(path) in PLAIN_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def tokenizer_class(path: Path) -> str | None:
+    """The ``tokenizer_class`` a local checkpoint's ``tokenizer_config.json`` names (None: no such file or
+    field, e.g. a hub id, which ``AutoTokenizer`` resolves)."""
+    try:
+        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None

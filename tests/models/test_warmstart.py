@@ -226,3 +226,45 @@ flow main(seed: int = 0) {{
         seeds[run_seed] = {m: json.loads((paths[m] / "warmstart.json").read_text())["seed"] for m in ("a", "b")}
     assert seeds == {0: {"a": 0, "b": 10}, 1: {"a": 1, "b": 11}}
     assert len(list((tmp_path / "cache" / "warmstart").iterdir())) == 4
+
+
+def test_the_drivers_tokenizer_is_what_auto_tokenizer_loads(tmp_path, monkeypatch):
+    """A run's driver loads a tiny model's tokenizer without transformers' model registry (the plain fast
+    class its config names), and finds a cached warm start without importing flowrl.models; the tokenizer is
+    the one AutoTokenizer loads: same class, special tokens, padding side and ids."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from flowrl.launch import build_plan
+    from flowrl.runtime.materialize import load_tokenizer_for, materialize_models, tokenizer_class
+
+    flow = tmp_path / "t.flow"
+    flow.write_text(f"""import stdlib.grpo
+model a = tiny(task = "arith", warm_start = 0, hidden = 64, heads = 2, kv_heads = 1)
+dataset d = jsonl("{get_task('arith').data_dir / 'train.jsonl'}")
+reward r = verifier("math")
+flow main() {{
+  grpo(a, d, r, batch = 4, group = 2, max_tokens = 5)
+}}
+""")
+    monkeypatch.setenv("FLOWRL_CACHE", str(tmp_path / "cache"))
+    plan = build_plan(str(flow))
+    paths = materialize_models(plan, log=lambda msg: None)  # built here; the driver below finds it cached
+    assert tokenizer_class(paths["a"]) in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    light, auto = load_tokenizer_for(plan, paths), AutoTokenizer.from_pretrained(str(paths["a"]))
+    assert type(light) is type(auto) and light.special_tokens_map == auto.special_tokens_map
+    assert light.padding_side == auto.padding_side and light.get_vocab() == auto.get_vocab()
+    texts = ["12+34=", "7+8=15", "9"]
+    assert light(texts).input_ids == auto(texts).input_ids
+    assert tokenizer_class(tmp_path) is None  # no config: AutoTokenizer decides
+    code = ("import sys; from flowrl.launch import build_plan; "
+            "from flowrl.runtime.materialize import load_tokenizer_for, materialize_models; "
+            f"plan = build_plan({str(flow)!r}); load_tokenizer_for(plan, materialize_models(plan, log=print)); "
+            "print(sorted(m for m in ('flowrl.models', 'sympy', 'transformers.models.auto.auto_factory') "
+            "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "FLOWRL_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
