@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from flowrl.catalog.ops import OpKind
@@ -29,6 +30,7 @@ from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.checkpoints import resumable_checkpoint
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.fleet import Faults, Fleet
+from flowrl.runtime.observe import SETUP_STEP, startup_report
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
 from flowrl.runtime.preemption import Preempted, SigtermGuard
@@ -191,24 +193,30 @@ class Runtime:
         from flowrl.runtime.materialize import load_tokenizer_for, materialize_models
         from flowrl.runtime.rewards import build_rewards
 
-        self.check_executable()
-        paths = materialize_models(self.plan, self.log)
         from flowrl.catalog.models import checkpoint_context
 
-        contexts = {m.id: checkpoint_context(paths[m.id]) for m in self.plan.models
-                    if m.rollout_engine is not None and m.id in paths}
-        self.data = RunData(self.plan, load_tokenizer_for(self.plan, paths), self.plan.run.seed, contexts)
+        span = partial(self.timeline.span, lane="driver", step=SETUP_STEP)  # start-up's parts, in trace.json
+        with span("start:check"):
+            self.check_executable()
+        with span("start:models"):
+            paths = materialize_models(self.plan, self.log)
+        with span("start:data"):
+            contexts = {m.id: checkpoint_context(paths[m.id]) for m in self.plan.models
+                        if m.rollout_engine is not None and m.id in paths}
+            self.data = RunData(self.plan, load_tokenizer_for(self.plan, paths), self.plan.run.seed, contexts)
         for d in self.plan.datasets:
             if self.data.skipped[d.id]:
                 self.events.bad_rows(d, self.data.skipped[d.id])
-        self.rewards = build_rewards(self.plan)
+        with span("start:rewards"):
+            self.rewards = build_rewards(self.plan)
         self.fleet = Fleet(self.plan, self.out, timeline=self.timeline, log=lambda msg: self.log(msg),
                            ray_address=self.ray_address, faults=self.faults)
         self.fleet.start(paths)
-        for reward in self.rewards.values():  # rewards served by a model's engine (reward_model, llm_judge)
-            if hasattr(reward, "bind"):
-                reward.bind(self.fleet, self.data, paths)
-        self.envs = {e.id: env_builder_of(e)(e, self.plan) for e in self.plan.envs}  # Ray actors: after the fleet
+        with span("start:envs"):
+            for reward in self.rewards.values():  # rewards served by a model's engine (reward_model, llm_judge)
+                if hasattr(reward, "bind"):
+                    reward.bind(self.fleet, self.data, paths)
+            self.envs = {e.id: env_builder_of(e)(e, self.plan) for e in self.plan.envs}  # Ray actors: after the fleet
         self.services = Services(self.plan, self.plan.run.seed, self.data, self.fleet, self.rewards, self.partial,
                                  self.events, self.timeline, self.envs)
 
@@ -293,7 +301,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     (the held-out evaluation of the initial model). However the loop ends (an error, Ctrl-C),
     the steps that finished keep their metrics, summary, curves and trace.
     """
-    from flowrl.runtime.observe import SETUP_STEP, MetricsLog, Progress, Timeline
+    from flowrl.runtime.observe import MetricsLog, Progress, Timeline
     from flowrl.runtime.tracking import Trackers, step_samples
 
     out.mkdir(parents=True, exist_ok=True)
@@ -302,14 +310,17 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     progress = Progress(plan.run.steps, stream=stream)
     rt = Runtime(plan, out, ray_address=ray_address, faults=faults, log=progress.message)
     rt.timeline = Timeline(plan.flow)
-    start, before, pipe, log, trackers, finished = 0, None, None, None, None, False
+    start, before, pipe, log, trackers, finished, startup = 0, None, None, None, None, False, None
     # preemption: the first SIGTERM stops the run at a step boundary (also while it cleans up)
     with SigtermGuard(note=lambda message: rt.log(message)) as guard:
         try:
             trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
             ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
+            t_setup = time.time()
             rt.setup()
             guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once
+            startup = startup_report(rt.timeline, t_setup, time.time())
+            progress.message(startup["line"])
             inflight = []
             if ckpt is not None:
                 start, inflight = rt.restore(ckpt)
@@ -368,7 +379,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 rt.shutdown()
             if any(r["step"] >= 1 for r in rows):  # what finished is kept, with its summary and plots
                 try:
-                    _write_results(plan, out, rows, before)
+                    _write_results(plan, out, rows, before, startup)
                 except Exception as error:  # after a failure, the failure is the news, not the plot
                     if finished:
                         raise
@@ -388,13 +399,15 @@ def _tracker_config(plan: ExecutionPlan) -> dict:
             "run": asdict(plan.run), "cluster": dict(plan.cluster)}
 
 
-def _write_results(plan: ExecutionPlan, out: Path, rows: list, before) -> None:
-    """``summary.json`` and ``curves.png`` of the steps in ``rows`` (1-based; row 0 = before RL)."""
+def _write_results(plan: ExecutionPlan, out: Path, rows: list, before, startup: dict | None = None) -> None:
+    """``summary.json`` (with this process's ``startup``: :func:`~flowrl.runtime.observe.startup_report`) and
+    ``curves.png`` of the steps in ``rows`` (1-based; row 0 = before RL)."""
     from flowrl.runtime.observe import plot_run, summarize
 
     done = max(r["step"] for r in rows)
     after = next((r["eval/accuracy"] for r in reversed(rows) if r["step"] >= 1 and "eval/accuracy" in r), None)
-    _write_summary(out, before, after, done, summarize(rows))
+    extra = {**summarize(rows), **({"startup": {k: v for k, v in startup.items() if k != "line"}} if startup else {})}
+    _write_summary(out, before, after, done, extra)
     plot_run(rows, out / "curves.png", title=f"{plan.flow} ({Path(plan.source).name})")
 
 

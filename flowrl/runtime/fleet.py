@@ -35,6 +35,7 @@ import numpy as np
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
 from flowrl.runtime.errors import RuntimeFlowError, user_error
+from flowrl.runtime.observe import SETUP_STEP
 from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, node_of, node_targets,
                                       processes_per_node, rank_actors, rank_placement, slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
@@ -255,14 +256,24 @@ class Fleet:
         self.started_ray = False
         """This run called ``ray.init`` (shutdown disconnects again); a Ray session the caller had already
         started (a notebook's, a test's shared instance) is left running."""
+        self.started: dict[str, dict[str, float]] = {}
+        """Engine actor (``policy.rollout replica 0``) -> its start-up times (:meth:`RolloutWorker.ready`)."""
 
     # ---- start -------------------------------------------------------------------------------
     def start(self, model_paths: dict[str, Path]) -> None:
-        """Ray, the placement groups, every engine's actors (ready), ``placement.json``, the weight syncs."""
-        self._start_ray()
-        self._start_workers(model_paths)
-        self.record_placement()
-        self._open_syncs()
+        """Ray, the placement groups, every engine's actors (ready), ``placement.json``, the weight syncs;
+        each a ``start:*`` span of the trace (the actors' own start-up on their lanes)."""
+        def span(name: str):
+            return self.timeline.span(name, "driver", SETUP_STEP)
+
+        with span("start:ray"):
+            self._start_ray()
+        with span("start:engines"):
+            self._start_workers(model_paths)
+        with span("start:placement"):
+            self.record_placement()
+        with span("start:syncs"):
+            self._open_syncs()
 
     def _start_ray(self) -> None:
         import ray
@@ -343,7 +354,12 @@ class Fleet:
                                for r in range(e.dp)]
                 pending += [(a, a.ready.remote(), f"{m.id}.rollout replica {r}") for r, a in enumerate(rec.rollout)]
         t0 = time.time()
-        self._wait(pending, "every engine", "start", 0)
+        started = self._wait(pending, "every engine", "start", 0)
+        for (_, _, who), times in zip(pending, started):
+            self.started[who] = times
+            lane = who.replace(" replica ", "")  # the lanes the steps' calls use: policy.train, policy.rollout0
+            self.timeline.add("start:process", lane, SETUP_STEP, times["process"], max(times["process"], times["init"]))
+            self.timeline.add("start:engine", lane, SETUP_STEP, times["init"], times["built"])
         self.log(f"engines ready in {time.time() - t0:.1f}s: "
                  + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
                              for m in self.plan.models if m.train_engine or m.rollout_engine))

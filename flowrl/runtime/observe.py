@@ -186,6 +186,16 @@ class Timeline:
                     totals[name] = totals.get(name, 0.0) + (end - start)
         return totals
 
+    def lane_seconds(self, step: int, prefix: str = "") -> dict[tuple[str, str], float]:
+        """Total seconds per ``(lane, event name)`` recorded for ``step``, of the names starting with ``prefix``."""
+        step = _check_step(step, "Timeline.lane_seconds", SETUP_STEP)
+        totals: dict[tuple[str, str], float] = {}
+        with self._lock:
+            for name, lane, s, start, end, _args in self._events:
+                if s == step and name.startswith(prefix):
+                    totals[lane, name] = totals.get((lane, name), 0.0) + (end - start)
+        return totals
+
     def trace_events(self) -> list[dict[str, Any]]:
         """The trace as Chrome trace-event dicts: metadata first, then events by start time."""
         with self._lock:
@@ -786,6 +796,33 @@ def _series_stats(rows: list[dict], key: str, better: str) -> dict[str, Any] | N
         best_step, best = pick(finite, key=lambda p: (p[1], -p[0]) if better == "max" else (p[1], p[0]))
         stats.update(best=best, best_step=best_step, mean=sum(v for _, v in finite) / len(finite))
     return stats
+
+
+def startup_report(timeline: Timeline, t0: float, t1: float) -> dict:
+    """What a run's start-up (``t0`` to ``t1``, ``time.time()`` seconds: from setting up to the engines
+    ready) was made of, from the timeline's ``start:*`` events (:data:`SETUP_STEP`).
+
+    ``{"seconds", "driver": {part: s}, "engines": {lane: {"process_s", "engine_s"}}, "line"}``: the
+    driver's parts in order (``check``, ``models``, ``data``, ``rewards``, ``ray``, ``engines``,
+    ``placement``, ``syncs``, ``envs``); per engine actor, its process's start (Python, Ray's worker) until
+    its ``__init__`` and then building the engine (imports included: vLLM's alone is most of it on CPU);
+    ``line`` says it in one line, naming the slowest actor.
+    """
+    driver: dict[str, float] = {}
+    engines: dict[str, dict[str, float]] = {}
+    for (lane, name), sec in timeline.lane_seconds(SETUP_STEP, "start:").items():
+        part = name[len("start:"):]
+        if lane == "driver":
+            driver[part] = round(sec, 3)
+        else:
+            engines.setdefault(lane, {})[f"{part}_s"] = round(sec, 3)
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in driver.items() if v >= 0.05)
+    line = f"start-up {t1 - t0:.1f}s: {parts}"
+    if engines:
+        lane, e = max(engines.items(), key=lambda kv: sum(kv[1].values()))
+        line += (f" (slowest engine {lane}: process {e.get('process_s', 0.0):.1f}s, "
+                 f"engine {e.get('engine_s', 0.0):.1f}s)")
+    return {"seconds": round(t1 - t0, 3), "driver": driver, "engines": engines, "line": line}
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -77,6 +77,14 @@ def optim_config(optim: dict):
                        min_lr_ratio=float(optim.get("min_lr_ratio", 0.0)))
 
 
+def process_started() -> float:
+    """When this process started (``time.time()`` seconds): an actor's start-up begins before its ``__init__``
+    (the Ray worker process, Python, Ray's own imports)."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 class TrainWorker:
     """Hosts a TrainEngine: its one rank, or the coordinator of its rank actors (``placement``: where
     each runs, :func:`~flowrl.runtime.placement.rank_placement`)."""
@@ -84,6 +92,7 @@ class TrainWorker:
     def __init__(self, engine, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
                  dtype: str = "float32", threads: int | None = None, share: int = 1, lora: dict | None = None,
                  placement=None):
+        self.started = {"process": process_started(), "init": time.time()}
         _threads(threads, share)
         import torch
 
@@ -94,9 +103,11 @@ class TrainWorker:
         self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), model_path=model_path,
                                    role=role, optim=cfg, temperature=temperature, seed=seed, dtype=dtype,
                                    lora=lora, placement=placement)
+        self.started["built"] = time.time()
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict[str, float]:
+        """Its start-up (``time.time()`` seconds): the process started, ``__init__`` began, the engine was built."""
+        return self.started
 
     def rank_locations(self) -> list[dict]:
         """Per rank actor: its pid, Ray node id and GPU ids (an engine with rank actors only)."""
@@ -193,6 +204,7 @@ class RolloutWorker:
 
     def __init__(self, engine, model_path: str, *, seed: int, dtype: str = "float32", threads: int | None = None,
                  share: int = 1, lora: dict | None = None):
+        self.started = {"process": process_started(), "init": time.time()}
         n = _threads(threads, share)
         from flowrl.engines.registry import build_engine, engine_record
 
@@ -204,9 +216,11 @@ class RolloutWorker:
         self.engine = build_engine(record, layout_of(engine), model_path=model_path, seed=seed, dtype=dtype,
                                    max_model_len=checkpoint_context(model_path), lora=lora)
         self._load = _LOAD_WEIGHTS[record.lora if lora is not None else ""](self.engine, model_path, lora)
+        self.started["built"] = time.time()
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict[str, float]:
+        """Its start-up (``time.time()`` seconds): the process started, ``__init__`` began, the engine was built."""
+        return self.started
 
     def generate(self, prompts: list[list[int]], spec, stall: float = 0.0) -> tuple[list, float, float]:
         """Completions of ``prompts``, (t0, t1); ``stall`` > 0 first sleeps that long (seconds): a hung

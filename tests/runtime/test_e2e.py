@@ -78,8 +78,16 @@ def test_run_directory(grpo_run):
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"grpo.rollouts", "grpo.update", "resync.policy"} <= names
+    # start-up's parts: the driver's, and each engine actor's process and engine build on its own lane
+    assert {"start:models", "start:data", "start:ray", "start:engines", "start:syncs", "start:process",
+            "start:engine"} <= names
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((out / "summary.json").read_text())["steps_done"] == 6
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_done"] == 6
+    startup = summary["startup"]
+    assert set(startup["engines"]) == {"policy.train", "policy.rollout0"}
+    assert all(v["engine_s"] > 0 and v["process_s"] >= 0 for v in startup["engines"].values())
+    assert startup["driver"]["engines"] <= startup["seconds"]
     assert (out / "checkpoints" / "step_000006" / "driver.json").is_file()
 
 

@@ -440,3 +440,27 @@ def test_reward_band_is_the_std_and_absent_for_two_valued_rewards():
     assert low == pytest.approx([0.5 - np.sqrt(0.125), 0.975 - np.sqrt(0.001875)])
     assert high == pytest.approx([0.5 + np.sqrt(0.125), 1.0])  # clipped at the max
     assert reward_band([{"step": 1, "reward/mean": 0.5}]) is None  # no std logged: no band
+
+
+def test_startup_report_says_what_start_up_was_made_of():
+    """The driver's ``start:*`` spans in order, each engine actor's process and engine build, the slowest named."""
+    from flowrl.runtime.observe import SETUP_STEP, startup_report
+
+    tl = Timeline("f")
+    t = 1000.0
+    for part, sec in (("check", 0.01), ("models", 0.2), ("data", 1.0), ("ray", 5.0), ("engines", 20.0)):
+        tl.add(f"start:{part}", "driver", SETUP_STEP, t, t + sec)
+        t += sec
+    tl.add("start:process", "policy.rollout0", SETUP_STEP, 1006.2, 1008.0)
+    tl.add("start:engine", "policy.rollout0", SETUP_STEP, 1008.0, 1026.0)
+    tl.add("start:process", "policy.train", SETUP_STEP, 1006.2, 1007.0)
+    tl.add("start:engine", "policy.train", SETUP_STEP, 1007.0, 1012.0)
+    tl.add("generate[0]", "policy.rollout0", 0, 1027.0, 1028.0)  # a step's event: not start-up
+    report = startup_report(tl, 1000.0, 1026.5)
+    assert report["seconds"] == 26.5
+    assert list(report["driver"]) == ["check", "models", "data", "ray", "engines"]
+    assert report["driver"]["ray"] == 5.0 and report["driver"]["engines"] == 20.0
+    assert report["engines"] == {"policy.rollout0": {"process_s": 1.8, "engine_s": 18.0},
+                                 "policy.train": {"process_s": 0.8, "engine_s": 5.0}}
+    assert report["line"] == ("start-up 26.5s: models 0.2s, data 1.0s, ray 5.0s, engines 20.0s "
+                              "(slowest engine policy.rollout0: process 1.8s, engine 18.0s)")
