@@ -211,6 +211,10 @@ class WeightLayout:
     and ``{e}`` for the expert; empty for unfused layouts. vLLM stacks a layer's experts in one
     tensor (``mlp.experts.w13_weight`` [experts, 2 x width / tp, hidden]): its ``experts.{e}.w13`` is
     expert e's slice."""
+    vocab_pad: int = 1
+    """The vocabulary is padded to a multiple of this before it is split over tp ranks (vLLM's
+    ``VocabParallelEmbedding`` pads to 64: at tp = 2 a vocabulary of 37 is held as rows 0-31 and 32-36),
+    so rank r holds rows ``[r * padded / tp, ...)``; 1: split as ``ceil(vocab / tp)`` per rank."""
 
 
 WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
@@ -219,7 +223,7 @@ WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
         "qkv": "model.layers.{i}.self_attn.qkv_proj", "o": "model.layers.{i}.self_attn.o_proj",
         "gate_up": "model.layers.{i}.mlp.gate_up_proj", "down": "model.layers.{i}.mlp.down_proj",
         "expert_gate_up": "model.layers.{i}.mlp.experts.{e}.w13", "expert_down": "model.layers.{i}.mlp.experts.{e}.w2",
-        "embed": "model.embed_tokens", "lm_head": "lm_head"}),
+        "embed": "model.embed_tokens", "lm_head": "lm_head"}, vocab_pad=64),
     WeightLayout("megatron", fused=True, qkv_grouped=True, names={
         "qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
         "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",

@@ -23,10 +23,14 @@ segments. A resharding plan joins the source's segments with the destination's: 
 overlap is a :class:`~flowrl.plan.ReshardPiece` (source rank and rows ->
 destination rank and rows). It is the compiler's account of what each rollout rank needs
 from which train rank, recorded in the plan (``ResyncPlan.reshard``) and printed by
-``flowrl plan``. Nothing executes it: a resync sends whole checkpoint tensors, gathered
-from the train ranks (``named_weights``), and each rollout engine's own loader fuses and
-shards them (``update_weights``); the estimated resync time counts those bytes
-(:func:`flowrl.cost.model.gather_s`, ``transfer_s``), not these pieces.
+``flowrl plan``. What executes: a resync gathers whole checkpoint tensors from the train
+ranks (``named_weights``) and sends them to each rollout replica; a replica whose engine is
+sharded across processes (vLLM, tp > 1) then sends each tp worker only the rows its pieces
+read (:mod:`flowrl.engines.tp_shards`, the plan from the unsharded checkpoint to the engine's
+layout; ``sync/rank_bytes/R/K`` in the metrics), and the worker's loader fuses them. The
+train -> replica leg still carries whole tensors (no per-train-rank pieces), and the
+estimated resync time counts those bytes (:func:`flowrl.cost.model.gather_s`,
+``transfer_s``), not these pieces.
 ``tests/schedule/test_reshard_plan.py`` applies the pieces to real tensors and compares
 them with the destination layout built directly, so the account is exact.
 
@@ -111,7 +115,10 @@ def _split_segments(f_rows: int, engine: str, tp: int, key: str, parts: list[str
     if not layout.fused:
         return [_Seg(p, 0, 0, f_rows, p, 0) for p in parts]
     name = layout.names[key] + (".weight" if not parts[0].endswith(".bias") else ".bias")
-    per = -(-f_rows // tp)  # a vocabulary that does not divide by tp is padded: the last rank holds fewer rows
+    # A vocabulary is padded (to the layout's ``vocab_pad``, then to tp) before it is split: the last
+    # rank holds fewer rows, or none.
+    pad = layout.vocab_pad if key in ("embed", "lm_head") else 1
+    per = -(-(-(-f_rows // pad) * pad) // tp)
     out = []
     for r in range(tp):
         row = 0
