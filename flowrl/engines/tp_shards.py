@@ -72,7 +72,8 @@ def _merged(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 def slice_for_ranks(named_tensors: Iterable[tuple[str, torch.Tensor]], rows: dict, tp: int
                     ) -> list[dict[str, torch.Tensor]]:
     """Per rank, ``{key: tensor}`` to send it: ``name`` for a tensor sent whole, ``name#dim:start:stop``
-    for its rows ``[start, stop)`` along ``dim`` (views of the input, made contiguous)."""
+    for its rows ``[start, stop)`` along ``dim`` (a copy with storage of its own: safetensors refuses
+    tensors that share memory)."""
     out: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
     for name, tensor in named_tensors:
         entry = rows.get(_LAYER.sub(".layers.{i}.", name))
@@ -83,7 +84,8 @@ def slice_for_ranks(named_tensors: Iterable[tuple[str, torch.Tensor]], rows: dic
         dim, per_rank = entry
         for rank, spans in zip(out, per_rank):
             for a, b in spans or ((0, 0),):  # no rows (a padded vocabulary's last ranks): the loader still reads it
-                rank[f"{name}#{dim}:{a}:{b}"] = tensor.narrow(dim, a, b - a).contiguous()
+                piece = tensor.narrow(dim, a, b - a)  # a view: its own storage by one copy (clone or contiguous)
+                rank[f"{name}#{dim}:{a}:{b}"] = piece.clone() if piece.is_contiguous() else piece.contiguous()
     return out
 
 

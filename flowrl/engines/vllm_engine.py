@@ -509,8 +509,7 @@ class VLLMRolloutEngine:
         directory = tempfile.mkdtemp(prefix="flowrl-tp-shards-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         try:
             for rank, sent in enumerate(slice_for_ranks(cpu_pairs, self._rank_rows, self.options.tensor_parallel_size)):
-                # each slice its own storage: safetensors refuses tensors that share memory
-                save_file({k: t.clone() if "#" in k else t.contiguous() for k, t in sent.items()},
+                save_file({k: t.contiguous() for k, t in sent.items()},
                           os.path.join(directory, f"rank{rank}.safetensors"), metadata={"shapes": shapes})
             return [int(n) for n in self.llm.collective_rpc("flowrl_load_rank_shards", args=(directory,))]
         finally:
