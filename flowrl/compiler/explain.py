@@ -21,7 +21,7 @@ import string
 
 from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.ops import OpKind
-from flowrl.compiler.reshard import rank_elements
+from flowrl.compiler.reshard import rank_elements, rank_shardable
 from flowrl.compiler.sched import engine_label
 from flowrl.compiler.schedule.placement import ranges
 from flowrl.plan import EnginePlan, ExecutionPlan, PoolMemory
@@ -217,8 +217,10 @@ def _delivery(plan: ExecutionPlan, r) -> str:
     """What the runtime executes of ``r``'s reshard plan, with the bytes each rollout rank is given."""
     model = next((m for m in plan.models if m.id == r.model), None)
     rollout = model.rollout_engine if model is not None else None
-    params = (model.facts or {}).get("params") if model is not None else None
-    if rollout is None or r.reshard.dst_tp < 2 or not ENGINES[rollout.kind].rank_shards or not params:
+    facts = (model.facts or {}) if model is not None else {}
+    params = facts.get("params")
+    if rollout is None or r.reshard.dst_tp < 2 or not ENGINES[rollout.kind].rank_shards or not params \
+            or not rank_shardable(facts):
         return "each replica is sent whole tensors, its engine shards them"
     per = [n * r.total_bytes / params for n in rank_elements(r.reshard)]
     return (f"each replica is sent whole tensors, then each of its {len(per)} ranks only its shards: "

@@ -225,6 +225,14 @@ def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_e
                        src_tp=s_tp, src_pp=src_pp, dst_tp=d_tp, tensors=tuple(tensors), stage_layers=stages)
 
 
+def rank_shardable(facts: dict) -> bool:
+    """Whether a resync can give each tp rank of a ``rank_shards`` engine only its rows
+    (:mod:`flowrl.engines.tp_shards`): a dense decoder with a gated MLP, whose checkpoint names the
+    plan describes. ``facts``: :meth:`ModelFacts.to_dict`'s (a mixture of experts lists ``moe_layers``,
+    a plain MLP ``gated_mlp = False``)."""
+    return bool(facts) and facts.get("gated_mlp", True) and not facts.get("moe_layers")
+
+
 def rank_elements(plan: ReshardPlan) -> tuple[int, ...]:
     """Elements each destination rank holds: the rows its pieces write (every layer) and every
     replicated tensor whole; their sum is the model once, plus what several ranks hold alike.
@@ -273,4 +281,4 @@ def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tup
     return (f.vocab, f.hidden)
 
 
-__all__ = ["reshard_plan", "rank_elements", "segments", "families", "layout_of"]
+__all__ = ["reshard_plan", "rank_elements", "rank_shardable", "segments", "families", "layout_of"]

@@ -616,14 +616,15 @@ def _forget_cached_environment() -> None:
 
 
 def _rank_rows(model_path: str, tp: int) -> dict | None:
-    """Each tp rank's rows of every checkpoint tensor (:func:`flowrl.engines.tp_shards.rank_rows`), for a
-    dense decoder with a gated MLP; None (every worker is sent whole tensors) for a mixture of experts or
-    another MLP, whose checkpoint names the plan does not describe."""
+    """Each tp rank's rows of every checkpoint tensor (:func:`flowrl.engines.tp_shards.rank_rows`) when the
+    record says vLLM gives each rank its shards and the model allows it
+    (:func:`~flowrl.compiler.reshard.rank_shardable`); None: every worker is sent whole tensors."""
     from flowrl.catalog.models import from_config
+    from flowrl.compiler.reshard import rank_shardable
     from flowrl.engines.tp_shards import rank_rows
 
     facts = from_config(model_path)
-    return rank_rows(facts, "vllm", tp) if facts.gated_mlp and not facts.moe_layers else None
+    return rank_rows(facts, "vllm", tp) if ENGINES["vllm"].rank_shards and rank_shardable(facts.to_dict()) else None
 
 
 def _moe_layers(model_path: str) -> int:
