@@ -18,7 +18,10 @@ barrier until the last rank is done (median of ``--reps`` after one warm-up):
 
 ``bytes/s`` is the model's bytes divided by the time; ``vs raw broadcast`` compares it
 with the first row; ``vs own transport`` compares checkpoint with the raw file row and
-inplace with the raw object-store row. Prints a table and writes
+inplace with the raw object-store row. ``CPU s`` is the CPU time of every rank's process
+(all threads) per sync, median over reps, and ``raw CPU / CPU`` the raw broadcast's over the
+row's: on a machine whose cores other work keeps busy the wall times follow the load, the
+CPU seconds much less. Prints a table and writes
 ``bench/results/weight_sync.json``.
 
 Usage::
@@ -37,6 +40,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -132,15 +136,27 @@ def run_rows(rank: int, raw: RawGroup, syncs: dict, model, ckpt_dir: Path, reps:
         "checkpoint": lambda rep: checkpoint_row(rank, raw, syncs["checkpoint"], model, rep),
     }
     for row in ROWS:
-        times = []
+        times, cpu = [], []
         for rep in range(reps + 1):  # rep 0 warms up (group connection, first full delta)
             raw.barrier()
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             actions[row](rep)
             if raw.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            cpu.append(cpu_seconds() - c0)
         out[row] = times[1:]
+        out[CPU + row] = cpu[1:]
+
+
+CPU = "cpu:"
+"""``out[CPU + row]``: this rank's CPU seconds per rep of ``row``."""
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process so far, every thread (gloo's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def per_tensor(rank: int, raw: RawGroup, model) -> None:
@@ -318,6 +334,8 @@ def main() -> None:
         delta_wire = syncs["delta"].stats.wire_bytes
         seconds = {row: statistics.median(max(ts) for ts in zip(mine[row], *(t[row] for t in theirs)))
                    for row in ROWS}
+        cpu = {row: statistics.median(sum(cs) for cs in zip(mine[CPU + row], *(t[CPU + row] for t in theirs)))
+               for row in ROWS}
     finally:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     if not args.no_ray:
@@ -325,23 +343,27 @@ def main() -> None:
             seconds.update({k: statistics.median(v) for k, v in ray_rows(cfg, args.receivers).items()})
         except ImportError:
             print("ray is not installed: object-store rows skipped")
-    report(seconds, total, delta_wire, args, backend, len(shapes))
+    report(seconds, cpu, total, delta_wire, args, backend, len(shapes))
 
 
-def report(seconds: dict, total: int, delta_wire: int, args, backend: str, tensors: int) -> None:
+def report(seconds: dict, cpu: dict, total: int, delta_wire: int, args, backend: str, tensors: int) -> None:
     raw = total / seconds["raw broadcast"]
     own = {"checkpoint": "raw file write+read", "inplace": "raw object store"}
     rows = []
-    print(f"\n{'row':28} {'seconds':>9} {'GB/s':>7} {'vs raw broadcast':>17} {'vs own transport':>17}")
+    print(f"\n{'row':28} {'seconds':>9} {'GB/s':>7} {'vs raw broadcast':>17} {'vs own transport':>17} "
+          f"{'CPU s':>7} {'raw CPU / CPU':>14}")
     for row, s in seconds.items():
         rate = total / s
         vs_own = rate / (total / seconds[own[row]]) if row in own and own[row] in seconds else None
         rows.append({"row": row, "seconds": s, "bytes_per_s": rate, "vs_raw_broadcast": rate / raw,
-                     "vs_own_transport": vs_own})
+                     "vs_own_transport": vs_own, "cpu_seconds": cpu.get(row),
+                     "raw_cpu_ratio": cpu["raw broadcast"] / cpu[row] if row in cpu else None})
         own_text = f"{vs_own:16.0%}" if vs_own is not None else " " * 16
-        print(f"{row:28} {s:9.3f} {rate / 1e9:7.2f} {rate / raw:16.0%} {own_text}")
+        cpu_text = f"{cpu[row]:7.3f} {cpu['raw broadcast'] / cpu[row]:14.0%}" if row in cpu else ""
+        print(f"{row:28} {s:9.3f} {rate / 1e9:7.2f} {rate / raw:16.0%} {own_text} {cpu_text}")
     packed = total / seconds["broadcast packed+overlap"] / raw
-    print(f"\npacked broadcast reaches {packed:.0%} of the raw broadcast (target >= 80%); "
+    print(f"\npacked broadcast reaches {packed:.0%} of the raw broadcast (target >= 80%) and uses "
+          f"{cpu['broadcast packed+overlap'] / cpu['raw broadcast']:.2f}x its CPU seconds (all ranks); "
           f"delta sent {delta_wire / 2**20:.1f} MiB of {total / 2**20:.0f} MiB; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     result = {"benchmark": "weight_sync", "python": platform.python_version(), "machine": platform.machine(),

@@ -267,8 +267,10 @@ class ReshardTensor:
 @dataclass(frozen=True)
 class ReshardPlan:
     """Train layout -> rollout layout of a model's weights: which rows of which train rank each
-    rollout rank needs (:mod:`flowrl.compiler.reshard`). Shown by ``flowrl plan``; the runtime
-    does not execute it (a resync sends whole checkpoint tensors, the engines' loaders shard them)."""
+    rollout rank needs (:mod:`flowrl.compiler.reshard`). Shown by ``flowrl plan``. The runtime
+    executes its destination side: a resync sends whole checkpoint tensors to each replica, and an
+    engine with :attr:`~flowrl.catalog.engines.EngineSpec.rank_shards` (vLLM, tp > 1) sends each of
+    its ranks only the rows the pieces give it (:mod:`flowrl.engines.tp_shards`)."""
 
     src: str
     """Source engine and layout, e.g. ``megatron(tp=2, pp=1)``."""

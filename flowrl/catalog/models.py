@@ -172,6 +172,8 @@ class ModelFacts:
                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.hd,
                "intermediate": self.intermediate, "vocab": self.vocab, "tied": self.tied,
                "dtype_bytes": self.dtype_bytes, "max_len": self.max_len, "architecture": self.architecture}
+        if not self.gated_mlp:  # (a gated MLP is the rule: said only when absent)
+            out["gated_mlp"] = False
         if self.experts:
             out.update(experts=self.experts, experts_per_token=self.experts_per_token,
                        expert_intermediate=self.expert_intermediate, moe_layers=self.moe_layers,

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import string
 
+from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.ops import OpKind
+from flowrl.compiler.reshard import rank_elements, rank_shardable
 from flowrl.compiler.sched import engine_label
 from flowrl.compiler.schedule.placement import ranges
 from flowrl.plan import EnginePlan, ExecutionPlan, PoolMemory
@@ -203,13 +205,26 @@ def _sync(plan: ExecutionPlan) -> list[str]:
             lines.append(f"    reshard {r.reshard.src} -> {r.reshard.dst}: "
                          + ", ".join(f"{a} x{n}" for a, n in sorted(acts.items()))
                          + f" tensor families; {pieces} pieces (rows of a train rank that a rollout rank needs, those of "
-                         "layer tensors per layer); not executed: the resync sends whole tensors and the rollout "
-                         "engine shards them")
+                         "layer tensors per layer); " + _delivery(plan, r))
             for t in r.reshard.tensors:
                 if t.action == "regroup":
                     lines.append(f"      regroup {t.name}: {' + '.join(p.rsplit('.', 2)[-2] for p in t.parts)} "
                                  f"({t.src_shards} -> {t.dst_shards} shards)")
     return lines
+
+
+def _delivery(plan: ExecutionPlan, r) -> str:
+    """What the runtime executes of ``r``'s reshard plan, with the bytes each rollout rank is given."""
+    model = next((m for m in plan.models if m.id == r.model), None)
+    rollout = model.rollout_engine if model is not None else None
+    facts = (model.facts or {}) if model is not None else {}
+    params = facts.get("params")
+    if rollout is None or r.reshard.dst_tp < 2 or not ENGINES[rollout.kind].rank_shards or not params \
+            or not rank_shardable(facts):
+        return "each replica is sent whole tensors, its engine shards them"
+    per = [n * r.total_bytes / params for n in rank_elements(r.reshard)]
+    return (f"each replica is sent whole tensors, then each of its {len(per)} ranks only its shards: "
+            f"{_bytes(max(per))} per rank, {_bytes(sum(per))} in all")
 
 
 def _staleness(plan: ExecutionPlan) -> list[str]:

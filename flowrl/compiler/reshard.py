@@ -23,10 +23,14 @@ segments. A resharding plan joins the source's segments with the destination's: 
 overlap is a :class:`~flowrl.plan.ReshardPiece` (source rank and rows ->
 destination rank and rows). It is the compiler's account of what each rollout rank needs
 from which train rank, recorded in the plan (``ResyncPlan.reshard``) and printed by
-``flowrl plan``. Nothing executes it: a resync sends whole checkpoint tensors, gathered
-from the train ranks (``named_weights``), and each rollout engine's own loader fuses and
-shards them (``update_weights``); the estimated resync time counts those bytes
-(:func:`flowrl.cost.model.gather_s`, ``transfer_s``), not these pieces.
+``flowrl plan``. What executes: a resync gathers whole checkpoint tensors from the train
+ranks (``named_weights``) and sends them to each rollout replica; a replica whose engine is
+sharded across processes (vLLM, tp > 1) then sends each tp worker only the rows its pieces
+read (:mod:`flowrl.engines.tp_shards`, the plan from the unsharded checkpoint to the engine's
+layout; ``sync/rank_bytes/R/K`` in the metrics), and the worker's loader fuses them. The
+train -> replica leg still carries whole tensors (no per-train-rank pieces), and the
+estimated resync time counts those bytes (:func:`flowrl.cost.model.gather_s`,
+``transfer_s``), not these pieces.
 ``tests/schedule/test_reshard_plan.py`` applies the pieces to real tensors and compares
 them with the destination layout built directly, so the account is exact.
 
@@ -39,6 +43,7 @@ them with the destination layout built directly, so the account is exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -111,7 +116,10 @@ def _split_segments(f_rows: int, engine: str, tp: int, key: str, parts: list[str
     if not layout.fused:
         return [_Seg(p, 0, 0, f_rows, p, 0) for p in parts]
     name = layout.names[key] + (".weight" if not parts[0].endswith(".bias") else ".bias")
-    per = -(-f_rows // tp)  # a vocabulary that does not divide by tp is padded: the last rank holds fewer rows
+    # A vocabulary is padded (to the layout's ``vocab_pad``, then to tp) before it is split: the last
+    # rank holds fewer rows, or none.
+    pad = layout.vocab_pad if key in ("embed", "lm_head") else 1
+    per = -(-(-(-f_rows // pad) * pad) // tp)
     out = []
     for r in range(tp):
         row = 0
@@ -217,6 +225,36 @@ def reshard_plan(f: ModelFacts, src_engine: str, src_tp: int, src_pp: int, dst_e
                        src_tp=s_tp, src_pp=src_pp, dst_tp=d_tp, tensors=tuple(tensors), stage_layers=stages)
 
 
+def rank_shardable(facts: dict) -> bool:
+    """Whether a resync can give each tp rank of a ``rank_shards`` engine only its rows
+    (:mod:`flowrl.engines.tp_shards`): a dense decoder with a gated MLP, whose checkpoint names the
+    plan describes. ``facts``: :meth:`ModelFacts.to_dict`'s (a mixture of experts lists ``moe_layers``,
+    a plain MLP ``gated_mlp = False``)."""
+    return bool(facts) and facts.get("gated_mlp", True) and not facts.get("moe_layers")
+
+
+def rank_elements(plan: ReshardPlan) -> tuple[int, ...]:
+    """Elements each destination rank holds: the rows its pieces write (every layer) and every
+    replicated tensor whole; their sum is the model once, plus what several ranks hold alike.
+
+    >>> from flowrl.catalog.models import tiny_facts
+    >>> f = tiny_facts({})
+    >>> one, = rank_elements(reshard_plan(f, "torch", 1, 1, "vllm", 1))
+    >>> one == f.params, sum(rank_elements(reshard_plan(f, "torch", 1, 1, "vllm", 2))) > one
+    (True, True)
+    """
+    out = [0] * plan.dst_tp
+    for t in plan.tensors:
+        size = math.prod(t.shape)
+        if t.dim < 0:
+            out = [n + size * t.layers for n in out]
+            continue
+        row = size // t.shape[t.dim]
+        for p in t.pieces:
+            out[p.dst_rank] += (p.dst_stop - p.dst_start) * row * t.layers
+    return tuple(out)
+
+
 def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tuple[int, ...]:
     hd = f.hd
     layout = layout_of(engine)
@@ -243,4 +281,4 @@ def _full_shape(f: ModelFacts, key: str, name: str, engine: str, tp: int) -> tup
     return (f.vocab, f.hidden)
 
 
-__all__ = ["reshard_plan", "segments", "families", "layout_of"]
+__all__ = ["reshard_plan", "rank_elements", "rank_shardable", "segments", "families", "layout_of"]

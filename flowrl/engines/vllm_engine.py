@@ -10,8 +10,12 @@ Weight updates go through the worker's ``reload_weights(weights_iterator=...)``
 fusing, e.g. q/k/v -> qkv_proj). In-process with the ``"uni"`` executor the
 (name, tensor) pairs are passed as they are; otherwise RPC arguments are
 serialised, so the tensors travel as one safetensors blob to
-:class:`FlowrlWorkerExtension`. Either way the prefix cache is reset afterwards:
-KV blocks computed with the old weights must not be reused.
+:class:`FlowrlWorkerExtension`. With tensor parallelism (tp > 1, a dense decoder with a gated
+MLP) each worker is sent only the rows of its shards, the executed reshard plan
+(:mod:`flowrl.engines.tp_shards`): one file per rank (in ``/dev/shm``), the RPC carrying the
+directory (RPC arguments reach every worker alike), and each worker's loader reads its own
+file; :attr:`VLLMRolloutEngine.delivered_bytes` gives each rank's bytes. Either way the prefix
+cache is reset afterwards: KV blocks computed with the old weights must not be reused.
 
 Mixtures of experts on CPU: vLLM 0.32's CPU MoE kernel (``cpu_fused_moe``) reads each layer's
 experts prepacked into its grouped-gemm layout, which it makes once, at start-up
@@ -127,6 +131,27 @@ class FlowrlWorkerExtension:
         tensors = load(blob)
         self.reload_weights(weights_iterator=iter(tensors.items()))
         return len(tensors)
+
+    def flowrl_load_rank_shards(self, directory: str) -> int:
+        """Reload weights in place from this tensor-parallel rank's own file in ``directory``
+        (``rank{r}.safetensors``, written by :meth:`VLLMRolloutEngine.update_weights`: only the rows
+        of each checkpoint tensor that this rank holds, :mod:`flowrl.engines.tp_shards`).
+
+        Returns the bytes of the file this worker read.
+        """
+        import json
+
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        from flowrl.engines.tp_shards import full_from_slices
+
+        path = os.path.join(directory, f"rank{get_tensor_model_parallel_rank()}.safetensors")
+        with safe_open(path, framework="pt") as handle:
+            shapes = json.loads((handle.metadata() or {}).get("shapes", "{}"))
+        self.reload_weights(weights_iterator=iter(full_from_slices(load_file(path), shapes)))
+        return os.path.getsize(path)
 
     def flowrl_prepack_cpu_experts(self, names: list[str]) -> list[str]:
         """Prepack for vLLM's CPU MoE kernel the experts of each layer that checkpoint names
@@ -281,6 +306,11 @@ class VLLMRolloutEngine:
         # Tensors can be handed over as they are only when the worker lives in this process.
         self._direct_weights = self.in_process and backend == "uni"
         self._moe_layers = _moe_layers(model_path)
+        # tp > 1 across processes: each worker is sent only its rows (the executed reshard plan)
+        self._rank_rows = _rank_rows(model_path, options.tensor_parallel_size) \
+            if options.tensor_parallel_size > 1 and not self._direct_weights else None
+        self.delivered_bytes: list[int] = []
+        """Bytes the last :meth:`update_weights` gave each tensor-parallel worker, by rank."""
         # gpu: vLLM returns routes itself (CompletionOutput.routed_experts); on CPU router hooks do
         self._native_routes = not cpu and bool(self._moe_layers if options.return_routes is None
                                                else options.return_routes)
@@ -437,24 +467,53 @@ class VLLMRolloutEngine:
         """Load ``(hf_name, tensor)`` pairs in place and drop the prefix cache.
 
         Pass full tensors in transformers naming (``model.layers.0.self_attn.q_proj.weight``);
-        vLLM fuses and shards them. Send every tensor of a fused group (q, k and v
+        vLLM fuses and shards them (with tp > 1 each worker is sent only its rows, see the module
+        docstring). Send every tensor of a fused group (q, k and v
         together; all the experts of a MoE layer), or the parts not sent are left undefined.
         On CPU the experts of the MoE layers sent are then prepacked for vLLM's CPU kernel.
         """
         pairs = [(name, tensor.detach()) for name, tensor in named_tensors]
         if not pairs:
             raise EngineConfigError("update_weights got no tensors; pass train_engine.named_weights()")
+        tp = self.options.tensor_parallel_size
         if self._direct_weights:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+            self.delivered_bytes = [sum(t.numel() * t.element_size() for _, t in pairs)]
+        elif self._rank_rows is not None:
+            self.delivered_bytes = self._send_rank_shards(pairs)
         else:
             from safetensors.torch import save
 
             blob = save({name: t.to("cpu").contiguous() for name, t in pairs})
             self.llm.collective_rpc("flowrl_load_safetensors", args=(blob,))
+            self.delivered_bytes = [len(blob)] * tp
         if self._cpu:  # experts reloaded in place are not prepacked for the CPU MoE kernel (module docstring)
             self.llm.collective_rpc("flowrl_prepack_cpu_experts", args=([name for name, _ in pairs],))
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM refused to reset its prefix cache after a weight update (requests still running?)")
+
+    def _send_rank_shards(self, pairs: list[tuple[str, torch.Tensor]]) -> list[int]:
+        """Write each tp rank's rows to its own file (in ``/dev/shm`` where there is one) and have every
+        worker load its own; returns each rank's bytes. (RPC arguments reach every worker alike, so
+        per-rank bytes travel as files, the RPC carrying only their directory.)"""
+        import json
+        import shutil
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        from flowrl.engines.tp_shards import slice_for_ranks
+
+        cpu_pairs = [(name, t.to("cpu")) for name, t in pairs]
+        shapes = json.dumps({name: list(t.shape) for name, t in cpu_pairs})
+        directory = tempfile.mkdtemp(prefix="flowrl-tp-shards-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            for rank, sent in enumerate(slice_for_ranks(cpu_pairs, self._rank_rows, self.options.tensor_parallel_size)):
+                save_file({k: t.contiguous() for k, t in sent.items()},
+                          os.path.join(directory, f"rank{rank}.safetensors"), metadata={"shapes": shapes})
+            return [int(n) for n in self.llm.collective_rpc("flowrl_load_rank_shards", args=(directory,))]
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Serve the LoRA adapter ``named_tensors`` (PEFT's names, ``...q_proj.lora_A.weight``) from now on.
@@ -554,6 +613,18 @@ def _forget_cached_environment() -> None:
     disable = getattr(vllm.envs, "disable_envs_cache", None)
     if disable is not None:
         disable()
+
+
+def _rank_rows(model_path: str, tp: int) -> dict | None:
+    """Each tp rank's rows of every checkpoint tensor (:func:`flowrl.engines.tp_shards.rank_rows`) when the
+    record says vLLM gives each rank its shards and the model allows it
+    (:func:`~flowrl.compiler.reshard.rank_shardable`); None: every worker is sent whole tensors."""
+    from flowrl.catalog.models import from_config
+    from flowrl.compiler.reshard import rank_shardable
+    from flowrl.engines.tp_shards import rank_rows
+
+    facts = from_config(model_path)
+    return rank_rows(facts, "vllm", tp) if ENGINES["vllm"].rank_shards and rank_shardable(facts.to_dict()) else None
 
 
 def _moe_layers(model_path: str) -> int:

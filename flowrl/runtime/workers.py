@@ -264,6 +264,7 @@ class RolloutWorker:
         t0 = time.time()
         pairs, stats = receive_weights(self.sync, handoff, breaks)
         self._load(pairs)
+        stats["rank_bytes"] = delivered_bytes(self.engine, stats)
         return stats, t0, time.time()
 
     def close_sync(self) -> None:
@@ -274,6 +275,13 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def delivered_bytes(engine, stats: dict) -> list[int]:
+    """Bytes a resync gave each of the engine's ranks: what a tensor-parallel engine reports for its last
+    update (``delivered_bytes``: vLLM sends each tp worker only its shards), else the bytes this
+    replica received, all its one rank's."""
+    return list(getattr(engine, "delivered_bytes", None) or [int(stats["bytes"])])
 
 
 def _full_weights(engine, model_path: str, lora: dict | None):

@@ -19,14 +19,17 @@ from flowrl.engines.vllm_engine import VLLMRolloutEngine  # noqa: E402
 
 def _update_and_follow(engine, tiny_model_dir, spec, before):
     """Train a fresh trainer a few steps, push its weights to ``engine``, and check that ``engine``
-    now samples other tokens whose log-probs are the trainer's (the weights reached every worker)."""
+    now samples other tokens whose log-probs are the trainer's (the weights reached every worker).
+    Returns the trainer's weights."""
     trainer = make_trainer(tiny_model_dir)
     train_a_few_steps(trainer)
-    engine.update_weights(trainer.named_weights())
+    weights = list(trainer.named_weights())
+    engine.update_weights(weights)
     after = engine.generate(contract.prompts(), spec)
     batch = completions_batch(after)
     assert max_logprob_gap(after, trainer.forward(batch)["logprobs"], batch) < contract.TOL
     assert [g[0].response_ids for g in after] != [g[0].response_ids for g in before]
+    return weights
 
 
 @pytest.mark.long  # make test-long, 75 s; in make test: the tp=2 GRPO run below updates the same engine process every step
@@ -51,7 +54,8 @@ def test_weight_update_through_a_separate_engine_process(tiny_model_dir):
 def test_tp2_on_cpu_runs_the_multiprocessing_executor_and_updates_weights_in_place(tiny_model_dir):
     """`tensor_parallel_size = 2` on CPU: two worker processes (gloo between them) whose greedy samples
     carry the unsharded model's log-probs (the trainer's, to fp32 tolerance), and a weight update
-    (safetensors bytes to every worker) both shards follow."""
+    both shards follow, each worker sent only the rows of its shards (the executed reshard plan:
+    the ranks' bytes add up to the model once, plus the norms each rank holds whole)."""
     spec = SamplingSpec(temperature=0.0, max_tokens=10)
     engine = VLLMRolloutEngine(tiny_model_dir, dtype="float32", max_model_len=64, tensor_parallel_size=2)
     try:
@@ -60,7 +64,12 @@ def test_tp2_on_cpu_runs_the_multiprocessing_executor_and_updates_weights_in_pla
         before = engine.generate(contract.prompts(), spec)
         batch = completions_batch(before)
         assert max_logprob_gap(before, make_trainer(tiny_model_dir).forward(batch)["logprobs"], batch) < contract.TOL
-        _update_and_follow(engine, tiny_model_dir, spec, before)  # both tp shards hold the new weights
+        weights = _update_and_follow(engine, tiny_model_dir, spec, before)  # both tp shards hold the new weights
+        nbytes = {name: t.numel() * t.element_size() for name, t in weights}
+        whole = sum(n for name, n in nbytes.items() if "norm" in name)  # the only tensors not sharded
+        sent = engine.delivered_bytes  # file bytes: tensor data + a safetensors header each
+        assert len(sent) == 2 and all(n < 0.75 * sum(nbytes.values()) for n in sent), sent
+        assert 0 <= sum(sent) - (sum(nbytes.values()) + whole) < 2 * 64 * 1024, (sent, nbytes)
     finally:
         engine.shutdown()
 
@@ -102,6 +111,9 @@ def test_grpo_with_vllm_tp2_on_a_cpu_cluster(tmp_path, monkeypatch):
     assert len(rows) == 3
     for row in rows:
         assert row["sync/bytes"] > 0 and row["staleness/hist/0"] == 16, row
+        # the executed reshard plan: each tp worker was given its shards, not the model
+        ranks = [row["sync/rank_bytes/0/0"], row["sync/rank_bytes/0/1"]]
+        assert max(ranks) < 0.75 * row["sync/bytes"] <= row["sync/delivered_bytes"] == sum(ranks), row
         assert row["mismatch/abs_max"] < contract.TOL, row
     placement = __import__("json").loads((workdir / "run" / "placement.json").read_text())
     assert [(r["engine"], r["rank"], r["pool"]) for r in placement if r["engine"] == "policy.rollout"] == \

@@ -36,9 +36,10 @@ def hf_tensors(f: ModelFacts, seed: int = 0) -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=g) for name, shape in f.tensors()}
 
 
-def _rows(t: torch.Tensor, tp: int) -> list[torch.Tensor]:
-    """Vocab/column-parallel split of dim 0: ceil(rows / tp) per rank, the last rank shorter."""
-    per = -(-t.shape[0] // tp)
+def _rows(t: torch.Tensor, tp: int, pad: int = 1) -> list[torch.Tensor]:
+    """Vocab-parallel split of dim 0: the vocabulary padded to a multiple of ``pad`` (vLLM: 64), then
+    ceil(padded / tp) rows per rank, the last rank shorter (or empty)."""
+    per = -(-(-(-t.shape[0] // pad) * pad) // tp)
     return [t[r * per:(r + 1) * per] for r in range(tp)]
 
 
@@ -77,9 +78,10 @@ def shards(f: ModelFacts, engine: str, tp: int, hf: dict) -> dict[str, list[torc
         out[names[gate_up] + ".weight"] = [torch.cat([g_, u_]) for g_, u_ in zip(gate.chunk(tp), up.chunk(tp))]
         out[names[down] + ".weight"] = list(lay(prefix + "down_proj.weight").chunk(tp, dim=1))
     out[names["o"] + ".weight"] = list(lay("self_attn.o_proj.weight").chunk(tp, dim=1))
-    out[names["embed"] + ".weight"] = _rows(hf["model.embed_tokens.weight"], tp)
+    pad = ENGINES[engine].weight_layout.vocab_pad
+    out[names["embed"] + ".weight"] = _rows(hf["model.embed_tokens.weight"], tp, pad)
     if not f.tied:
-        out[names["lm_head"] + ".weight"] = _rows(hf["lm_head.weight"], tp)
+        out[names["lm_head"] + ".weight"] = _rows(hf["lm_head.weight"], tp, pad)
     return out
 
 

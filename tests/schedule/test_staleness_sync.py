@@ -132,8 +132,29 @@ schedule main on cluster(nodes = 2, gpus_per_node = 8, gpu = "H100") {
     from flowrl.compiler.explain import describe_plan
 
     (line,) = [x for x in describe_plan(plan).splitlines() if x.strip().startswith("reshard ")]
-    assert "rows of a train rank that a rollout rank needs" in line and "not executed" in line
+    assert "rows of a train rank that a rollout rank needs" in line and "its engine shards them" in line
     assert "to copy" not in line
+
+
+def test_plan_prints_the_bytes_each_vllm_tp_rank_is_given(plan_of):
+    """vLLM with tp > 1 is sent its shards per rank (the executed reshard plan): half the 7B model
+    each, plus the norms every rank holds whole (Qwen2.5-7B's 4 KV heads divide by tp = 2)."""
+    from flowrl.compiler.explain import describe_plan
+
+    plan = plan_of(grpo('hf("Qwen/Qwen2.5-7B")', max_tokens=1024, schedule="""
+schedule main on cluster(nodes = 2, gpus_per_node = 8, gpu = "H100") {
+  pool gen = gpus(gpus = 8)
+  pool train = gpus(gpus = 8)
+  place policy.rollout on gen
+  colocate policy.train, ref on train
+  policy.train = megatron(tp = 2, pp = 1)
+  policy.rollout = vllm(tp = 2)
+  resync policy via nccl(bucket = 512MB)
+}"""))
+    (line,) = [x for x in describe_plan(plan).splitlines() if x.strip().startswith("reshard ")]
+    norms = (2 * 28 + 1) * 3584 * 2  # bytes: two per layer and the final one, bf16
+    total = 7_615_616_512 * 2
+    assert f"each of its 2 ranks only its shards: {(total + norms) / 2 / 1e9:.1f} GB per rank" in line, line
 
 
 def test_checkpoint_with_a_shared_dir_crosses_nodes(plan_of):

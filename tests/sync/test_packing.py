@@ -8,15 +8,16 @@ import torch
 
 from flowrl.runtime.sync.broadcast import _Prefetch
 from flowrl.runtime.sync.packing import BucketPacker, BufferPool, crc32_combine
-from flowrl.runtime.weight_sync import SyncStats, WeightSyncError, iter_buckets, unpack_bucket
+from flowrl.runtime.weight_sync import SyncStats, WeightSyncError, crc32_combine_gf2, iter_buckets, unpack_bucket
 from sync_testkit import digest, model_weights
 
 
+@pytest.mark.parametrize("combine", [crc32_combine, crc32_combine_gf2], ids=["used", "python"])
 @pytest.mark.parametrize("len_a, len_b", [(0, 5), (1, 1), (1000, 777), (64, 1 << 16)])
-def test_crc32_combine_equals_zlib_on_the_concatenation(len_a, len_b):
+def test_crc32_combine_equals_zlib_on_the_concatenation(combine, len_a, len_b):
     rng = np.random.default_rng(len_a + len_b)
     a, b = rng.bytes(len_a), rng.bytes(len_b)
-    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    assert combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 64, 300, 1 << 20])

@@ -62,6 +62,15 @@ def test_sync_metrics_are_numbers_and_name_the_protocol():
         "sync/unpack_seconds": 0.25, "sync/protocol/delta": 1, "sync/skipped": 3}
 
 
+def test_sync_metrics_give_the_bytes_each_rollout_rank_was_given():
+    sent = {"bytes": 1000, "wire_bytes": 1100, "buckets": 2, "tensors": 7}
+    received = [{"unpack_seconds": 0.1, "rank_bytes": [520, 530]}, {"unpack_seconds": 0.2, "rank_bytes": [1000]}]
+    metrics = sync_metrics("broadcast", sent, received, 0.5)
+    assert {k: v for k, v in metrics.items() if "rank_bytes" in k or "delivered" in k} == {
+        "sync/rank_bytes/0/0": 520, "sync/rank_bytes/0/1": 530, "sync/rank_bytes/1/0": 1000,
+        "sync/delivered_bytes": 2050}
+
+
 # ---- worker ends ----------------------------------------------------------------------------------------
 def _options(name: str, tmp_path: Path) -> dict:
     return {"inplace": {"bucket_bytes": 700}, "checkpoint": {"directory": str(tmp_path), "bucket_bytes": 700},

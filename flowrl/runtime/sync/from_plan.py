@@ -117,13 +117,20 @@ def sync_metrics(protocol: str, sent: dict, received: list[dict], seconds: float
     ``sync/seconds`` (the driver's wall time, send to last load; the timeline has the
     sender's and each receiver's own span), ``sync/unpack_seconds`` (the slowest
     replica's verification); ``sync/protocol/NAME`` = 1 names the protocol (metrics
-    are numbers).
+    are numbers); ``sync/rank_bytes/R/K``: bytes rank K of rollout replica R was given (a
+    tensor-parallel vLLM worker: only its shards, the executed reshard plan) and
+    ``sync/delivered_bytes`` their sum.
     """
     out = {"sync/bytes": int(sent["bytes"]), "sync/wire_bytes": int(sent["wire_bytes"]),
            "sync/buckets": int(sent["buckets"]), "sync/tensors": int(sent["tensors"]),
            "sync/seconds": float(seconds),
            "sync/unpack_seconds": max((float(r["unpack_seconds"]) for r in received), default=0.0),
            f"sync/protocol/{protocol}": 1}
+    for replica, r in enumerate(received):
+        for rank, n in enumerate(r.get("rank_bytes", ())):
+            out[f"sync/rank_bytes/{replica}/{rank}"] = int(n)
+    if any("rank_bytes" in r for r in received):
+        out["sync/delivered_bytes"] = sum(int(n) for r in received for n in r.get("rank_bytes", ()))
     if sent.get("skipped"):
         out["sync/skipped"] = int(sent["skipped"])
     return out
