@@ -273,10 +273,14 @@ _TINY_SHAPE = {
                    doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
 }
 """The shape options of the tiny models built locally (``tiny``, ``tiny_rm``)."""
+_TASK_SHAPE = {k: KwSpec("int", None, min=spec.min, doc=f"default: the task's own shape (Task.model), else {spec.default}")
+               for k, spec in _TINY_SHAPE.items() if k != "arch"}
+"""``tiny``'s shape options: unset, the model takes its task's shape (:func:`flowrl.catalog.models.tiny_shape`),
+so ``tiny(task = "longtail")`` is the ~12M-parameter model that task needs."""
 _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(TASKS),
                                    doc="a task of flowrl.tasks: its rows, verifier and tokenizer characters"),
-                   **_TINY_SHAPE,
+                   **_TINY_SHAPE, **_TASK_SHAPE,
                    "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order"),
@@ -296,7 +300,7 @@ _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handl
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
-VERIFIER_NAMES = ("math", "exact", "code")
+VERIFIER_NAMES = ("math", "exact", "code", "final")
 """The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
 
 _DATASET_KWARGS = {

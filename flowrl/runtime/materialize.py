@@ -65,12 +65,11 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
 
     Its init and SFT data order are seeded by the run's ``seed`` plus ``tiny(seed = ...)``
     (an offset, as ``generate``'s seed is), so ``--set seed=1`` reaches the warm start."""
-    from flowrl.models.warmstart import TinyModelConfig, task_sft, warm_start
+    from flowrl.models.warmstart import task_model_config, task_sft, warm_start
 
     a = m.args
-    cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
-                          layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
-                          kv_heads=int(a.get("kv_heads", 2)))
+    shape = {k: (str if k == "arch" else int)(a[k]) for k in ("arch", "hidden", "layers", "heads", "kv_heads") if k in a}
+    cfg = task_model_config(str(a.get("task", "arith")), **shape)  # the flow's options over the task's shape
     steps = a.get("warm_start")  # None: the task's (Task.sft, over SFTConfig's)
     sft = task_sft(str(a.get("task", "arith")), **({} if steps is None else {"steps": int(steps)}))
     t0 = time.time()
