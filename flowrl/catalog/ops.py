@@ -324,8 +324,9 @@ _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
            seconds_per_item=2e-3,  # math-verify parses both answers
-           doc="A named rule verifier: \"math\" (math-verify), \"exact\", or \"code\" (runs the "
-               "completion's program against its dataset row's `tests` in the sandbox)."))
+           doc="A named rule verifier: \"math\" (math-verify), \"exact\", \"code\" (runs the "
+               "completion's program against its dataset row's `tests` in the sandbox), or \"final\" (the "
+               "digits after the completion's last `=` equal the answer)."))
 _op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_ref="function",
            kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0)},
            seconds_per_item=1e-3,  # a Python call per completion
