@@ -41,8 +41,17 @@ Prints one table with both sides and the ratio flowrl / TRL, flowrl's per-op tim
 breakdown (its ``time/<op>`` metrics) and TRL's generate/train split, and writes
 ``bench/results/e2e_vs_trl.json`` (``--out``).
 
+``--task longtail`` (``flowrl.tasks.longtail``: completions of 9 to 345 tokens, Zipf-distributed,
+a ~12M-parameter model) also times each side to a held-out accuracy: every ``--eval-every``
+steps its weights are kept (flowrl: checkpoints; TRL: a copy), and after the runs the same
+greedy evaluation scores them in order; *time to target* = start-up + the steps' wall seconds
+up to the first step whose accuracy reaches ``--target`` (evaluations are not counted on either
+side). Its flowrl runs are the synchronous default schedule and ``auto:0``, the schedule
+``schedule auto`` picks for the same one-device cluster (one-step-off on CPU today).
+
 Usage::
 
+    .venv/bin/python bench/e2e_vs_trl.py --task longtail --quick    # 10 steps x 8 prompts x 4
     .venv/bin/python bench/e2e_vs_trl.py --quick          # 1.5-3 minutes
     .venv/bin/python bench/e2e_vs_trl.py                  # the default flow's settings, 60 steps
     .venv/bin/python bench/e2e_vs_trl.py --steps 30 --batch 16 --group 8 --max-tokens 8
