@@ -41,8 +41,17 @@ Prints one table with both sides and the ratio flowrl / TRL, flowrl's per-op tim
 breakdown (its ``time/<op>`` metrics) and TRL's generate/train split, and writes
 ``bench/results/e2e_vs_trl.json`` (``--out``).
 
+``--task longtail`` (``flowrl.tasks.longtail``: completions of 9 to 345 tokens, Zipf-distributed,
+a ~12M-parameter model) also times each side to a held-out accuracy: every ``--eval-every``
+steps its weights are kept (flowrl: checkpoints; TRL: a copy), and after the runs the same
+greedy evaluation scores them in order; *time to target* = start-up + the steps' wall seconds
+up to the first step whose accuracy reaches ``--target`` (evaluations are not counted on either
+side). Its flowrl runs are the synchronous default schedule and ``auto:0``, the schedule
+``schedule auto`` picks for the same one-device cluster (one-step-off on CPU today).
+
 Usage::
 
+    .venv/bin/python bench/e2e_vs_trl.py --task longtail --quick    # 10 steps x 8 prompts x 4
     .venv/bin/python bench/e2e_vs_trl.py --quick          # 1.5-3 minutes
     .venv/bin/python bench/e2e_vs_trl.py                  # the default flow's settings, 60 steps
     .venv/bin/python bench/e2e_vs_trl.py --steps 30 --batch 16 --group 8 --max-tokens 8
@@ -63,7 +72,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,12 +126,22 @@ class BenchConfig:
     variants: tuple[tuple[str, int], ...] = (("vllm", 1), ("vllm", 2), ("hf_generate", 1), ("hf_generate", 2))
     """flowrl runs as ``(rollout, staleness)`` pairs, each a column of the table against the
     same TRL run (``--variants vllm:1,vllm:2,hf_generate:1``); empty: just
-    ``(rollout, staleness)``."""
+    ``(rollout, staleness)``. ``auto:0`` is the schedule ``schedule auto`` picks (one-step-off,
+    partial rollout or disaggregated) on the same one-device cluster, with ``staleness <= 2``."""
+    task: str = "arith"
+    """The task (``flowrl.tasks.TASKS``): its warm-started tiny model, its rows, its verifier."""
+    eval_every: int = 0
+    """Held-out greedy accuracy every this many steps, on both sides (flowrl: its checkpoints;
+    TRL: a copy of its weights), scored after the runs by the same function; 0: only at the end."""
+    eval_rows: int = 0
+    """Rows of the test split those evaluations score (the first ones); 0: all."""
+    target: float | None = None
+    """Held-out accuracy whose first crossing is timed (start-up included); None: no target."""
+    target_gain: float | None = None
+    """Instead of ``target``: this much over the warm start's held-out accuracy on the same rows."""
 
     def flowrl_variants(self) -> list["BenchConfig"]:
         """One config per flowrl run of this benchmark."""
-        from dataclasses import replace
-
         pairs = self.variants or ((self.rollout, self.staleness),)
         return [replace(self, rollout=r, staleness=s, variants=()) for r, s in pairs]
 
@@ -131,6 +150,8 @@ class BenchConfig:
         """The column name of this config's flowrl run: ``flowrl`` for the default flow's engines."""
         if (self.rollout, self.staleness) == ("vllm", 1):
             return "flowrl"
+        if self.rollout == "auto":
+            return "flowrl auto"
         return f"flowrl {self.rollout.replace('hf_generate', 'hf')} s{self.staleness}"
     threads: int = 1
     """torch intra-op threads per process on both sides (flowrl: ``FLOWRL_THREADS`` for each
@@ -148,11 +169,15 @@ class BenchConfig:
                              f"got {self}")
         if self.group < 2:
             raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
+        if self.eval_every < 0 or self.eval_rows < 0 or (self.eval_every and self.steps % self.eval_every):
+            raise BenchError(f"--eval-every {self.eval_every} must be >= 0 and divide --steps {self.steps}")
         for v in self.flowrl_variants():
+            if v.rollout == "auto":
+                continue
             if v.staleness < 1:
                 raise BenchError(f"staleness {v.staleness}: must be >= 1 (1 = synchronous)")
             if v.rollout not in ROLLOUT_ENGINES:
-                raise BenchError(f"rollout {v.rollout!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
+                raise BenchError(f"rollout {v.rollout!r}: choose one of {sorted(ROLLOUT_ENGINES)} or auto")
         if rollouts % self.micro_batch:
             raise BenchError(f"batch*group = {rollouts} is not a multiple of --micro-batch {self.micro_batch}; "
                              "TRL accumulates whole micro-batches: pick e.g. --micro-batch "
@@ -181,6 +206,20 @@ class SideResult:
     phases: dict[str, float] = field(default_factory=dict)
     """Mean seconds per step of each phase (flowrl: ``time/<op>``; TRL: generate vs the rest)."""
     extra: dict = field(default_factory=dict)
+    snapshots: dict[int, object] = field(default_factory=dict)
+    """Weights after every ``eval_every`` steps: step -> flowrl's checkpoint file or TRL's state dict."""
+    acc_curve: dict[int, float] = field(default_factory=dict)
+    """Held-out greedy accuracy by step (0: the warm start), as far as it was evaluated."""
+
+    def time_to(self, target: float | None) -> tuple[int | None, float | None]:
+        """(step, wall seconds from the start of set-up to the end of that step) at which the
+        held-out accuracy first reached ``target``; ``(None, None)`` if it never did."""
+        if target is None:
+            return None, None
+        for step in sorted(self.acc_curve):
+            if self.acc_curve[step] >= target:
+                return step, self.startup_s + sum(self.step_s[:step])
+        return None, None
 
     @property
     def train_s(self) -> float:
@@ -209,6 +248,8 @@ class SideResult:
             "threshold_train_s": secs,
             "acc_before": self.acc_before,
             "acc_after": self.acc_after,
+            "target_step": self.time_to(cfg.target)[0],
+            "time_to_target_s": self.time_to(cfg.target)[1],
         }
 
 
@@ -269,11 +310,11 @@ def auto_threshold(a: list[float], b: list[float], window: int) -> float | None:
 # ---- inputs -------------------------------------------------------------------------------------
 
 
-def task_rows() -> tuple[list[dict], list[dict], Path | None]:
-    """(train rows, test rows, shipped train.jsonl or None) of the arith task."""
+def task_rows(name: str = "arith") -> tuple[list[dict], list[dict], Path | None]:
+    """(train rows, test rows, shipped train.jsonl or None) of the task ``name``."""
     from flowrl.tasks import get_task
 
-    task = get_task("arith")
+    task = get_task(name)
     shipped = task.data_dir / "train.jsonl"
     return task.rows("train"), task.rows("test"), shipped if shipped.is_file() else None
 
@@ -284,7 +325,7 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
 
 
 FLOW_TEMPLATE = """\
-# Written by bench/e2e_vs_trl.py: flows/arith_grpo.flow with the benchmark's settings.
+# Written by bench/e2e_vs_trl.py: flows/{task}_grpo.flow with the benchmark's settings.
 import stdlib.grpo
 
 model policy = hf({model})
@@ -308,6 +349,9 @@ flow main(steps: int = {steps}, eval_every: int = 0, seed: int = {seed}) {{
   )
 }}
 
+{schedule}"""
+
+SCHEDULE = """\
 schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   colocate policy.train, policy.rollout, ref on all
   policy.train = torch(dp = 1)
@@ -316,6 +360,14 @@ schedule main on cluster(nodes = 1, gpus_per_node = 1) {{
   resync policy via inplace() every 1
 }}
 """
+"""The schedule of a ``(rollout, staleness)`` variant: the default flow's, one device."""
+
+AUTO_SCHEDULE = """\
+schedule main auto on cluster(nodes = 1, gpus_per_node = 1) {
+  staleness <= 2
+}
+"""
+"""The ``auto`` variant: what ``schedule auto`` picks for the same device (the plan says what)."""
 
 
 ROLLOUT_ENGINES = {"vllm": "vllm(tp = 1)", "hf_generate": "hf_generate(dp = 1)"}
@@ -325,11 +377,13 @@ ROLLOUT_ENGINES = {"vllm": "vllm(tp = 1)", "hf_generate": "hf_generate(dp = 1)"}
 def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) -> Path:
     """The flowrl side's program: ``stdlib.grpo`` called with ``cfg``'s settings."""
     q = json.dumps  # a JSON string literal is a valid flow string literal (paths, names)
-    path.write_text(FLOW_TEMPLATE.format(
+    schedule = AUTO_SCHEDULE if cfg.rollout == "auto" else SCHEDULE.format(
+        rollout=ROLLOUT_ENGINES[cfg.rollout], staleness=cfg.staleness)
+    path.write_text(FLOW_TEMPLATE.format(task=cfg.task, schedule=schedule,
         model=q(str(model_dir)), train=q(str(train_path)), verifier=q(cfg.verifier), steps=cfg.steps,
         seed=cfg.seed, batch=cfg.batch, group=cfg.group, max_tokens=cfg.max_tokens,
         temperature=_float(cfg.temperature), lr=_float(cfg.lr), clip=_float(cfg.clip), kl=_float(cfg.kl),
-        micro_batch=cfg.micro_batch, rollout=ROLLOUT_ENGINES[cfg.rollout], staleness=cfg.staleness))
+        micro_batch=cfg.micro_batch))
     return path
 
 
@@ -344,10 +398,37 @@ def _float(x: float) -> str:
 
 
 def accuracy(model, tokenizer, rows: list[dict], cfg: BenchConfig) -> float:
-    """Held-out greedy exact-match accuracy in [0, 1] (the same function for both sides)."""
+    """Held-out greedy accuracy in [0, 1] (the same function for both sides): the answer read by the
+    task's ``final`` (the whole completion when it has none) against the row's."""
     from flowrl.models.warmstart import evaluate_accuracy
+    from flowrl.tasks import get_task
 
-    return evaluate_accuracy(model, rows, tokenizer=tokenizer, max_new_tokens=cfg.max_tokens)
+    return evaluate_accuracy(model, rows, tokenizer=tokenizer, max_new_tokens=cfg.max_tokens,
+                             final=get_task(cfg.task).final)
+
+
+def accuracy_curve(side: "SideResult", model_dir: Path, rows: list[dict], cfg: BenchConfig) -> dict[int, float]:
+    """Held-out accuracy of ``side``'s snapshots in step order, up to the first that reaches
+    ``cfg.target``, plus the last one (the final accuracy); step 0 is ``side.acc_before``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.models.tiny import load_tokenizer
+
+    curve = {0: side.acc_before} if side.acc_before is not None else {}
+    steps = sorted(side.snapshots)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(model_dir)
+    for step in steps:
+        reached = cfg.target is not None and any(v >= cfg.target for v in curve.values())
+        if reached and step != steps[-1]:
+            continue
+        snap = side.snapshots[step]
+        state = torch.load(snap, map_location="cpu", weights_only=True)["model"] if isinstance(snap, Path) else snap
+        model.load_state_dict(state)
+        curve[step] = accuracy(model, tokenizer, rows, cfg)
+        print(f"  {side.name}: held-out accuracy after step {step}: {curve[step]:.3f}", file=sys.stderr)
+    return curve
 
 
 # ---- flowrl ---------------------------------------------------------------------------------------
@@ -369,7 +450,7 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
     out = work / "flowrl-run"
     t0 = time.time()
     check_installed()
-    plan = build_plan(str(flow), steps=cfg.steps, save_every=cfg.steps)
+    plan = build_plan(str(flow), steps=cfg.steps, save_every=cfg.eval_every or cfg.steps)
     t_runtime = time.time()
     result = run_plan(plan, out, stream=stream)
     total = time.time() - t0
@@ -390,12 +471,14 @@ def run_flowrl(cfg: BenchConfig, model_dir: Path, train_path: Path, test_rows: l
         name=cfg.flowrl_name, startup_s=(t_runtime - t0) + first_start, step_s=step_s,
         rewards=[float(r["reward/mean"]) for r in rows], gen_tokens=[int(r["perf/gen_tokens"]) for r in rows],
         phases=phases,
+        snapshots={s: _checkpoint(out, s) for s in range(cfg.eval_every or cfg.steps, cfg.steps + 1,
+                                                          cfg.eval_every or cfg.steps)},
         extra={"run_dir": str(out), "total_s": total, "flow": flow.read_text(),
+               "schedule": schedule_summary(plan),
                "actor_threads": int(os.environ.get("FLOWRL_THREADS") or 0) or os.cpu_count(),
                "perf_step_s_mean": statistics.fmean(r["perf/step_s"] for r in rows),
                "stages_mean_s": stages, "sync_seconds_mean": _mean_key(rows, "sync/seconds"),
                "kl_ref_final": rows[-1].get("kl/ref"), "mismatch_abs_mean": _mean_key(rows, "mismatch/abs_mean")})
-    side.acc_after = flowrl_final_accuracy(out, model_dir, cfg, test_rows)
     return side
 
 
@@ -421,19 +504,24 @@ def step_spans(trace: dict) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def flowrl_final_accuracy(out: Path, model_dir: Path, cfg: BenchConfig, test_rows: list[dict]) -> float:
-    """Held-out accuracy of the policy in flowrl's final checkpoint (``--save-every steps``)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def schedule_summary(plan) -> dict:
+    """What the run's schedule is (for ``auto``: what the compiler chose): staleness, partial
+    rollout, each model's engines and their pools."""
+    pipe = plan.pipeline
+    return {"auto": plan.auto, "staleness": plan.staleness,
+            "requests_per_step": pipe.requests_per_step if pipe else None,
+            "samples_per_step": pipe.samples_per_step if pipe else None,
+            "engines": {m.id: {r: f"{e.kind}(tp={e.tp}, dp={e.dp}) on {e.pool}"
+                               for r, e in (("train", m.train_engine), ("rollout", m.rollout_engine)) if e}
+                        for m in plan.models}}
 
-    from flowrl.models.tiny import load_tokenizer
 
-    state_file = out / "checkpoints" / f"step_{cfg.steps:06d}" / "policy" / "engine_state.pt"
+def _checkpoint(out: Path, step: int) -> Path:
+    """The policy's weights in flowrl's checkpoint of ``step`` (``--save-every``)."""
+    state_file = out / "checkpoints" / f"step_{step:06d}" / "policy" / "engine_state.pt"
     if not state_file.is_file():
-        raise BenchError(f"flowrl wrote no final checkpoint at {state_file}; the run did not finish")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.load_state_dict(torch.load(state_file, map_location="cpu", weights_only=True)["model"])
-    return accuracy(model, load_tokenizer(model_dir), test_rows, cfg)
+        raise BenchError(f"flowrl wrote no checkpoint at {state_file}; the run did not finish")
+    return state_file
 
 
 # ---- TRL ------------------------------------------------------------------------------------------
@@ -487,8 +575,10 @@ def trl_config(cfg: BenchConfig, out_dir: Path):
 class _Recorder:
     """The TRL side's reward function plus timing hooks (measurement only, no behaviour change)."""
 
-    def __init__(self, verifier):
+    def __init__(self, verifier, eval_every: int = 0):
         self.verifier = verifier
+        self.eval_every = eval_every
+        self.snapshots: dict[int, dict] = {}
         self.rewards: list[float] = []
         self.tokens: list[int] = []
         self.gen_s: list[float] = []
@@ -527,6 +617,11 @@ class _Recorder:
                 if rec.step_begin is None:
                     rec.step_begin = time.perf_counter()
 
+            def on_step_end(self, args, state, control, model=None, **kw):
+                every = rec.eval_every or args.max_steps
+                if state.global_step % every == 0:  # a copy for the held-out evaluation after the run
+                    rec.snapshots[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
             def on_log(self, args, state, control, logs=None, **kw):
                 # logging_steps=1: called once right after every optimizer step.
                 if logs and "loss" in logs:
@@ -555,7 +650,7 @@ def run_trl(cfg: BenchConfig, model_dir: Path, train_rows: list[dict], test_rows
     from transformers import PrinterCallback
 
     transformers.logging.set_verbosity_error()
-    rec = _Recorder(get_verifier(cfg.verifier))
+    rec = _Recorder(get_verifier(cfg.verifier), cfg.eval_every)
     tokenizer = load_tokenizer(model_dir)
     trainer = GRPOTrainer(
         model=str(model_dir), reward_funcs=rec, args=trl_config(cfg, work / "trl-run"),
@@ -576,8 +671,7 @@ def run_trl(cfg: BenchConfig, model_dir: Path, train_rows: list[dict], test_rows
         phases={"generate (transformers)": gen, "rest (score, ref/old logprobs, update)": statistics.fmean(step_s) - gen},
         extra={"total_s": t_end - t0, "kl_final": rec.logs[-1].get("kl"),
                "trl_reward_log": [lg.get("reward") for lg in rec.logs],
-               "torch_threads": _torch_threads()})
-    side.acc_after = accuracy(trainer.model, tokenizer, test_rows, cfg)
+               "torch_threads": _torch_threads()}, snapshots=rec.snapshots)
     return side
 
 
@@ -605,6 +699,9 @@ ROWS = [
     ("threshold_train_s", "train s reaching threshold", "{:.1f}", "lower"),
     ("acc_before", "held-out acc before", "{:.3f}", ""),
     ("acc_after", "held-out acc after", "{:.3f}", "higher"),
+    ("target_step", "step reaching target acc", "{:.0f}", "lower"),
+    ("time_to_target_s", "s to target acc (+start-up)", "{:.1f}", "lower"),
+    ("speedup_to_target_vs_trl", "speed-up to target vs TRL", "{:.2f}x", "higher"),
 ]
 
 
@@ -621,13 +718,15 @@ def ratios(a: dict, b: dict) -> dict:
 def render(cfg: BenchConfig, threshold: float | None, sides: dict[str, dict], ratio: dict[str, dict],
            phases: dict[str, dict]) -> str:
     """The table printed at the end (plain text): one column per run, then each flowrl run / TRL."""
-    head = (f"GRPO on arith: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
+    head = (f"GRPO on {cfg.task}: {cfg.steps} steps x {cfg.batch} prompts x {cfg.group} completions, "
             f"<= {cfg.max_tokens} tokens, lr {cfg.lr:g}, kl {cfg.kl:g}, reward `{cfg.verifier}`, "
             f"threads {cfg.threads or 'default'}; flowrl runs: "
             + ", ".join(f"{v.flowrl_name} = rollout {v.rollout}, staleness {v.staleness}"
                         for v in cfg.flowrl_variants())
             + f"; threshold {'-' if threshold is None else f'{threshold:.3f}'} "
-              f"(reward smoothed over {cfg.window} steps)")
+              f"(reward smoothed over {cfg.window} steps); held-out target accuracy "
+              f"{'-' if cfg.target is None else f'{cfg.target:.3f}'}, evaluated every {cfg.eval_every or cfg.steps} "
+              f"steps on {cfg.eval_rows or 'all'} test rows")
     names = list(sides)
     w = max(12, *(len(n) + 2 for n in names))
     lines = [head, "", f"{'':28}" + "".join(f"{n:>{w}}" for n in names)
@@ -675,12 +774,16 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"),
 
     cfg.check()
     t = time.time()
-    ws = warm_start("arith")
+    ws = warm_start(cfg.task)
     model_dir = Path(ws.path)
     print(f"model: {model_dir} ({'cached' if ws.cached else f'warm-started in {time.time() - t:.0f}s'})",
           file=sys.stderr)
-    train_rows, test_rows, shipped = task_rows()
+    train_rows, test_rows, shipped = task_rows(cfg.task)
+    test_rows = test_rows[:cfg.eval_rows] if cfg.eval_rows else test_rows
     acc_before = accuracy(str(model_dir), load_tokenizer(model_dir), test_rows, cfg)
+    print(f"held-out accuracy of the warm start: {acc_before:.3f} ({len(test_rows)} rows)", file=sys.stderr)
+    if cfg.target_gain is not None:
+        cfg = replace(cfg, target=acc_before + cfg.target_gain)
     results: dict[str, SideResult] = {}
     load: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-") as tmp:
@@ -699,6 +802,9 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"),
             results[name] = runner()
             results[name].acc_before = acc_before
             load[name] = [before, os.getloadavg()[0]]
+        for side in results.values():  # after the timed runs: all cores, same function for every side
+            side.acc_curve = accuracy_curve(side, model_dir, test_rows, cfg)
+            side.acc_after = side.acc_curve[max(side.acc_curve)]
     names = list(results)
     threshold = cfg.threshold
     if threshold is None and "trl" in results and len(names) > 1:
@@ -706,9 +812,15 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"),
         threshold = min(auto_threshold(results[n].rewards, results["trl"].rewards, cfg.window) or 0.0
                         for n in names if n != "trl") or None
     summaries = {n: r.summary(cfg, threshold) for n, r in results.items()}
+    base = summaries.get("trl", {}).get("time_to_target_s")
+    for n in summaries:  # how many times faster than TRL to the target accuracy (start-up included)
+        mine = summaries[n]["time_to_target_s"]
+        summaries[n]["speedup_to_target_vs_trl"] = base / mine if base and mine else None
     ratio = {n: ratios(summaries[n], summaries["trl"]) for n in names if n != "trl"} if "trl" in results else {}
     report = {
         "config": asdict(cfg), "threshold": threshold, "model_dir": str(model_dir),
+        "warm_start": ws.info,
+        "acc_curve": {n: r.acc_curve for n, r in results.items()},
         "data": {"train_rows": len(train_rows), "test_rows": len(test_rows),
                  "train_file": str(shipped) if shipped else "generated by flowrl.tasks (data/arith absent)"},
         "environment": environment(), "loadavg_1min_before_after": load,
@@ -728,54 +840,94 @@ def run(cfg: BenchConfig, out: Path, sides: tuple[str, ...] = ("flowrl", "trl"),
 QUICK = {"steps": 12, "batch": 16}
 """``--quick``: fewer steps and prompts (about 2-3 minutes in all on 2 CPU cores)."""
 
+TASK_DEFAULTS = {
+    "arith": {},
+    # flows/longtail_grpo.flow's settings, smaller batches; flowrl synchronous and what
+    # `schedule auto` picks, each against TRL; held-out accuracy every 5 steps on 128 rows.
+    "longtail": {"steps": 30, "batch": 8, "group": 4, "max_tokens": 344, "lr": 2e-4, "micro_batch": 16,
+                 "verifier": "final", "variants": (("vllm", 1), ("auto", 0)), "eval_every": 5,
+                 "eval_rows": 128, "target": "+0.05"},
+}
+"""Per ``--task``, the defaults that differ from ``BenchConfig``'s (a flag given wins)."""
+QUICK_TASK = {"arith": QUICK, "longtail": {"steps": 10, "batch": 8, "eval_every": 5}}
+"""``--quick`` per task."""
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[str, ...], Path | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = BenchConfig()
+    p.add_argument("--task", default="arith", choices=sorted(TASK_DEFAULTS),
+                   help="the task (its model, rows and verifier); longtail has its own defaults (TASK_DEFAULTS)")
     p.add_argument("--steps", type=int, help=f"optimizer steps (default {d.steps}; --quick {QUICK['steps']})")
     p.add_argument("--batch", type=int, help=f"prompts per step (default {d.batch}; --quick {QUICK['batch']})")
-    p.add_argument("--group", type=int, default=d.group, help="completions per prompt")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="longest completion (tokens)")
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--group", type=int, help=f"completions per prompt (default {d.group})")
+    p.add_argument("--max-tokens", type=int, help=f"longest completion in tokens (default {d.max_tokens})")
+    p.add_argument("--lr", type=float)
     p.add_argument("--kl", type=float, default=d.kl)
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="completions per forward/backward")
+    p.add_argument("--micro-batch", type=int, help=f"completions per forward/backward (default {d.micro_batch})")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--verifier", default=d.verifier, help="reward for both sides: exact (the task's) or math")
+    p.add_argument("--verifier", help="reward for both sides (default: the task's: exact for arith)")
+    p.add_argument("--eval-every", type=int, help="held-out accuracy every N steps, both sides (0: at the end)")
+    p.add_argument("--eval-rows", type=int, help="test rows those evaluations score (0: all)")
+    p.add_argument("--target", help="held-out accuracy to time, or +GAIN over the warm start's (e.g. +0.05)")
     p.add_argument("--threshold", default="auto", help="smoothed reward to reach, or 'auto'")
     p.add_argument("--window", type=int, default=d.window, help="steps the reward is smoothed over")
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per process on both sides (default {d.threads}; 0: library defaults, "
                         "one per core)")
-    p.add_argument("--variants", default=",".join(f"{r}:{s}" for r, s in d.variants),
+    p.add_argument("--variants",
                    help="the flowrl runs, as ROLLOUT:STALENESS,... with ROLLOUT vllm (the default flow's) or "
-                        "hf_generate and STALENESS 1 (synchronous, as TRL) or 2 (one-step-off); "
-                        "default: %(default)s")
+                        "hf_generate and STALENESS 1 (synchronous, as TRL) or 2 (one-step-off), or auto:0 "
+                        "(what `schedule auto` picks); default: "
+                        + ",".join(f"{r}:{s}" for r, s in d.variants) + " (longtail: vllm:1,auto:0)")
     p.add_argument("--quick", action="store_true", help="a ~2-3 minute version (12 steps x 16 prompts)")
     p.add_argument("--only", choices=("flowrl", "trl"), help="run one side only (no ratios)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report path")
     p.add_argument("--keep", type=Path, default=None,
                    help="keep the runs' files here (flowrl's metrics.jsonl and trace.json, TRL's output)")
     a = p.parse_args(argv)
-    base = QUICK if a.quick else {}
-    steps = a.steps if a.steps is not None else base.get("steps", d.steps)
-    batch = a.batch if a.batch is not None else base.get("batch", d.batch)
-    micro = min(a.micro_batch, batch * a.group)
+    base = {**asdict(d), **TASK_DEFAULTS[a.task], **(QUICK_TASK[a.task] if a.quick else {})}
+
+    def pick(name: str):
+        given = getattr(a, name)
+        return given if given is not None else base[name]
+
+    group = pick("group")
+    micro = min(pick("micro_batch"), pick("batch") * group)
     try:
         threshold = None if a.threshold == "auto" else float(a.threshold)
     except ValueError:
         p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
-    cfg = BenchConfig(steps=steps, batch=batch, group=a.group, max_tokens=a.max_tokens, lr=a.lr, kl=a.kl,
-                      micro_batch=micro, seed=a.seed, verifier=a.verifier, window=a.window, threshold=threshold,
-                      threads=a.threads, variants=_variants(p, a.variants))
+    variants = _variants(p, a.variants) if a.variants is not None else tuple(base["variants"])
+    cfg = BenchConfig(steps=pick("steps"), batch=pick("batch"), group=group, max_tokens=pick("max_tokens"),
+                      lr=pick("lr"), kl=a.kl, micro_batch=micro, seed=a.seed, verifier=pick("verifier"),
+                      window=a.window, threshold=threshold, threads=a.threads, variants=variants, task=a.task,
+                      eval_every=pick("eval_every"), eval_rows=pick("eval_rows"),
+                      **_target(p, pick("target")))
     sides = (a.only,) if a.only else ("flowrl", "trl")
     return cfg, a.out, sides, a.keep
+
+
+def _target(p: argparse.ArgumentParser, text) -> dict:
+    """``--target`` as ``BenchConfig`` fields: an accuracy (``target``), ``+GAIN`` over the warm
+    start's held-out accuracy on the evaluated rows (``target_gain``, resolved once it is known), or none."""
+    if text is None:
+        return {}
+    try:
+        value = float(text)
+    except ValueError:
+        p.error(f"--target {text!r}: give an accuracy in [0, 1] or +GAIN (e.g. +0.05)")
+    return {"target_gain": value} if str(text).startswith("+") else {"target": value}
 
 
 def _variants(p: argparse.ArgumentParser, text: str) -> tuple[tuple[str, int], ...]:
     out = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         rollout, _, stale = item.partition(":")
+        if item == "auto:0":
+            out.append(("auto", 0))
+            continue
         if rollout not in ROLLOUT_ENGINES or not stale.isdigit():
             p.error(f"--variants item {item!r}: write ROLLOUT:STALENESS with ROLLOUT in "
                     f"{sorted(ROLLOUT_ENGINES)}, e.g. vllm:2")

@@ -118,6 +118,12 @@ def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) 
     return hashlib.sha256(blob).hexdigest()[:16], inputs
 
 
+def task_model_config(task: str, **overrides) -> TinyModelConfig:
+    """The tiny model shape of ``task``: ``TinyModelConfig``'s defaults, the task's own
+    (``Task.model``), then ``overrides``."""
+    return TinyModelConfig(**{**get_task(task).model, **overrides})
+
+
 def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,
            cache_dir: str | Path | None = None) -> tuple[WarmStartResult | None, Path, str, dict]:
     """``(the cached result or None, the cache root, the key, the inputs it hashes)`` of one warm start."""
@@ -130,4 +136,4 @@ def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,
 
 
 __all__ = ["CACHE_VERSION", "SFTConfig", "TinyModelConfig", "WarmStartError", "WarmStartResult", "cache_key",
-           "cached", "default_cache_dir", "task_sft"]
+           "cached", "default_cache_dir", "task_model_config", "task_sft"]

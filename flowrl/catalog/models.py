@@ -353,9 +353,19 @@ def config_value(cfg: dict, fact: str, default=KeyError):
     return default
 
 
+def tiny_shape(attrs: dict) -> dict[str, int]:
+    """The shape of a ``tiny(...)`` model: its options, over its task's own shape (``Task.model``,
+    when the task is registered), over :data:`TINY_DEFAULTS`, ``TINY_INTERMEDIATE`` and ``TINY_MAX_LEN``.
+    Keys: those of ``TINY_DEFAULTS``, ``intermediate`` and ``max_position``."""
+    task = TASKS.get(str(attrs.get("task", "arith")))
+    base = {**TINY_DEFAULTS, "intermediate": TINY_INTERMEDIATE, "max_position": TINY_MAX_LEN,
+            **(task.model if task is not None else {})}
+    return {k: int(attrs.get(k, v)) for k, v in base.items() if k != "arch"}
+
+
 def tiny_facts(attrs: dict) -> ModelFacts:
     """Facts of ``tiny(task=..., arch=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
-    opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
+    opts = tiny_shape(attrs)
     task = str(attrs.get("task", "arith"))
     vocab = 4 + len(get_task(task).chars)  # `tiny`'s record refuses other tasks first (E209)
     variant = TINY_ARCHS[str(attrs.get("arch", "llama"))]  # and other arch names
@@ -367,8 +377,8 @@ def tiny_facts(attrs: dict) -> ModelFacts:
                                                                       "expert_intermediate")}
         moe["moe_layers"] = moe_layers({**variant.config, "architectures": [arch.name]}, opts["layers"])
     return ModelFacts(f"tiny({task})", opts["hidden"], opts["layers"], opts["heads"], kv_heads,
-                      TINY_INTERMEDIATE, vocab, tied=arch.tied_default, qkv_bias=arch.qkv_bias,
-                      head_dim=int(variant.config.get("head_dim") or 0), dtype_bytes=4, max_len=TINY_MAX_LEN,
+                      opts["intermediate"], vocab, tied=arch.tied_default, qkv_bias=arch.qkv_bias,
+                      head_dim=int(variant.config.get("head_dim") or 0), dtype_bytes=4, max_len=opts["max_position"],
                       architecture=arch.name, positions_key=arch.key("max_positions") or "",
                       gated_mlp=arch.gated_mlp, **moe)  # tiny.py writes the maximum positions = TINY_MAX_LEN
 
@@ -489,7 +499,7 @@ def tiny_charset_problems(chars: str, arch: str = "llama") -> list[TinyProblem]:
 def tiny_problems(attrs: dict) -> list[TinyProblem]:
     """Every :class:`TinyProblem` of a ``tiny(...)`` model's options (``task``, ``arch`` and the shape,
     defaults as :data:`TINY_DEFAULTS`): its shape's and its task's charset's."""
-    opts = {k: int(attrs.get(k, v)) for k, v in TINY_DEFAULTS.items()}
+    opts = tiny_shape(attrs)
     arch = str(attrs.get("arch", "llama"))
     problems = tiny_shape_problems(arch, opts["hidden"], opts["heads"], opts["kv_heads"])
     task = TASKS.get(str(attrs.get("task", "arith")))
@@ -499,7 +509,7 @@ def tiny_problems(attrs: dict) -> list[TinyProblem]:
 
 
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
-           "tiny_facts", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
+           "tiny_facts", "tiny_shape", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
            "checkpoint_context",
            "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "CPU_MOE_ALIGN", "TinyProblem",
            "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

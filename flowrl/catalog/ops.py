@@ -273,10 +273,14 @@ _TINY_SHAPE = {
                    doc="model family (flowrl.catalog.architectures.TINY_ARCHS)"),
 }
 """The shape options of the tiny models built locally (``tiny``, ``tiny_rm``)."""
+_TASK_SHAPE = {k: KwSpec("int", None, min=spec.min, doc=f"default: the task's own shape (Task.model), else {spec.default}")
+               for k, spec in _TINY_SHAPE.items() if k != "arch"}
+"""``tiny``'s shape options: unset, the model takes its task's shape (:func:`flowrl.catalog.models.tiny_shape`),
+so ``tiny(task = "longtail")`` is the ~12M-parameter model that task needs."""
 _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(TASKS),
                                    doc="a task of flowrl.tasks: its rows, verifier and tokenizer characters"),
-                   **_TINY_SHAPE,
+                   **_TINY_SHAPE, **_TASK_SHAPE,
                    "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order"),
@@ -301,7 +305,7 @@ _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handl
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
-VERIFIER_NAMES = ("math", "exact", "code")
+VERIFIER_NAMES = ("math", "exact", "code", "final")
 """The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
 
 _DATASET_KWARGS = {
@@ -325,8 +329,9 @@ _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
            seconds_per_item=2e-3,  # math-verify parses both answers
-           doc="A named rule verifier: \"math\" (math-verify), \"exact\", or \"code\" (runs the "
-               "completion's program against its dataset row's `tests` in the sandbox)."))
+           doc="A named rule verifier: \"math\" (math-verify), \"exact\", \"code\" (runs the "
+               "completion's program against its dataset row's `tests` in the sandbox), or \"final\" (the "
+               "digits after the completion's last `=` equal the answer)."))
 _op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_ref="function",
            kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0)},
            seconds_per_item=1e-3,  # a Python call per completion

@@ -16,6 +16,7 @@ from flowrl.models.warmstart import (
     WarmStartError,
     WarmStartResult,
     evaluate_accuracy,
+    task_model_config,
     task_sft,
     warm_start,
 )
@@ -34,7 +35,8 @@ def tiny(
 ) -> Path:
     """The checkpoint directory of a tiny model for ``task``.
 
-    ``options`` are ``TinyModelConfig`` fields (``hidden=``, ``layers=``, ...) and SFT
+    ``options`` are ``TinyModelConfig`` fields (``hidden=``, ``layers=``, ...; over the task's
+    own shape, ``Task.model``) and SFT
     settings prefixed with ``sft_`` (``sft_steps=``, ``sft_lr=``, ...). ``warm=False``
     skips training (0 SFT steps: random weights). Results are cached (see ``warm_start``).
     """
@@ -44,7 +46,7 @@ def tiny(
             f"tiny(): unknown option(s) {unknown}; model options are {sorted(_MODEL_KEYS)}, "
             f"warm-start options are {sorted(_SFT_KEYS)}"
         )
-    model_cfg = TinyModelConfig(**{k: v for k, v in options.items() if k in _MODEL_KEYS})
+    model_cfg = task_model_config(task, **{k: v for k, v in options.items() if k in _MODEL_KEYS})
     sft_kwargs = {_SFT_KEYS[k]: v for k, v in options.items() if k in _SFT_KEYS}
     if not warm:
         sft_kwargs["steps"] = 0
@@ -53,5 +55,6 @@ def tiny(
 
 __all__ = [
     "SFTConfig", "TinyModelConfig", "TinyModelError", "WarmStartError", "WarmStartResult",
-    "build_tiny_model", "build_tokenizer", "evaluate_accuracy", "load_tokenizer", "task_sft", "tiny", "warm_start",
+    "build_tiny_model", "build_tokenizer", "evaluate_accuracy", "load_tokenizer", "task_model_config", "task_sft", "tiny",
+    "warm_start",
 ]

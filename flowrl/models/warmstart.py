@@ -17,7 +17,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
@@ -32,6 +32,7 @@ from flowrl.warmcache import (  # noqa: F401  (re-exported: the warm start's pub
     cache_key,
     cached,
     default_cache_dir,
+    task_model_config,
     task_sft,
 )
 from flowrl.tasks import get_task
@@ -223,10 +224,12 @@ def evaluate_accuracy(
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_new_tokens: int = 8,
     batch_size: int = 512,
+    final: Callable[[str], str | None] | None = None,
 ) -> float:
     """Greedy accuracy in [0, 1]: the fraction of rows whose stripped completion equals ``answer``.
 
-    ``model`` is a checkpoint directory or an in-memory model (then pass ``tokenizer``).
+    ``model`` is a checkpoint directory or an in-memory model (then pass ``tokenizer``). ``final``
+    reads the answer out of a completion first (``Task.final``; None: the whole completion).
     """
     if isinstance(model, (str, Path)):
         tokenizer = tokenizer or load_tokenizer(model)
@@ -238,13 +241,14 @@ def evaluate_accuracy(
     texts = greedy_completions(
         model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens, batch_size=batch_size
     )
-    return sum(t.strip() == r["answer"].strip() for t, r in zip(texts, rows)) / len(rows)
+    given = [final(t) if final is not None else t for t in texts]
+    return sum(g is not None and g.strip() == r["answer"].strip() for g, r in zip(given, rows)) / len(rows)
 
 
 def warm_start(
     task: str = "arith",
     *,
-    model_cfg: TinyModelConfig = TinyModelConfig(),
+    model_cfg: TinyModelConfig | None = None,
     sft: SFTConfig | None = None,
     seed: int = 0,
     cache_dir: str | Path | None = None,
@@ -256,10 +260,12 @@ def warm_start(
     and on the held-out split are stored in ``warmstart.json`` next to the weights. ``sft``
     None: the task's own settings (``Task.sft``) over ``SFTConfig``'s defaults. A task with
     ``sft_turns`` trains on those turns (``encode_sft_batch``); its held-out accuracy is then
-    that of a single greedy turn (a tool call counts as wrong).
+    that of a single greedy turn (a tool call counts as wrong), its answer read by ``Task.final``.
+    ``model_cfg`` None: the task's shape (``task_model_config``).
     """
     spec = get_task(task)
     sft = sft if sft is not None else task_sft(task)
+    model_cfg = model_cfg if model_cfg is not None else task_model_config(task)
     found, root, key, inputs = cached(task, model_cfg, sft, seed, cache_dir)
     if found is not None:
         return found
@@ -281,7 +287,8 @@ def warm_start(
         losses = sft_train(model, tokenizer, train, sft, seed=seed)
         with torch_threads(SFT_THREADS):  # the reported numbers, like the weights, do not depend on the machine
             check = teacher_forced_accuracy(model, tokenizer, train[: sft.check_rows])  # validation rows when stopping
-            acc = evaluate_accuracy(model, spec.rows("test"), tokenizer=tokenizer, max_new_tokens=spec.max_new_tokens)
+            acc = evaluate_accuracy(model, spec.rows("test"), tokenizer=tokenizer, max_new_tokens=spec.max_new_tokens,
+                                    final=spec.final)
         model.save_pretrained(tmp)
         info = {**inputs, "steps_taken": len(losses), "final_loss": losses[-1] if losses else None,
                 "check_accuracy": check, "test_accuracy": acc}

@@ -18,6 +18,7 @@ import threading
 from typing import Callable
 
 from flowrl.rewards.code import code_tests
+from flowrl.tasks.longtail import final_answer
 
 Verifier = Callable[[list[str], list[str]], list[float]]
 
@@ -80,10 +81,23 @@ def math_equivalence(completions: list[str], answers: list[str]) -> list[float]:
 _INT = re.compile(r"[-+]?\d+")
 
 
+def final_match(completions: list[str], answers: list[str]) -> list[float]:
+    """1.0 where the completion's final answer (the digits after its last ``=``,
+    :func:`flowrl.tasks.longtail.final_answer`) equals the reference as an integer, else 0.0 (also
+    for a completion that gives no answer). The text is parsed, never evaluated. ``[N]`` -> ``[N]``."""
+    _check_lengths("final", completions, answers)
+    out = []
+    for c, a in zip(completions, answers):
+        got = final_answer(c)
+        out.append(float(got is not None and _INT.fullmatch(str(a).strip()) is not None and int(got) == int(a)))
+    return out
+
+
 VERIFIERS: dict[str, Verifier] = {
     "exact": exact_match,
     "math": math_equivalence,
     "code": code_tests,
+    "final": final_match,
 }
 
 

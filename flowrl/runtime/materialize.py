@@ -66,13 +66,12 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
 
     Its init and SFT data order are seeded by the run's ``seed`` plus ``tiny(seed = ...)``
     (an offset, as ``generate``'s seed is), so ``--set seed=1`` reaches the warm start."""
-    from flowrl.warmcache import TinyModelConfig, cached, task_sft
+    from flowrl.warmcache import cached, task_model_config, task_sft
 
     a = m.args
     task, seed = str(a.get("task", "arith")), seed + int(a.get("seed", 0))
-    cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
-                          layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
-                          kv_heads=int(a.get("kv_heads", 2)))
+    shape = {k: (str if k == "arch" else int)(a[k]) for k in ("arch", "hidden", "layers", "heads", "kv_heads") if k in a}
+    cfg = task_model_config(task, **shape)  # the flow's options over the task's shape
     steps = a.get("warm_start")  # None: the task's (Task.sft, over SFTConfig's)
     sft = task_sft(task, **({} if steps is None else {"steps": int(steps)}))
     t0 = time.time()

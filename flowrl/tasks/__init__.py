@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from flowrl.tasks import arith, arith_code, arith_tool
+from flowrl.tasks import arith, arith_code, arith_tool, longtail
 
 DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
 """``<repo>/data``: where the shipped split files live."""
@@ -51,6 +51,12 @@ class Task:
     environment's observations at odd ones (None: the row's ``answer``, one turn)."""
     sft: dict = field(default_factory=dict)
     """Warm-start settings of this task (``SFTConfig`` fields), under the caller's own."""
+    model: dict = field(default_factory=dict)
+    """The shape of this task's tiny model (``TinyModelConfig`` fields), under the caller's own
+    (a flow's ``tiny(hidden = ...)``); empty: the tiny defaults."""
+    final: Callable[[str], str | None] | None = None
+    """Reads the answer out of a completion (None when it gives none) for the warm start's
+    held-out accuracy; None: the whole stripped completion is the answer."""
 
     @property
     def data_dir(self) -> Path:
@@ -65,6 +71,11 @@ class Task:
             return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return self.make_splits()[SPLITS.index(split)]
 
+
+LONGTAIL_SFT = {"batch_size": 16, "lr": 1e-3, "steps": 300, "stop_at_accuracy": 0.3, "check_every": 20,
+                "check_rows": 128}
+"""The long-tail task's warm start: small batches (a batch pads to its longest solution, up to
+341 tokens) and a stop at 30% on its validation rows, which leaves RL the long chains to lift."""
 
 TASKS: dict[str, Task] = {
     "arith": Task(
@@ -112,6 +123,25 @@ TASKS: dict[str, Task] = {
         # on; the model learns them in a sudden transition whose start varies with the seed (seed
         # 0 was past it at 600 steps, seed 1 not yet), so a fixed length does not fit every seed.
         sft={"stop_at_accuracy": 0.25},
+    ),
+    "longtail": Task(
+        name="longtail",
+        chars=longtail.CHARS,
+        verifier="final",
+        max_new_tokens=7 * longtail.DEFAULT_SPEC.max_steps + 8,  # 7 a step, "=" + 3 digits, EOS, spares
+        make_splits=longtail.make_splits,
+        spec=lambda: {
+            **longtail.spec_dict(),
+            "seed": longtail.DEFAULT_SEED,
+            "n_train": longtail.DEFAULT_TRAIN,
+            "n_test": longtail.DEFAULT_TEST,
+        },
+        sft_turns=longtail.sft_turns,
+        final=longtail.final_answer,
+        # ~12M parameters: 4 blocks of width 512 (heads of 64, which vLLM's CPU attention takes),
+        # room for the longest prompt + solution (6 + 341 tokens).
+        model={"hidden": 512, "layers": 4, "heads": 8, "kv_heads": 4, "intermediate": 1408, "max_position": 512},
+        sft=LONGTAIL_SFT,
     ),
 }
 

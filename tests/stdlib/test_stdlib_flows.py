@@ -427,6 +427,7 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     assert Path(data.eval_path) == task / "test.jsonl"
     # the default run is longer; the calculator flow learns its tool in fewer (bench/agentic.py)
     expected = {"arith_grpo.flow": (300, 50, 0), "agentic_calc.flow": (40, 10, 0),
+                "longtail_grpo.flow": (40, 10, 0),
                 "arith_reward_model.flow": (100, 25, 0)}.get(path.name, (60, 10, 0))
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
 
