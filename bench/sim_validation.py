@@ -16,6 +16,7 @@ and the other cases are predictions from that profile. The a-priori column is th
 
     .venv/bin/python bench/sim_validation.py [--steps 6] [--cases rloo_s1,ppo_s1,grpo_long,grpo_s1,grpo_s2,grpo_s2_disagg,rpp_s1]
                                              [--fixture tests/cost/fixtures/sim_validation_run.json]
+    .venv/bin/python bench/sim_validation.py --a-priori    # no runs: where `flowrl plan`'s estimate goes wrong
 
 Prints a table and writes bench/results/sim_validation.json and a Gantt PNG per case
 (simulated above, measured below). Takes ~1 min per case on 2 cores (engine start-up dominates).
@@ -140,7 +141,13 @@ def main() -> None:
                                       "its flow text, the calibrated profile, its measured workload and times")
     ap.add_argument("--reuse", metavar="DIR", help="no real runs: re-evaluate the run directories and the measured "
                                                    "profile an earlier bench left in DIR (its temp directory)")
+    ap.add_argument("--a-priori", action="store_true",
+                    help="no real runs: re-estimate the a-priori column of the last results "
+                         "(bench/results/sim_validation.json) under the built-in, automatic and calibrated "
+                         "profiles, with and without the runs' prompt lengths; writes sim_validation_apriori.json")
     args = ap.parse_args()
+    if args.a_priori:
+        return a_priori_table()
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
     if unknown:
@@ -229,6 +236,41 @@ def main() -> None:
         Path(args.fixture).parent.mkdir(parents=True, exist_ok=True)
         Path(args.fixture).write_text(json.dumps(fx, indent=1, sort_keys=True) + "\n")
         print(f"wrote fixture {args.fixture}")
+
+
+def a_priori_table() -> None:
+    """`--a-priori`: where `flowrl plan`'s own estimate goes wrong, against the stored measured runs."""
+    from flowrl.catalog.hardware import CPU_FALLBACK, Profile
+    from flowrl.compiler import calibrate
+    from flowrl.cost import autoprofile, profiles
+
+    last = json.loads((RESULTS / "sim_validation.json").read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="flowrl-apriori-"))
+    auto_path, _ = autoprofile.auto_profile()
+    profs = {"built-in": CPU_FALLBACK, "automatic": profiles.load_profile(auto_path),
+             "calibrated": Profile(**last["profile_calibrated"])}
+    load = os.getloadavg()
+    rows = []
+    for c in last["cases"]:
+        flow, m = flow_variant(c["case"], CASES[c["case"]], tmp), c["measured_s"]
+        row = {"case": c["case"], "measured_s": m}
+        for k, prof in profs.items():
+            os.environ["FLOWRL_PROFILE"] = str(profiles.save_profile(prof, tmp / "profile.json"))
+            for tag, w in (("", None), (" + run's prompts", {"prompt_tokens": c["measured"]["workload"]["prompt_tokens"]})):
+                s = calibrate.predict(flow, c["measured"]["sets"], w).step_s
+                row[k + tag] = {"s": round(s, 4), "error_pct": round(100 * (s - m) / m, 1)}
+        rows.append(row)
+    cols = [k for k in rows[0] if k not in ("case", "measured_s")]
+    print(f"{'case':15} {'measured':>8} " + " ".join(f"{k:>29}" for k in cols))
+    for r in rows:
+        print(f"{r['case']:15} {r['measured_s']:8.3f} "
+              + " ".join(f"{r[k]['s']:20.3f} {r[k]['error_pct']:+7.0f}%" for k in cols))
+    auto = profs["automatic"]
+    print(f"automatic profile: {auto.tflops * 1e3:.1f} GFLOP/s, {auto.hbm_gbs:.2f} GB/s ({auto_path}); "
+          f"load average {load[0]:.2f}; measured runs of {last['date']}")
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": [round(x, 2) for x in load],
+           "runs_of": last["date"], "automatic_profile": auto.to_dict(), "cases": rows}
+    (RESULTS / "sim_validation_apriori.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -382,6 +382,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_plan_cmd(args: argparse.Namespace) -> int:
+    from flowrl.cost import autoprofile, profiles
     from flowrl.launch import RunError, build_plan, describe_plan, parse_sets, plan_json
 
     if args.json and args.explain:
@@ -390,6 +391,10 @@ def run_plan_cmd(args: argparse.Namespace) -> int:
         raise UsageError("--measured and --gantt-trace go with --gantt OUT.png")
     if args.gantt_steps < 1:
         raise UsageError(f"--gantt-steps must be >= 1, got {args.gantt_steps}")
+    try:
+        autoprofile.use_auto_profile()  # gpu = "cpu": this machine's figures, measured once and cached
+    except profiles.ProfileError as e:
+        raise CliError(str(e)) from None
     try:
         sets = parse_sets(args.set)
         plan = build_plan(args.file, flow=args.flow, sets=sets, steps=args.steps)

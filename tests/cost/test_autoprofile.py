@@ -1,0 +1,104 @@
+"""The automatic `cpu` profile: cached per machine, measured on a miss, used by `flowrl plan`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from flowrl.cli import main
+from flowrl.cost import autoprofile
+from flowrl.cost.profiles import CPU_FALLBACK, ProfileError, load_profile, save_profile
+
+REPO = Path(__file__).resolve().parents[2]
+FACTS = {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.13.0"}
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLOWRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FLOWRL_PROFILE", raising=False)
+    monkeypatch.setenv("FLOWRL_AUTO_PROFILE", "1")
+    return tmp_path / "cache"
+
+
+def writer(calls: list, tflops: float = 0.123):
+    """A benchmark that writes a known profile and records each call."""
+    def bench(path):
+        calls.append(path)
+        save_profile(replace(CPU_FALLBACK, tflops=tflops, source="bench"), path)
+    return bench
+
+
+def test_miss_measures_then_hit_reuses(cache):
+    calls: list = []
+    path, fresh = autoprofile.auto_profile(FACTS, bench=writer(calls))
+    assert fresh and calls == [path] and path.parent == cache / "profiles"
+    assert path.name == f"cpu-{autoprofile.machine_key(FACTS)}.json"
+    prof = load_profile(path)
+    assert prof.tflops == 0.123 and "Test CPU 9000 (2 cores, torch 2.13.0)" in prof.source
+    again, fresh = autoprofile.auto_profile(FACTS, bench=writer(calls))
+    assert (again, fresh) == (path, False) and len(calls) == 1
+
+
+def test_key_follows_cpu_cores_and_torch(cache):
+    keys = {autoprofile.machine_key(f) for f in (FACTS, {**FACTS, "cpu": "Other"}, {**FACTS, "cores": 4},
+                                                  {**FACTS, "torch": "2.14.0"})}
+    assert len(keys) == 4
+    calls: list = []
+    autoprofile.auto_profile(FACTS, bench=writer(calls))
+    autoprofile.auto_profile({**FACTS, "cores": 4}, bench=writer(calls))
+    assert len(calls) == 2 and calls[0] != calls[1]
+
+
+def test_unreadable_cache_is_measured_again(cache):
+    path = autoprofile.cached_path(FACTS)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    calls: list = []
+    assert autoprofile.auto_profile(FACTS, bench=writer(calls)) == (path, True) and calls == [path]
+
+
+def test_explicit_profile_or_switch_turns_it_off(cache, monkeypatch, tmp_path):
+    assert autoprofile.enabled()
+    monkeypatch.setenv("FLOWRL_AUTO_PROFILE", "0")
+    assert not autoprofile.enabled() and autoprofile.use_auto_profile(bench=writer([])) is None
+    monkeypatch.setenv("FLOWRL_AUTO_PROFILE", "1")
+    save_profile(CPU_FALLBACK, cache / "profile.json")  # a `flowrl profile` measurement wins
+    assert not autoprofile.enabled()
+
+
+def test_failing_benchmark_is_a_clear_error(cache):
+    def broken(path):
+        raise ProfileError("the automatic CPU benchmark failed (boom); hint: run `flowrl profile`")
+    with pytest.raises(ProfileError, match="hint: run `flowrl profile`"):
+        autoprofile.auto_profile(FACTS, bench=broken)
+
+
+def test_plan_uses_the_cached_profile(cache, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    fast = replace(CPU_FALLBACK, tflops=CPU_FALLBACK.tflops * 10, hbm_gbs=CPU_FALLBACK.hbm_gbs * 10, source="bench")
+    path = autoprofile.cached_path()
+    save_profile(fast, path)
+    assert main(["plan", "flows/arith_rloo.flow", "--json"]) == 0
+    out = capsys.readouterr().out
+    fast_step = _step(out)
+    assert '"profile": "cpu: bench"' in out
+    assert load_profile(path).source == "bench"  # a hit is used as it is, not measured again
+    monkeypatch.setenv("FLOWRL_AUTO_PROFILE", "0")
+    monkeypatch.setenv("FLOWRL_PROFILE", str(cache / "none.json"))  # the built-in figures
+    assert main(["plan", "flows/arith_rloo.flow", "--json"]) == 0
+    assert fast_step < _step(capsys.readouterr().out)
+
+
+def _step(text: str) -> float:
+    import json
+    return json.loads(text)["estimate"]["step_s"]
+
+
+def test_quick_benchmark_measures_this_machine(cache):
+    path, fresh = autoprofile.auto_profile()
+    prof = load_profile(path)
+    assert fresh and prof.tflops > 0 and prof.hbm_gbs > 0 and prof.platform == "cpu"
+    assert autoprofile.machine_facts()["cpu"] in prof.source
