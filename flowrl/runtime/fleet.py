@@ -256,8 +256,6 @@ class Fleet:
         self.started_ray = False
         """This run called ``ray.init`` (shutdown disconnects again); a Ray session the caller had already
         started (a notebook's, a test's shared instance) is left running."""
-        self.started: dict[str, dict[str, float]] = {}
-        """Engine actor (``policy.rollout replica 0``) -> its start-up times (:meth:`RolloutWorker.ready`)."""
 
     # ---- start -------------------------------------------------------------------------------
     def start(self, model_paths: dict[str, Path]) -> None:
@@ -355,8 +353,7 @@ class Fleet:
                 pending += [(a, a.ready.remote(), f"{m.id}.rollout replica {r}") for r, a in enumerate(rec.rollout)]
         t0 = time.time()
         started = self._wait(pending, "every engine", "start", 0)
-        for (_, _, who), times in zip(pending, started):
-            self.started[who] = times
+        for (_, _, who), times in zip(pending, started):  # each actor's start-up (RolloutWorker.ready)
             lane = who.replace(" replica ", "")  # the lanes the steps' calls use: policy.train, policy.rollout0
             self.timeline.add("start:process", lane, SETUP_STEP, times["process"], max(times["process"], times["init"]))
             self.timeline.add("start:engine", lane, SETUP_STEP, times["init"], times["built"])
