@@ -1,9 +1,11 @@
 """The warm start's settings and its cache, without torch: whether a warm start is cached, and where.
 
 A run's driver asks this first (:func:`cached`): a cached warm start is found without importing
-:mod:`flowrl.models` (torch, transformers' model classes: about 5 s of the driver's start-up on 2 cores,
-before any engine starts). :mod:`flowrl.models.warmstart` builds what is not cached and re-exports these
-names. A module outside :mod:`flowrl.models`, whose package imports torch.
+:mod:`flowrl.models` and transformers' model classes, whose registry loads torch.distributed.tensor and
+sympy (seconds of the driver's start-up on 2 cores, before any engine starts; see
+:func:`~flowrl.runtime.materialize.load_tokenizer_for` for the other half). :mod:`flowrl.models.warmstart`
+builds what is not cached and re-exports these names. A module outside :mod:`flowrl.models`, whose package
+imports torch.
 """
 
 from __future__ import annotations

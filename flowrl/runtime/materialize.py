@@ -146,9 +146,10 @@ def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
     """The tokenizer shared by the flow's models (the one that generates, else the first).
 
     A checkpoint whose ``tokenizer_config.json`` names the plain fast tokenizer (``TokenizersBackend``,
-    ``PreTrainedTokenizerFast`` before transformers 5: the tiny models) loads that class directly: what ``AutoTokenizer`` would resolve to, without importing transformers'
-    model registry (``auto_factory`` pulls in torch.distributed.tensor and sympy: 5-15 s of the
-    driver's start-up on 2 cores, before any engine starts)."""
+    ``PreTrainedTokenizerFast`` before transformers 5: the tiny models) loads that class directly, what
+    ``AutoTokenizer`` would resolve to, without importing transformers' model registry (``auto_factory``
+    pulls in torch.distributed.tensor and sympy: 5-15 s of the driver's start-up on 2 cores, measured
+    at load 1-3, before any engine starts)."""
     gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
     mid = gen or (plan.models[0].id if plan.models else None)
     if mid is None:
