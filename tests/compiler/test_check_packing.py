@@ -62,3 +62,35 @@ def test_pack_refused_for_models_whose_attention_a_packed_mask_breaks(tmp_path, 
     with pytest.raises(FlowError) as e:
         compile_text(text, "t.flow", allow_missing=True)
     assert "E615" in str(e.value) and says in str(e.value), str(e.value)
+
+
+STDLIB_GRPO = '''import stdlib.grpo
+model m = tiny()
+dataset d = jsonl("train.jsonl")
+reward v = verifier("exact")
+flow main() {{
+  grpo(m, d, v, batch = 8, group = 4, max_tokens = 64{extra})
+}}
+schedule main on cluster(nodes = 1, gpus_per_node = 2) {{
+  m.train = {train}
+}}
+'''
+
+
+def test_stdlib_grpo_passes_token_batches_and_packing_to_its_update(tmp_path):
+    """`grpo(..., micro_batch_tokens = N, pack = true)` reaches the update op (a long-tailed task's padding is
+    where its step goes), and check_packing judges it there: Megatron refuses it with E615."""
+    from flowrl.launch import build_plan
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    flow = tmp_path / "g.flow"
+    flow.write_text(STDLIB_GRPO.format(extra=", micro_batch_tokens = 256, pack = true", train="fsdp(dp = 2)"))
+    update = next(op for op in build_plan(str(flow)).ops if op.op == "update")
+    assert update.options["micro_batch_tokens"] == 256 and update.options["pack"] is True
+    flow.write_text(STDLIB_GRPO.format(extra="", train="fsdp(dp = 2)"))
+    update = next(op for op in build_plan(str(flow)).ops if op.op == "update")
+    assert update.options["micro_batch_tokens"] == 0 and update.options["pack"] is False  # by rows, padded
+    flow.write_text(STDLIB_GRPO.format(extra=", pack = true", train="megatron(tp = 1, dp = 2)"))
+    with pytest.raises(Exception) as e:
+        build_plan(str(flow))
+    assert "E615" in str(e.value)
