@@ -10,8 +10,8 @@ core count, torch version). An explicit profile (``$FLOWRL_PROFILE`` or the
 ``flowrl profile`` file) wins; ``FLOWRL_AUTO_PROFILE=0`` turns it off (the test suite
 does, so that estimates there never depend on the machine).
 
->>> key = machine_key({"cpu": "x", "cores": 2, "torch": "2.13.0"})
->>> len(key), key == machine_key({"torch": "2.13.0", "cores": 2, "cpu": "x"})
+>>> key = machine_key({"cpu": "x", "cores": 2, "torch_version": "2.13.0"})
+>>> len(key), key == machine_key({"torch_version": "2.13.0", "cores": 2, "cpu": "x"})
 (16, True)
 """
 
@@ -53,7 +53,7 @@ def machine_facts() -> dict:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
-    return {"cpu": model, "cores": os.cpu_count() or 1, "torch": torch_version}
+    return {"cpu": model, "cores": os.cpu_count() or 1, "torch_version": torch_version}
 
 
 def machine_key(facts: dict) -> str:
@@ -96,7 +96,7 @@ def auto_profile(facts: dict | None = None, bench=None) -> tuple[Path, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     (bench or run_quick_bench)(path)
     prof = load_profile(path)
-    note = (f"measured automatically on {facts['cpu']} ({facts['cores']} cores, torch {facts['torch']}), "
+    note = (f"measured automatically on {facts['cpu']} ({facts['cores']} cores, torch {facts['torch_version']}), "
             f"cached at {path}; `flowrl profile` measures more, FLOWRL_AUTO_PROFILE=0 turns this off")
     save_profile(replace(prof, source=note), path)
     return path, True

@@ -12,7 +12,7 @@ from flowrl.cost import autoprofile
 from flowrl.cost.profiles import CPU_FALLBACK, ProfileError, load_profile, save_profile
 
 REPO = Path(__file__).resolve().parents[2]
-FACTS = {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.13.0"}
+FACTS = {"cpu": "Test CPU 9000", "cores": 2, "torch_version": "2.13.0"}
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_miss_measures_then_hit_reuses(cache):
 
 def test_key_follows_cpu_cores_and_torch(cache):
     keys = {autoprofile.machine_key(f) for f in (FACTS, {**FACTS, "cpu": "Other"}, {**FACTS, "cores": 4},
-                                                  {**FACTS, "torch": "2.14.0"})}
+                                                  {**FACTS, "torch_version": "2.14.0"})}
     assert len(keys) == 4
     calls: list = []
     autoprofile.auto_profile(FACTS, bench=writer(calls))
