@@ -84,7 +84,7 @@ def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
         result = warm_start(task, model_cfg=cfg, sft=sft, seed=seed)
     acc = result.info.get("test_accuracy")
     how = "cached" if result.cached else f"built and warm-started in {time.time() - t0:.0f}s"
-    log(f"model `{m.id}`: tiny {a.get('task', 'arith')} model {how}"
+    log(f"model `{m.id}`: tiny {task} model {how}"
         + (f" (SFT held-out accuracy {100 * acc:.1f}%)" if acc is not None else "") + f": {result.path}")
     return Path(result.path)
 
