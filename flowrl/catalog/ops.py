@@ -157,6 +157,9 @@ class OpSpec:
     not run (``compiler/passes/check_platform.py``), quoting ``why``."""
     seconds_per_item: float = 0.0
     """Reward functions: CPU seconds to score one completion (the cost model's estimate)."""
+    costs_by_name: dict | None = None
+    """Reward functions whose first argument names a built-in (``verifier``): name ->
+    :class:`VerifierCost`, the cost model's figure for that one instead of ``seconds_per_item``."""
     paths: tuple[str, ...] = ()
     """Resources: the arguments and options naming a local file, resolved against the folder of
     the flow file that declares the resource; ``flowrl check`` checks each exists
@@ -305,8 +308,28 @@ _op(OpSpec("frozen", OpKind.MODEL, (_a("model", "model"),), role="frozen", handl
            doc="A frozen copy of a model's initial weights (e.g. the KL reference)."))
 _op(OpSpec("critic", OpKind.MODEL, (_a("model", "model"),), role="critic", handler="derived", facts_from=FactsFrom.BASE,
            doc="A trainable value model initialised from a model, with a scalar value head."))
-VERIFIER_NAMES = ("math", "exact", "code", "final")
-"""The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)."""
+@dataclass(frozen=True)
+class VerifierCost:
+    """What scoring one completion costs a built-in verifier, for the cost model (measured on this CPU)."""
+
+    seconds_per_item: float
+    """CPU seconds of one reward worker per completion."""
+    integer_seconds_per_item: float | None = None
+    """Where every reference answer is an integer: the verifier's fast path (None: no such path)."""
+
+
+VERIFIER_COSTS = {
+    # math-verify parses both sides (LaTeX, sympy): ~2 ms; integer answers and completions compare as
+    # numbers first (flowrl.rewards.verifiers.math_equivalence): 0.6 us measured
+    "math": VerifierCost(2e-3, integer_seconds_per_item=1e-6),
+    "exact": VerifierCost(1e-6),  # a string comparison: 0.1 us measured
+    "code": VerifierCost(0.1),  # one sandboxed process per completion: 56-180 ms measured (bench/sandbox.py)
+    "final": VerifierCost(3e-6),  # a regex over the completion: 1.3 us measured
+}
+"""The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)
+and what each costs per completion."""
+VERIFIER_NAMES = tuple(VERIFIER_COSTS)
+"""The built-in rule verifiers' names."""
 
 _DATASET_KWARGS = {
     "prompt": KwSpec("str", "prompt"), "answer": KwSpec("str", "answer"),
@@ -328,7 +351,7 @@ _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval
            doc="A local parquet dataset with a prompt column and an answer column."))
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
-           seconds_per_item=2e-3,  # math-verify parses both answers
+           costs_by_name=VERIFIER_COSTS,
            doc="A named rule verifier: \"math\" (math-verify), \"exact\", \"code\" (runs the "
                "completion's program against its dataset row's `tests` in the sandbox), or \"final\" (the "
                "digits after the completion's last `=` equal the answer)."))

@@ -132,6 +132,10 @@ class SchedState:
     lengths: dict = field(default_factory=dict)
     """Response-length model overrides for the estimates (``kind``, ``median``, ``sigma``), from
     ``ctx.options["lengths"]``; empty: the workload's default (flowrl.compiler.workload.lengths)."""
+    prompts: dict = field(default_factory=dict)
+    """Generate op id -> :class:`~flowrl.compiler.prompt_lengths.PromptLength` measured from its
+    datasets; a generate not in it is estimated with the assumed length
+    (:func:`~flowrl.compiler.workload.prompt_tokens`)."""
 
 
 # ---- engines of a flow -----------------------------------------------------------------------------

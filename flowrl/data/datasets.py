@@ -168,6 +168,42 @@ def check_head(
     raise DatasetError(f"{p}: dataset is empty; hint: a training run needs at least one row")
 
 
+def head_rows(path: str | Path, *, prompt_field: str = "prompt", answer_field: str = "answer",
+              format: str | None = None, rows: int = 64) -> list[tuple[str, Any]]:
+    """``(prompt, answer)`` of the first ``rows`` rows of a JSON-lines file that have a prompt (as
+    :func:`check_head` returns it; the answer None where the row has none), reading no further;
+    rows that are not JSON objects with a non-empty prompt are passed over (:func:`check_head` is
+    what reports them). Parquet files, whose values are not decoded here, and files that cannot
+    be read give ``[]``.
+
+    >>> import tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "d.jsonl")
+    >>> _ = open(f, "w").write('{"prompt": "1+1=", "answer": 2}\\nnot json\\n{"prompt": "2+3="}\\n{"prompt": "4="}\\n')
+    >>> head_rows(f, rows=2)
+    [('1+1=', 2), ('2+3=', None)]
+    """
+    p = Path(path)
+    if (format or p.suffix.lower()) != ".jsonl":
+        return []
+    out: list[tuple[str, Any]] = []
+    try:
+        with p.open("rb") as f:
+            for raw in f:
+                if len(out) >= rows:
+                    break
+                try:
+                    row = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    continue
+                prompt = row.get(prompt_field) if isinstance(row, dict) else None
+                if (isinstance(prompt, str) and prompt.strip()) or (isinstance(prompt, list) and prompt
+                                                                    and message_problem(prompt) is None):
+                    out.append((prompt_words(prompt), row.get(answer_field)))
+    except OSError:
+        return []
+    return out
+
+
 def not_found_hint(path: Path, relative_to: str | Path | None = None) -> str:
     """Where a missing dataset was looked for, in words: the folder a flow's relative paths are resolved against."""
     if relative_to is not None:

@@ -108,8 +108,8 @@ def test_the_builder_writes_the_same_lora_value(tmp_path):
 
 
 def test_schedule_auto_keeps_to_engines_that_train_adapters(tmp_path):
-    """`schedule auto` on 2 GPUs picks megatron(tp = 2) for the full model; with LoRA it rejects the engines
-    that cannot train adapters (E613, counted in its report) and picks torch(dp = 1)."""
+    """With LoRA, `schedule auto` on 2 GPUs rejects the engines that cannot train adapters (E613, counted in
+    its report; megatron refused) and picks torch(dp = 1); for the full model megatron is a candidate again."""
     text = FLOW.split("schedule")[0] + "schedule main auto on cluster(gpus_per_node = 2) {{}}\n"
     path = tmp_path / "auto.flow"
     path.write_text(text.format(arch="llama", lora=LORA, data=DATA))
@@ -117,8 +117,12 @@ def test_schedule_auto_keeps_to_engines_that_train_adapters(tmp_path):
     train = plan.model("policy").train_engine
     assert (train.kind, train.world_size) == ("torch", 1)
     assert any(reason.startswith("E613") for reason in plan.search.rejected)
+    verdicts = {(v.role, v.engine): v.verdict for v in plan.search.engines}
+    assert verdicts[("train", "megatron")] == "refused"
     path.write_text(text.replace(", lora = {lora}", "").format(arch="llama", data=DATA))
-    assert lower(compile_file(str(path)).graph).model("policy").train_engine.kind == "megatron"
+    full = lower(compile_file(str(path)).graph).search
+    assert not any(reason.startswith("E613") for reason in full.rejected)
+    assert {(v.role, v.engine): v.verdict for v in full.engines}[("train", "megatron")] in ("chosen", "feasible")
 
 
 def test_lora_options_are_checked_against_the_record(tmp_path):

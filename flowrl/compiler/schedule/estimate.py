@@ -32,7 +32,7 @@ from flowrl.compiler.schedule.layouts import micro_batch
 from flowrl.compiler.workload import Workload, lengths, prompt_tokens
 from flowrl.cost import model as cm
 from flowrl.cost.sim import GenPhase, Phase, PhaseKind, SimSpec, simulate
-from flowrl.ir.graph import EdgeKind, FlowGraph, Node, Ref
+from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node, Ref
 from flowrl.plan import CostPlan, EnginePlan, OpCost
 
 SIM_STEPS = 6
@@ -65,7 +65,9 @@ def estimate(graph: FlowGraph, st: SchedState, work: Workload, steps: int = SIM_
     notes += [f"`{g.op}` is expected to run {g.draws:.3g} times a step (an op after it draws again until it keeps "
               f"enough groups: dynamic sampling), so {g.generated} completions are generated for {g.samples} trained"
               for g in work.gens if g.draws > 1]
-    assumptions = {"prompt_tokens": {g.op: prompt_tokens(st.facts.get(g.model)) for g in work.gens},
+    assumptions = {"prompt_tokens": {g.op: prompt_len(st, g.op, g.model) for g in work.gens},
+                   "prompt_source": {g.op: st.prompts[g.op].source if g.op in st.prompts
+                                     else "assumed: a quarter of the model's context" for g in work.gens},
                    "response_lengths": {op: d.to_dict() for op, d in dists.items()},
                    "steps_simulated": res.steps, "warmup_steps": res.warmup, "seed": seed}
     return CostPlan(
@@ -254,6 +256,12 @@ def _generate_ancestors(graph: FlowGraph, order: list[Node]) -> dict[str, str]:
     return out
 
 
+def prompt_len(st: SchedState, op: str, model: str | None) -> float:
+    """Mean prompt tokens of generate ``op``: measured from its datasets (``st.prompts``), else assumed."""
+    found = st.prompts.get(op)
+    return found.tokens if found is not None else prompt_tokens(st.facts.get(model) if model else None)
+
+
 def _facts(st: SchedState, model: str | None) -> ModelFacts:
     f = st.facts.get(model) if model else None
     return f if f is not None else tiny_facts({})
@@ -264,7 +272,7 @@ def _expected_tokens(st: SchedState, work: Workload) -> dict[str, float]:
     out = {}
     for g in work.gens:
         d = lengths(g.max_tokens, **st.lengths)
-        out[g.op] = g.samples * (prompt_tokens(st.facts.get(g.model)) + d.mean())
+        out[g.op] = g.samples * (prompt_len(st, g.op, g.model) + d.mean())
     return out
 
 
@@ -295,7 +303,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         f = _facts(st, n.model)
         dist = lengths(g.max_tokens, **st.lengths)
         dists[n.id] = dist
-        ptoks = prompt_tokens(st.facts.get(n.model))
+        ptoks = max(int(round(prompt_len(st, n.id, n.model))), 1)  # as the simulator counts them
         seq = ptoks + g.max_tokens
         f_over = st.pipeline.over_provision if st.pipeline else 1.0
         issued = math.ceil(g.generated * f_over)  # every expected draw (dynamic sampling) is generated
@@ -344,7 +352,8 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
                       label=OpKind.RESYNC.value, every=plan.every if plan is not None else 1),
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.SCORE:
-        per_sample, workers = _reward_cost(graph, n)
+        found = st.prompts.get(src_gen)
+        per_sample, workers = _reward_cost(graph, n, found is not None and found.integer_answers)
         secs = cm.reward_s(per_sample, rows, workers) + hw.op_overhead_s
         return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
                 (pid, n.kind.value, where, secs, 0))
@@ -388,25 +397,32 @@ def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
     return len({g // per for g in e.gpus}) > 1
 
 
-def _reward_cost(graph: FlowGraph, n: Node) -> tuple[float, int]:
-    """(CPU seconds per scored sample, worker processes) of the reward function a score op reads."""
+def _reward_cost(graph: FlowGraph, n: Node, integer_answers: bool = False) -> tuple[float, int]:
+    """(CPU seconds per scored sample, worker processes) of the reward function a score op reads;
+    ``integer_answers``: every reference answer of the rows scored is an integer (verifiers' fast paths)."""
     for u, e in graph.in_edges(n.id):
         if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN:
-            return _reward_fn_cost(graph, graph.node(u))
+            return _reward_fn_cost(graph, graph.node(u), integer_answers)
     return 0.0, 2
 
 
-def _reward_fn_cost(graph: FlowGraph, r: Node) -> tuple[float, int]:
+def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[float, int]:
     """A reward's (seconds per sample, workers); a combined one (``weighted_sum``) pays for each of its
-    rewards in turn, at the fewest workers among them."""
+    rewards in turn, at the fewest workers among them; a built-in verifier costs what its record
+    (:data:`~flowrl.catalog.ops.VERIFIER_COSTS`) says."""
     spec = OPS.get(r.op)
     if spec is not None and spec.rest is not None:
-        parts = [_reward_fn_cost(graph, graph.node(u)) for u, e in graph.in_edges(r.id)
+        parts = [_reward_fn_cost(graph, graph.node(u), integer_answers) for u, e in graph.in_edges(r.id)
                  if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN]
         return sum(s for s, _ in parts), min((w for _, w in parts), default=2)
     w = getattr(r.attr("workers"), "value", 2)
-    return (spec.seconds_per_item if spec is not None else 0.0,
-            w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2)
+    workers = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2
+    name = r.args[0].value if r.args and isinstance(r.args[0], Const) else None
+    if spec is not None and spec.costs_by_name and name in spec.costs_by_name:
+        cost = spec.costs_by_name[name]
+        fast = cost.integer_seconds_per_item if integer_answers else None
+        return (fast if fast is not None else cost.seconds_per_item), workers
+    return (spec.seconds_per_item if spec is not None else 0.0), workers
 
 
 def _switch(st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:

@@ -1,0 +1,90 @@
+"""The estimate's workload read from the flow's datasets: prompt lengths and verifiers' fast paths."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from flowrl.catalog.models import tiny_prompt_tokens
+from flowrl.catalog.ops import OPS, VERIFIER_COSTS
+from flowrl.compiler.explain import describe_plan
+from flowrl.compiler.pipeline import compile_file, compile_text
+from flowrl.compiler.prompt_lengths import PROMPT_ROWS
+from flowrl.compiler.workload import prompt_tokens
+from flowrl.compiler.lower import lower
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FLOW = '''
+model m = tiny(task = "arith")
+dataset d = jsonl("{data}")
+reward v = verifier("{verifier}")
+flow f() {{
+  r = generate(m, sample(d, size = 16), n = 4, max_tokens = 8)
+  update(m, r, group_advantage(v(r), group = 4), logprobs(m, r))
+}}
+'''
+
+
+def _write(tmp_path: Path, rows: list[dict], verifier: str = "math", name: str = "t") -> Path:
+    tmp_path = tmp_path / name
+    tmp_path.mkdir(exist_ok=True)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    flow = tmp_path / "t.flow"
+    flow.write_text(FLOW.format(data="d.jsonl", verifier=verifier))
+    return flow
+
+
+def _estimate(flow: Path):
+    return compile_file(str(flow)).graph.sched.estimate
+
+
+def test_the_prompt_length_is_the_mean_of_the_first_rows_counted_by_the_tokenizer(tmp_path):
+    rows = [{"prompt": "1+" * (i % 7) + "1=", "answer": str(i % 7 + 1)} for i in range(PROMPT_ROWS + 40)]
+    good = rows[:3] + rows[4:]
+    rows[3] = {"prompt": "", "answer": "1"}  # a bad row: not counted (check_resources reports such a file)
+    est = _estimate(_write(tmp_path, rows))
+    counted = [tiny_prompt_tokens(r["prompt"]) for r in good[:PROMPT_ROWS]]
+    assert est.assumptions["prompt_tokens"] == {"r": round(statistics.fmean(counted), 2)}
+    assert est.assumptions["prompt_source"] == {"r": f"the first {PROMPT_ROWS} rows of `d.jsonl`"}
+    longer = [{"prompt": r["prompt"] * 3, "answer": r["answer"]} for r in good]
+    assert _estimate(_write(tmp_path, longer, name="longer")).assumptions["prompt_tokens"]["r"] > 2 * statistics.fmean(counted)
+
+
+def test_without_readable_rows_the_prompt_length_is_assumed():
+    g = compile_text(FLOW.format(data="nowhere.jsonl", verifier="math"), "mem.flow", allow_missing=True)
+    a = g.sched.estimate.assumptions
+    assert a["prompt_tokens"] == {"r": prompt_tokens(g.sched.facts["m"])}
+    assert a["prompt_source"] == {"r": "assumed: a quarter of the model's context"}
+
+
+def test_the_plan_says_where_the_prompt_length_came_from():
+    text = describe_plan(lower(compile_file(str(ROOT / "flows" / "arith_grpo.flow")).graph), explain=True)
+    line = next(x for x in text.splitlines() if x.strip().startswith("workload:"))
+    assert f"(mean of the first {PROMPT_ROWS} rows of `../data/arith/train.jsonl`)" in line
+
+
+def _score_s(flow: Path) -> float:
+    return next(o.seconds for o in _estimate(flow).ops if o.kind == "score")
+
+
+@pytest.mark.parametrize("answers, integer", [(["12", "-7", 3], True), (["1/2", "12", "3"], False),
+                                              (["1.5", "2", "3"], False), ([True, 1, 2], False)])
+def test_math_verifier_is_costed_by_its_fast_path_on_integer_answers(tmp_path, answers, integer):
+    rows = [{"prompt": f"{i}+1=", "answer": answers[i % 3]} for i in range(30)]
+    flow = _write(tmp_path, rows)
+    assert compile_file(str(flow)).graph.sched.prompts["r"].integer_answers is integer
+    slow, fast = VERIFIER_COSTS["math"].seconds_per_item, VERIFIER_COSTS["math"].integer_seconds_per_item
+    overhead = _score_s(_write(tmp_path, rows, "exact", "exact")) - 64 * VERIFIER_COSTS["exact"].seconds_per_item / 2
+    assert _score_s(flow) == pytest.approx(overhead + 64 * (fast if integer else slow) / 2, rel=1e-6)
+
+
+def test_every_builtin_verifier_has_a_cost_record():
+    assert OPS["verifier"].costs_by_name is VERIFIER_COSTS
+    assert all(c.seconds_per_item > 0 for c in VERIFIER_COSTS.values())
+    # the sandboxed one runs a process per completion: the slowest by far
+    assert max(VERIFIER_COSTS, key=lambda n: VERIFIER_COSTS[n].seconds_per_item) == "code"
