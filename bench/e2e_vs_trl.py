@@ -51,7 +51,7 @@ side). Its flowrl runs are the synchronous default schedule and ``auto:0``, the 
 
 Usage::
 
-    .venv/bin/python bench/e2e_vs_trl.py --task longtail --quick    # 10 steps x 8 prompts x 4
+    .venv/bin/python bench/e2e_vs_trl.py --task longtail --quick    # 10 steps x 8 prompts x 8
     .venv/bin/python bench/e2e_vs_trl.py --quick          # 1.5-3 minutes
     .venv/bin/python bench/e2e_vs_trl.py                  # the default flow's settings, 60 steps
     .venv/bin/python bench/e2e_vs_trl.py --steps 30 --batch 16 --group 8 --max-tokens 8
@@ -108,6 +108,10 @@ class BenchConfig:
     """Sampling temperature."""
     micro_batch: int = 128
     """Completions per forward/backward (TRL's ``per_device_train_batch_size``)."""
+    micro_batch_tokens: int = 0
+    """flowrl only: micro-batches of at most this many real tokens instead of ``micro_batch``
+    rows (``update(micro_batch_tokens = ...)``, veRL's dynamic batch size); 0: by rows. TRL's
+    ``GRPOTrainer`` (1.16.0) has no equivalent: it pads every micro-batch to its longest row."""
     seed: int = 0
     """Seed of both runs (data order and sampling differ between the two libraries anyway)."""
     verifier: str = "exact"
@@ -164,8 +168,10 @@ class BenchConfig:
     def check(self) -> None:
         """Raise :class:`BenchError` for settings one of the two sides cannot run."""
         rollouts = self.batch * self.group
-        if min(self.steps, self.batch, self.max_tokens, self.micro_batch, self.window) < 1 or self.threads < 0:
-            raise BenchError(f"steps, batch, max_tokens, micro_batch and window must be >= 1 and threads >= 0, "
+        if min(self.steps, self.batch, self.max_tokens, self.micro_batch, self.window) < 1 or \
+                min(self.threads, self.micro_batch_tokens) < 0:
+            raise BenchError(f"steps, batch, max_tokens, micro_batch and window must be >= 1, threads and "
+                             f"micro_batch_tokens >= 0, "
                              f"got {self}")
         if self.group < 2:
             raise BenchError(f"--group {self.group}: GRPO needs at least 2 completions per prompt")
@@ -345,6 +351,7 @@ flow main(steps: int = {steps}, eval_every: int = 0, seed: int = {seed}) {{
     clip = {clip},
     kl = {kl},
     micro_batch = {micro_batch},
+    micro_batch_tokens = {micro_batch_tokens},
     seed = seed,
   )
 }}
@@ -383,7 +390,7 @@ def write_flow(cfg: BenchConfig, model_dir: Path, train_path: Path, path: Path) 
         model=q(str(model_dir)), train=q(str(train_path)), verifier=q(cfg.verifier), steps=cfg.steps,
         seed=cfg.seed, batch=cfg.batch, group=cfg.group, max_tokens=cfg.max_tokens,
         temperature=_float(cfg.temperature), lr=_float(cfg.lr), clip=_float(cfg.clip), kl=_float(cfg.kl),
-        micro_batch=cfg.micro_batch))
+        micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens))
     return path
 
 
@@ -842,9 +849,12 @@ QUICK = {"steps": 12, "batch": 16}
 
 TASK_DEFAULTS = {
     "arith": {},
-    # flows/longtail_grpo.flow's settings, smaller batches; flowrl synchronous and what
-    # `schedule auto` picks, each against TRL; held-out accuracy every 5 steps on 128 rows.
-    "longtail": {"steps": 30, "batch": 8, "group": 4, "max_tokens": 344, "lr": 2e-4, "micro_batch": 16,
+    # flowrl synchronous and what `schedule auto` picks, each against TRL; held-out accuracy every
+    # 5 steps on 128 rows. lr 2e-4 with groups of 4 lost held-out accuracy on all three sides
+    # (0.39 -> 0.15, 0.20 and 0.03 in 30 steps: the long chains' failures teach the model to skip
+    # steps); lr 5e-5 with groups of 8 gains (0.39 -> 0.49 after 5 steps, flowrl alone).
+    "longtail": {"steps": 30, "batch": 8, "group": 8, "max_tokens": 344, "lr": 5e-5, "micro_batch": 16,
+                 "micro_batch_tokens": 2048,
                  "verifier": "final", "variants": (("vllm", 1), ("auto", 0)), "eval_every": 5,
                  "eval_rows": 128, "target": "+0.05"},
 }
@@ -863,6 +873,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
     p.add_argument("--batch", type=int, help=f"prompts per step (default {d.batch}; --quick {QUICK['batch']})")
     p.add_argument("--group", type=int, help=f"completions per prompt (default {d.group})")
     p.add_argument("--max-tokens", type=int, help=f"longest completion in tokens (default {d.max_tokens})")
+    p.add_argument("--micro-batch-tokens", type=int,
+                   help="flowrl's micro-batches by a token budget (0: by rows; longtail: 2048)")
     p.add_argument("--lr", type=float)
     p.add_argument("--kl", type=float, default=d.kl)
     p.add_argument("--micro-batch", type=int, help=f"completions per forward/backward (default {d.micro_batch})")
@@ -901,7 +913,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path, tuple[
         p.error(f"--threshold {a.threshold!r}: give a reward in [0, 1] or 'auto'")
     variants = _variants(p, a.variants) if a.variants is not None else tuple(base["variants"])
     cfg = BenchConfig(steps=pick("steps"), batch=pick("batch"), group=group, max_tokens=pick("max_tokens"),
-                      lr=pick("lr"), kl=a.kl, micro_batch=micro, seed=a.seed, verifier=pick("verifier"),
+                      lr=pick("lr"), kl=a.kl, micro_batch=micro,
+                      micro_batch_tokens=pick("micro_batch_tokens"), seed=a.seed, verifier=pick("verifier"),
                       window=a.window, threshold=threshold, threads=a.threads, variants=variants, task=a.task,
                       eval_every=pick("eval_every"), eval_rows=pick("eval_rows"),
                       **_target(p, pick("target")))

@@ -1,8 +1,32 @@
 """Suite-wide settings: estimates never depend on this machine's speed."""
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # `flowrl plan` measures the machine for gpu = "cpu" on first use (flowrl.cost.autoprofile); the suite's
 # plans, goldens and documented commands use the fixed figures instead (tests of the automatic
 # profile turn it back on for themselves)
 os.environ["FLOWRL_AUTO_PROFILE"] = "0"
+
+
+@pytest.fixture(scope="session")
+def load_bench():
+    """``load_bench("e2e_vs_trl")``: a script of ``bench/`` imported as a module (once a session)."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+            spec.loader.exec_module(module)
+            loaded[name] = module
+        return loaded[name]
+
+    return load

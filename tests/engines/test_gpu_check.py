@@ -8,7 +8,6 @@ hand (`make gpu-check`): docs/engines.md, "GPU check"."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -22,12 +21,8 @@ QUICK = ["model", "logprobs_fp32", "logprobs_bf16", "sleep_wake", "weight_ipc", 
 
 
 @pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+def gpu_check(load_bench):
+    return load_bench("gpu_check")
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:

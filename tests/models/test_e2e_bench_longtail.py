@@ -1,23 +1,16 @@
 """bench/e2e_vs_trl.py's longtail mode: its settings, the flows it writes (the synchronous one and
 `schedule auto`'s compile; auto picks an asynchronous schedule) and its time-to-accuracy rule."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "e2e_vs_trl.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("e2e_vs_trl", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench):
+    return load_bench("e2e_vs_trl")
 
 
 def test_longtail_settings_and_arith_defaults_unchanged(bench):
@@ -51,8 +44,12 @@ def test_written_flows_compile_and_auto_is_asynchronous(bench, tmp_path):
 
     build_tiny_model(model, chars=get_task("longtail").chars, hidden=64, heads=2, kv_heads=1, max_position=128)
     got = {}
+    assert cfg.micro_batch_tokens == 2048  # flowrl's update by a token budget (TRL has none)
     for v in cfg.flowrl_variants():
         flow = bench.write_flow(v, model, ROOT / "data" / "longtail" / "train.jsonl", tmp_path / f"{v.rollout}.flow")
-        got[v.flowrl_name] = bench.schedule_summary(build_plan(str(flow), steps=v.steps, save_every=v.eval_every))
+        plan = build_plan(str(flow), steps=v.steps, save_every=v.eval_every)
+        update = next(op for op in plan.ops if op.id.endswith("update"))
+        assert update.options["micro_batch_tokens"] == 2048
+        got[v.flowrl_name] = bench.schedule_summary(plan)
     assert got["flowrl"]["staleness"] == 1 and not got["flowrl"]["auto"]
     assert got["flowrl auto"]["auto"] and got["flowrl auto"]["staleness"] >= 2

@@ -1,23 +1,14 @@
 """bench/rl_feasibility.py keeps running: a few-step smoke run, and its GRPO pieces on hand-made values."""
 
-import importlib.util
-import sys
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "rl_feasibility.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("rl_feasibility", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench):
+    return load_bench("rl_feasibility")
 
 
 def test_group_advantages(bench):
