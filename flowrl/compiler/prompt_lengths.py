@@ -27,8 +27,7 @@ from functools import lru_cache
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import prompt_counter
-from flowrl.compiler.resources import DatasetFile, checked, dataset_files, text_option
-from flowrl.compiler.resources import prompt_datasets
+from flowrl.compiler.resources import DatasetFile, checked, dataset_files, prompt_datasets, text_option
 from flowrl.ir.graph import FlowGraph, Node
 
 PROMPT_ROWS = 64

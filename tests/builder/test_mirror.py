@@ -97,12 +97,15 @@ def test_mirrors_are_not_empty():
 
 @pytest.mark.parametrize("name", ["grpo_disaggregated", "arith_grpo"])
 def test_builder_mirror_plans_like_the_file(name):
-    """``Flow.plan`` is ``flowrl plan``'s lowering: the same plan, the source path aside."""
-    from flowrl.launch import build_plan
+    """``Flow.plan`` is ``flowrl plan``'s lowering: the same plan, the source path aside. Neither side
+    reads the datasets (the mirror's relative paths do not resolve from this folder, and the estimate's
+    prompt lengths come from the files where they are read: flowrl.compiler.prompt_lengths)."""
+    from flowrl.compiler.pipeline import compile_file
+    from flowrl.launch import lower_compiled
 
     path = ROOT / "flows" / f"{name}.flow"
     f = replay(path)
-    text_plan = build_plan(str(path)).to_dict()
+    text_plan = lower_compiled(compile_file(str(path), options=NO_FILES).graph).to_dict()
     built_plan = f.plan(options=NO_FILES).to_dict()
     assert _strip(built_plan) == _strip(text_plan)
 
