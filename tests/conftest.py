@@ -1,4 +1,4 @@
-"""Suite-wide settings: estimates never depend on this machine's speed."""
+"""Suite-wide settings (estimates never depend on this machine's speed) and fixtures (bench scripts as modules)."""
 
 import importlib.util
 import os
