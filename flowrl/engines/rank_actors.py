@@ -25,7 +25,7 @@ from typing import Any
 
 from flowrl.engines.base import EngineError
 from flowrl.engines.ranks import (LOCAL_RANK_ENV, RankPlacement, RankProcessError, cloudpickle_module, free_port,
-                                  run_answering, unpickled)
+                                  rank_failure, run_answering, unpickled)
 
 KILL_WAIT_S = 10.0
 """How long :meth:`ActorRanks.kill` waits for Ray to report each killed rank actor dead."""
@@ -179,18 +179,8 @@ class ActorRanks:
         return f"{self.name}-rank{rank}" + (f" ({', '.join(where)})" if where else "")
 
     def _failure(self, method: str, errors: dict[int, Any], dead: dict[int, str], timed_out: bool) -> Exception:
-        if dead:  # first: its peers' errors (a collective whose connection was reset) follow from it
-            names = tuple(self._rank_name(r) for r in sorted(dead))
-            why = "; ".join(f"{n}: {dead[r]}" for n, r in zip(names, sorted(dead)))
-            return self.error_cls(f"{self.name} rank process died during {method} ({why}); the engine was stopped",
-                                  "", names)
-        if errors:
-            rank = min(errors)
-            exc, tb = errors[rank]
-            if isinstance(exc, EngineError):
-                return exc
-            return self.error_cls(f"{self.name} rank {rank} failed in {method}: {exc}", tb)
-        return self.error_cls(f"{self.name} ranks did not answer {method} in time; the engine was stopped")
+        return rank_failure(self.error_cls, self.name, method, errors,
+                            {self._rank_name(r): dead[r] for r in sorted(dead)})
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask every rank to shut down (its worker leaves its process group), then end the actors."""

@@ -239,6 +239,23 @@ def _adopt_parent_main() -> None:
 _adopt_parent_main()
 
 
+def rank_failure(error_cls, name: str, method: str, errors: dict[int, Any], dead: dict[str, str]) -> Exception:
+    """The one error an engine's ranks report for ``method``: a rank that died first (``dead``: its
+    name -> why; its peers' errors, a collective whose connection was reset, follow from it), else
+    the lowest rank's error, else a timeout."""
+    if dead:
+        why = "; ".join(f"{n}: {w}" for n, w in dead.items())
+        return error_cls(f"{name} rank process died during {method} ({why}); the engine was stopped", "",
+                         tuple(dead))
+    if errors:
+        rank = min(errors)
+        exc, tb = errors[rank]
+        if isinstance(exc, EngineError):
+            return exc
+        return error_cls(f"{name} rank {rank} failed in {method}: {exc}", tb)
+    return error_cls(f"{name} ranks did not answer {method} in time; the engine was stopped")
+
+
 class RankGroup(Protocol):
     """What an engine asks of its ranks, however they run (:class:`ForkedRanks`, ``ActorRanks``)."""
 
@@ -326,17 +343,8 @@ class ForkedRanks:
         return [{"pid": p.pid, "node_id": None, "gpu_ids": None} for p in self.procs]
 
     def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
-        if dead:  # first: its peers' errors (a collective whose connection was reset) follow from it
-            codes = ", ".join(f"{p.name} exit code {p.exitcode}" for p in dead)
-            return self.error_cls(f"{self.name} rank process died during {method} ({codes}); the engine was stopped",
-                                  "", tuple(p.name for p in dead))
-        if errors:
-            rank = min(errors)
-            exc, tb = errors[rank]
-            if isinstance(exc, EngineError):
-                return exc
-            return self.error_cls(f"{self.name} rank {rank} failed in {method}: {exc}", tb)
-        return self.error_cls(f"{self.name} ranks did not answer {method} in time; the engine was stopped")
+        return rank_failure(self.error_cls, self.name, method, errors,
+                            {p.name: f"exit code {p.exitcode}" for p in dead})
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask every rank to shut down, then stop any process still alive."""
