@@ -267,17 +267,12 @@ def _estimate(plan: ExecutionPlan) -> list[str]:
         dists = "; ".join(f"{op}: {_dist(d)}" for op, d in a.get("response_lengths", {}).items())
         sources = a.get("prompt_source", {})
         prompts = "; ".join(dict.fromkeys(
-            f"{v:g} tokens" + (f" ({_prompt_source(sources[op])})" if op in sources else "")
+            f"{v:g} tokens" + (f" ({sources[op]})" if op in sources else "")
             for op, v in a.get("prompt_tokens", {}).items()))
         lines.append(f"  workload: prompts of {prompts or '? tokens'}; responses assumed {dists or '-'}; "
                      f"{a.get('steps_simulated')} steps simulated (seed {a.get('seed')})")
     lines += [f"  note: {n}" for n in e.notes]
     return lines
-
-
-def _prompt_source(source: str) -> str:
-    """Where a plan's prompt length came from, as the plan prints it."""
-    return source if source.startswith("assumed") else f"mean of {source}"
 
 
 _RELEASED = {"sleep": "asleep", "offload": "offloaded"}

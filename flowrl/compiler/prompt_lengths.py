@@ -27,7 +27,7 @@ from functools import lru_cache
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import prompt_counter
-from flowrl.compiler.resources import DatasetFile, checked, dataset_files, prompt_datasets, text_option
+from flowrl.compiler.resources import DatasetFile, checked, dataset_files, file_version, prompt_datasets, text_option
 from flowrl.ir.graph import FlowGraph, Node
 
 PROMPT_ROWS = 64
@@ -40,7 +40,7 @@ class PromptLength:
 
     tokens: float
     source: str
-    """E.g. ``"the first 64 rows of `../data/arith/train.jsonl`"``."""
+    """As the plan prints it, e.g. ``"mean of the first 64 rows of `../data/arith/train.jsonl`"``."""
     integer_answers: bool = False
     """Whether every one of those rows has an integer reference answer (``42``, ``"-7"``)."""
 
@@ -61,11 +61,11 @@ def measured_prompts(graph: FlowGraph, ctx: CompileContext | None) -> dict[str, 
             train = _training_file(dataset)
             if train is None:
                 continue
-            rows = _rows(str(train.path), _version(train), OPS[dataset.op].file_format,
+            rows = _rows(str(train.path), file_version(train), OPS[dataset.op].file_format,
                          text_option(dataset, "prompt") or "prompt", text_option(dataset, "answer") or "answer")
             if rows:
                 means.append(statistics.fmean(count(p) for p, _ in rows))
-                where.append(f"the first {len(rows)} rows of `{train.written}`")
+                where.append(f"mean of the first {len(rows)} rows of `{train.written}`")
                 integers = integers and all(_is_integer(a) for _, a in rows)
         if means:
             out[node.id] = PromptLength(round(statistics.fmean(means), 2), "; ".join(where), integers)
@@ -78,14 +78,6 @@ def _training_file(dataset: Node) -> DatasetFile | None:
     if spec is None or not spec.paths:
         return None
     return next((f for f in dataset_files(dataset, spec) if f.option == spec.paths[0]), None)
-
-
-def _version(f: DatasetFile):
-    try:
-        stat = f.path.stat()
-    except OSError:
-        return None
-    return stat.st_size, stat.st_mtime_ns
 
 
 _INTEGER = re.compile(r"\s*[-+]?\d+\s*")

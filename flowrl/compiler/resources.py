@@ -85,13 +85,18 @@ def read_head(file: DatasetFile, node: Node) -> str | None:
     prompt, answer = text_option(node, "prompt") or "prompt", text_option(node, "answer") or "answer"
     chat = node.attr("chat")
     chat = isinstance(chat, Const) and chat.value is True
+    bad_rows = text_option(node, "bad_rows") or "error"
+    return _head(str(file.path), file_version(file), spec.file_format, prompt, answer, shown_folder(node), chat,
+                 bad_rows)
+
+
+def file_version(file: DatasetFile) -> tuple[int, int] | None:
+    """``(size, modification time)`` of a dataset file, the key its cached reads are kept under; None if absent."""
     try:
         stat = file.path.stat()
-        version = (stat.st_size, stat.st_mtime_ns)
     except OSError:
-        version = None
-    bad_rows = text_option(node, "bad_rows") or "error"
-    return _head(str(file.path), version, spec.file_format, prompt, answer, shown_folder(node), chat, bad_rows)
+        return None
+    return stat.st_size, stat.st_mtime_ns
 
 
 @lru_cache(maxsize=256)
@@ -139,4 +144,4 @@ def prompt_datasets(graph: FlowGraph, node: Node) -> list[Node]:
     return out
 
 
-__all__ = ["checked", "folder_of", "shown_folder", "DatasetFile", "dataset_files", "read_head", "first_prompts", "text_option", "prompt_datasets"]
+__all__ = ["checked", "folder_of", "shown_folder", "DatasetFile", "dataset_files", "read_head", "file_version", "first_prompts", "text_option", "prompt_datasets"]

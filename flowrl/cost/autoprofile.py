@@ -26,7 +26,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from flowrl.cost.profiles import ProfileError, load_profile, profile_path, save_profile
+from flowrl.cost.profiles import ProfileError, cache_root, load_profile, profile_path, save_profile
 
 QUICK_SIZE = 1024
 """Matmul size of the quick benchmark (``[n, n] @ [n, n]`` fp32)."""
@@ -63,8 +63,7 @@ def machine_key(facts: dict) -> str:
 
 def cache_dir() -> Path:
     """``$FLOWRL_CACHE/profiles`` if set, else ``~/.cache/flowrl/profiles``."""
-    root = os.environ.get("FLOWRL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "flowrl") / "profiles"
+    return cache_root() / "profiles"
 
 
 def cached_path(facts: dict | None = None) -> Path:

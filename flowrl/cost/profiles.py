@@ -29,12 +29,17 @@ class ProfileError(ValueError):
     """An unknown profile name or an unreadable profile file."""
 
 
+def cache_root() -> Path:
+    """``$FLOWRL_CACHE`` if set, else ``~/.cache/flowrl`` (read each call)."""
+    root = os.environ.get("FLOWRL_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "flowrl"
+
+
 def profile_path() -> Path:
     """``$FLOWRL_PROFILE``, else ``$FLOWRL_CACHE/profile.json``, else ``~/.cache/flowrl/profile.json``."""
     if os.environ.get("FLOWRL_PROFILE"):
         return Path(os.environ["FLOWRL_PROFILE"])
-    root = os.environ.get("FLOWRL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "flowrl") / "profile.json"
+    return cache_root() / "profile.json"
 
 
 _CACHE: dict[str, tuple[float, Profile]] = {}
@@ -187,4 +192,4 @@ def _allreduce_worker(rank: int, world: int, port: int, mb: int, repeat: int, qu
 
 
 __all__ = ["Profile", "PROFILES", "CPU_FALLBACK", "ProfileError", "get_profile", "cpu_profile", "load_profile",
-           "save_profile", "profile_path", "measure"]
+           "save_profile", "profile_path", "cache_root", "measure"]

@@ -50,7 +50,7 @@ def test_the_prompt_length_is_the_mean_of_the_first_rows_counted_by_the_tokenize
     est = _estimate(_write(tmp_path, rows))
     counted = [tiny_prompt_tokens(r["prompt"]) for r in good[:PROMPT_ROWS]]
     assert est.assumptions["prompt_tokens"] == {"r": round(statistics.fmean(counted), 2)}
-    assert est.assumptions["prompt_source"] == {"r": f"the first {PROMPT_ROWS} rows of `d.jsonl`"}
+    assert est.assumptions["prompt_source"] == {"r": f"mean of the first {PROMPT_ROWS} rows of `d.jsonl`"}
     longer = [{"prompt": r["prompt"] * 3, "answer": r["answer"]} for r in good]
     assert _estimate(_write(tmp_path, longer, name="longer")).assumptions["prompt_tokens"]["r"] > 2 * statistics.fmean(counted)
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from flowrl.catalog.architectures import ARCHITECTURES, TINY_ARCHS, moe_layers
+from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.models import from_config, tiny_facts
 from flowrl.compiler.pipeline import check_file, compile_file
 from flowrl.diagnostics import FlowError
@@ -159,13 +160,18 @@ def test_schedule_auto_lays_a_moe_out_on_an_engine_that_runs_it(tmp_path):
                                                      data=ROOT / "data/arith/train.jsonl")
                     + "schedule main auto on cluster(gpus_per_node = 4)\n")
     sched = compile_file(str(path)).graph.sched
-    train, search = sched.engines["policy.train"], sched.search
+    train, search, arch = sched.engines["policy.train"], sched.search, sched.facts["policy"].architecture
     assert train.tp == 1 and train.world_size == train.pp * train.dp, train
-    assert train.kind == "megatron" or train.world_size == 1, train  # torch: one rank, no fsdp underneath
+    # the engine that runs the ranks (torch with several runs on another's: its record's multi_rank_as) runs a MoE
+    runner = ENGINES[(ENGINES[train.kind].multi_rank_as if train.world_size > 1 else None) or train.kind]
+    assert runner.architectures is None or arch in runner.architectures, train
     assert any(reason.startswith("E614") for reason in search.rejected)
-    verdicts = {(v.role, v.engine): v.verdict for v in search.engines}
-    assert verdicts[("train", "fsdp")] == "refused"
-    assert verdicts[("train", "megatron")] in ("chosen", "feasible")
+    train_verdicts = [v for v in search.engines if v.role == "train"]
+    unable = [v for v in train_verdicts if ENGINES[v.engine].architectures is not None
+              and arch not in ENGINES[v.engine].architectures]
+    assert unable and all(v.verdict == "refused" for v in unable), train_verdicts  # fsdp: E607
+    assert any(v.verdict in ("chosen", "feasible") and "tp" in ENGINES[v.engine].axes
+               for v in train_verdicts), train_verdicts  # megatron, laid out with tp = 1
 
 
 def test_check_refuses_a_tiny_moe_width_vllms_cpu_kernel_cannot_serve(tmp_path):
