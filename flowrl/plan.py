@@ -171,6 +171,14 @@ class DatasetPlan:
     eval_reward: str = ""
     """The rule verifier that scores the held-out split (``eval_reward = "math"``); empty: the flow's
     reward (:mod:`flowrl.runtime.heldout`)."""
+    completion: str = ""
+    """The field of a reference completion every row must hold (``completion = "solution"``); empty:
+    none. The runtime checks it as it checks the answer's; the plan's response lengths read it."""
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The fields every row must hold besides the prompt: the answer's, and the reference completion's."""
+        return (self.answer, self.completion) if self.completion else (self.answer,)
 
 
 @dataclass(frozen=True)

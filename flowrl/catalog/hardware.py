@@ -132,9 +132,20 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 CPU_FALLBACK = Profile(
     "cpu", "cpu", tflops=0.05, hbm_gb=8.0, hbm_gbs=5.0, nvlink_gbs=1.0, ib_gbs=0.5, pcie_gbs=5.0,
     weight_bytes=4, platform="cpu", mfu_train=0.3, mfu_forward=0.4, bw_eff=0.5, link_eff=0.8, latency_s=1e-3,
-    context_gb=0.0, disk_gbs=0.5, max_num_seqs=256, op_overhead_s=0.05, iter_overhead_s=0.01, memory_total_gb=16.0,
+    context_gb=0.0, disk_gbs=0.5, max_num_seqs=256, op_overhead_s=0.02, iter_overhead_s=2e-3, seq_overhead_s=1e-4,
+    request_overhead_s=1e-4, memory_total_gb=16.0,
     source="default figures for a small x86 machine: run `flowrl profile` to measure this one")
-"""Used for ``gpu = "cpu"`` until ``flowrl profile`` has measured the machine."""
+"""Used for ``gpu = "cpu"`` until ``flowrl profile`` has measured the machine; the automatic profile
+(:mod:`flowrl.cost.autoprofile`) measures its matmul and memcpy and keeps the rest. The overheads are
+Python's and were measured on a 2-core x86 machine (2026-12-04), where they dominate a tiny model's ops:
+
+* ``op_overhead_s`` 20 ms: a Ray round trip and the driver's handling (the driver's span of an engine
+  op less the engine's: 6-9 ms) plus the engine's work outside the model (its span less the model's
+  forward at the same batch: ~10 ms, rebuilding the batch's tensors and returning results);
+* ``seq_overhead_s`` 100 us per sequence per decode iteration of vLLM on CPU (sampling, log-probs,
+  detokenising, scheduling; 92 us timed on the engine alone from 64 to 512 sequences, 101 us fitted from
+  runs), ``iter_overhead_s`` 2 ms and ``request_overhead_s`` 100 us (each 0.1-5 ms and 0-250 us in
+  the same fits: small next to the per-sequence cost)."""
 
 
 __all__ = ["Profile", "PROFILES", "CPU_FALLBACK"]

@@ -115,8 +115,8 @@ class _Problem:
     """``(role, engine)`` -> the least seconds per step of the role's ops over its feasible layouts."""
     refused: dict = field(default_factory=dict)
     """``(role, engine)`` -> the first problem of its first layout that did not fit."""
-    prompts: dict = field(default_factory=dict)
-    """Generate op id -> its measured prompt length (:attr:`~flowrl.compiler.sched.SchedState.prompts`)."""
+    data: dict = field(default_factory=dict)
+    """Generate op id -> what its datasets say of its work (:attr:`~flowrl.compiler.sched.SchedState.data`)."""
 
 
 @dataclass
@@ -130,9 +130,9 @@ class _Choice:
 
 
 def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profile, needed: tuple, ctx,
-                    prompts: dict | None = None):
+                    data: dict | None = None):
     """The best schedule for ``graph`` under ``spec``'s cluster and limits, and the search report;
-    ``prompts``: the measured prompt lengths (:func:`~flowrl.compiler.prompt_lengths.measured_prompts`)."""
+    ``data``: the workload measured from the datasets (:func:`~flowrl.compiler.data_workload.measured_workload`)."""
     t0 = time.perf_counter()
     opts = dict(ctx.options.get("auto", {})) if ctx is not None else {}
     every = max((r.every for r in spec.resyncs.values()), default=1)
@@ -144,7 +144,7 @@ def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profi
                     train_engines=[e for e in runs if e.serves == "train"],
                     rollout_engines=[e for e in runs if e.serves == "rollout"],
                     protocols=[""] + [p.name for p in PROTOCOLS.values() if p.searched and p.support(hw.platform).ok],
-                    prompts=dict(prompts or {}))
+                    data=dict(data or {}))
     s_max = limit - every + 1
     if s_max < 1:
         r = next(r for r in spec.resyncs.values() if r.every == every)
@@ -523,7 +523,7 @@ def _state(prob: _Problem, c: _Choice) -> SchedState:
     engines, memory = with_memory(engines, pools, prob.hw)
     st = SchedState(spec, prob.facts, prob.hw, prob.needed, pools, engines, memory=memory, staleness=c.staleness,
                     pipeline=pipeline_plan(spec, c.staleness, prob.work.gens),
-                    lengths=dict(prob.options.get("lengths", {})), prompts=prob.prompts)
+                    lengths=dict(prob.options.get("lengths", {})), data=prob.data)
     resyncs = {}
     for n in prob.graph.nodes():
         if n.kind == OpKind.RESYNC:

@@ -1,14 +1,22 @@
-"""The prompt lengths a flow's generate ops will see, measured from its datasets where that is cheap.
+"""The workload a flow's generate ops will see, measured from its datasets where that is cheap.
 
-The cost model charges every generate for prefilling its prompts and every log-prob and update
-pass for the prompt tokens of each sample. A flow does not state its prompts' length, but its
-datasets hold them: for each ``generate``, the first :data:`PROMPT_ROWS` rows of the training
-file of each dataset its prompts are sampled from are counted with the model's tokenizer (where
-that is cheap: :func:`~flowrl.compiler.model_info.prompt_counter`), and the mean is the
-estimate's prompt length. Where the rows or the tokenizer cannot be read (Parquet, a large
-tokenizer, a flow compiled from memory, datasets passed in as parameters), the estimate keeps
-its assumption (:func:`~flowrl.compiler.workload.prompt_tokens`), and ``flowrl plan`` says which
-it used.
+The cost model charges every generate for prefilling its prompts and decoding its responses,
+and every log-prob and update pass for the tokens of each sample. A flow does not state these
+lengths, but its datasets hold them: for each ``generate``, the first :data:`ROWS` rows of the
+training file of each dataset its prompts are sampled from are counted with the model's
+tokenizer (where that is cheap: :func:`~flowrl.compiler.model_info.prompt_counter`):
+
+* the prompts' mean is the estimate's prompt length;
+* where the dataset names a reference completion (``completion = "solution"``: a worked
+  solution, what TRL's prompt-completion datasets call ``completion``), their mean, plus the
+  end-of-sequence token and capped at ``max_tokens``, is the responses' mean length (the
+  estimate keeps its long-tailed shape, :meth:`~flowrl.cost.sim.LengthDist.with_mean`): a
+  policy that solves the task writes about that much. Without one the responses' length stays
+  an assumption (:func:`~flowrl.compiler.workload.lengths`).
+
+Where the rows or the tokenizer cannot be read (Parquet, a large tokenizer, a flow compiled from
+memory, datasets passed in as parameters), the estimate keeps its assumptions, and ``flowrl plan``
+says which it used.
 
 A chat dataset's prompts are counted without the chat template (their messages' text): a lower
 bound of what the engine prefills.
@@ -28,48 +36,69 @@ from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import prompt_counter
 from flowrl.compiler.resources import DatasetFile, checked, dataset_files, file_version, prompt_datasets, text_option
-from flowrl.ir.graph import FlowGraph, Node
+from flowrl.data.datasets import head_rows
+from flowrl.ir.graph import Const, FlowGraph, Node
 
-PROMPT_ROWS = 64
-"""Rows of a dataset's training file whose prompts are counted (its first ones)."""
+ROWS = 64
+"""Rows of a dataset's training file that are read (its first ones)."""
 
 
 @dataclass(frozen=True)
-class PromptLength:
-    """The mean prompt length of one generate's datasets, in tokens, and where it was read."""
+class DataWorkload:
+    """What one generate's datasets say of its work: mean lengths in tokens, and where they were read."""
 
-    tokens: float
-    source: str
+    prompt_tokens: float
+    prompt_source: str
     """As the plan prints it, e.g. ``"mean of the first 64 rows of `../data/arith/train.jsonl`"``."""
     integer_answers: bool = False
     """Whether every one of those rows has an integer reference answer (``42``, ``"-7"``)."""
+    response_tokens: float | None = None
+    """Mean tokens of the rows' reference completions as responses (end-of-sequence included,
+    capped at the generate's ``max_tokens``); None where no dataset names one."""
+    response_source: str = ""
 
 
-def measured_prompts(graph: FlowGraph, ctx: CompileContext | None) -> dict[str, PromptLength]:
-    """Generate op id -> the mean prompt length of the rows it samples from, where they can be read."""
-    out: dict[str, PromptLength] = {}
+def measured_workload(graph: FlowGraph, ctx: CompileContext | None) -> dict[str, DataWorkload]:
+    """Generate op id -> what the rows it samples from say of its work, where they can be read."""
+    out: dict[str, DataWorkload] = {}
     for node in graph.nodes():
         if node.kind != OpKind.GENERATE or not node.model:
             continue
         count = prompt_counter(graph, node.model)
         if count is None:
             continue
-        means, where, integers = [], [], True
+        cap = _max_tokens(node)
+        specials = count("")  # tokens the tokenizer adds to any text (a tiny model's <bos>)
+        prompts, responses, where, refs, integers = [], [], [], [], True
         for dataset in prompt_datasets(graph, node):
             if ctx is None or not checked(dataset, ctx):
                 continue
             train = _training_file(dataset)
             if train is None:
                 continue
+            completion = text_option(dataset, "completion")
             rows = _rows(str(train.path), file_version(train), OPS[dataset.op].file_format,
-                         text_option(dataset, "prompt") or "prompt", text_option(dataset, "answer") or "answer")
-            if rows:
-                means.append(statistics.fmean(count(p) for p, _ in rows))
-                where.append(f"mean of the first {len(rows)} rows of `{train.written}`")
-                integers = integers and all(_is_integer(a) for _, a in rows)
-        if means:
-            out[node.id] = PromptLength(round(statistics.fmean(means), 2), "; ".join(where), integers)
+                         text_option(dataset, "prompt") or "prompt",
+                         (text_option(dataset, "answer") or "answer", *((completion,) if completion else ())))
+            if not rows:
+                continue
+            prompts.append(statistics.fmean(count(p) for p, _ in rows))
+            where.append(f"mean of the first {len(rows)} rows of `{train.written}`")
+            integers = integers and all(_is_integer(values[0]) for _, values in rows)
+            texts = [values[1] for _, values in rows if completion and isinstance(values[1], str)]
+            if texts:  # each written out, then the end-of-sequence token
+                responses.append(statistics.fmean(min(count(t) - specials + 1, cap) for t in texts))
+                refs.append(f"mean of the first {len(texts)} rows' `{completion}` in `{train.written}`")
+        if prompts:
+            out[node.id] = DataWorkload(
+                round(statistics.fmean(prompts), 2), "; ".join(where), integers,
+                round(statistics.fmean(responses), 2) if responses else None, "; ".join(refs))
     return out
+
+
+def _max_tokens(node: Node) -> int:
+    value = node.attr("max_tokens")
+    return int(value.value) if isinstance(value, Const) and isinstance(value.value, int) else 1 << 30
 
 
 def _training_file(dataset: Node) -> DatasetFile | None:
@@ -91,15 +120,12 @@ def _is_integer(answer) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _rows(path: str, version, file_format: str | None, prompt_field: str, answer_field: str) -> tuple:
-    """The first rows' ``(prompt, answer)`` of a file, read once per file version (a check compiles
-    every flow of a file)."""
-    from flowrl.data.datasets import head_rows
-
+def _rows(path: str, version, file_format: str | None, prompt_field: str, fields: tuple[str, ...]) -> tuple:
+    """The first rows' ``(prompt, (answer[, completion]))`` of a file, read once per file version (a check
+    compiles every flow of a file)."""
     if version is None:
         return ()
-    return tuple(head_rows(path, prompt_field=prompt_field, answer_field=answer_field, format=file_format,
-                           rows=PROMPT_ROWS))
+    return tuple(head_rows(path, prompt_field=prompt_field, fields=fields, format=file_format, rows=ROWS))
 
 
-__all__ = ["PromptLength", "measured_prompts", "PROMPT_ROWS"]
+__all__ = ["DataWorkload", "measured_workload", "ROWS"]

@@ -264,12 +264,14 @@ def _estimate(plan: ExecutionPlan) -> list[str]:
         lines.append("  utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in e.utilization.items()))
     a = e.assumptions
     if a:
-        dists = "; ".join(f"{op}: {_dist(d)}" for op, d in a.get("response_lengths", {}).items())
+        why = a.get("response_source", {})
+        dists = "; ".join(f"{op}: {_dist(d)}" + (f" ({why[op]})" if op in why else "")
+                          for op, d in a.get("response_lengths", {}).items())
         sources = a.get("prompt_source", {})
         prompts = "; ".join(dict.fromkeys(
             f"{v:g} tokens" + (f" ({sources[op]})" if op in sources else "")
             for op, v in a.get("prompt_tokens", {}).items()))
-        lines.append(f"  workload: prompts of {prompts or '? tokens'}; responses assumed {dists or '-'}; "
+        lines.append(f"  workload: prompts of {prompts or '? tokens'}; responses {dists or '-'}; "
                      f"{a.get('steps_simulated')} steps simulated (seed {a.get('seed')})")
     lines += [f"  note: {n}" for n in e.notes]
     return lines
@@ -298,7 +300,8 @@ def _phases(m: PoolMemory) -> list[str]:
 
 def _dist(d: dict) -> str:
     shape = f"sigma {d['sigma']:g}" if d.get("kind") == "lognormal" else f"alpha {d.get('alpha', 0):g}"
-    return f"{d.get('kind')} (median {d.get('median', 0):g}, {shape}) capped at {d.get('cap')}"
+    return (f"{d.get('kind')} (mean {d.get('mean', 0):.3g}, median {d.get('median', 0):.3g}, {shape}) "
+            f"capped at {d.get('cap')}")
 
 
 def _search(plan: ExecutionPlan) -> list[str]:

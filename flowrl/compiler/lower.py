@@ -165,7 +165,8 @@ def _resources(graph: FlowGraph, errors: Collector):
                                         _abspath(graph, n, ev) if ev else "", str(n.span),
                                         chat=plain(n.attr("chat")) is True,
                                         bad_rows=str(plain(n.attr("bad_rows")) or "error"),
-                                        eval_reward=str(plain(n.attr("eval_reward")) or "")))
+                                        eval_reward=str(plain(n.attr("eval_reward")) or ""),
+                                        completion=str(plain(n.attr("completion")) or "")))
         elif n.kind == OpKind.REWARD_FN:
             opts = {k: plain(v) for k, v in n.attrs}
             if n.args:

@@ -83,10 +83,11 @@ def read_head(file: DatasetFile, node: Node) -> str | None:
     :class:`~flowrl.data.datasets.DatasetError` if the runtime would refuse the file."""
     spec = OPS[node.op]
     prompt, answer = text_option(node, "prompt") or "prompt", text_option(node, "answer") or "answer"
+    fields = (answer, completion) if (completion := text_option(node, "completion")) else (answer,)
     chat = node.attr("chat")
     chat = isinstance(chat, Const) and chat.value is True
     bad_rows = text_option(node, "bad_rows") or "error"
-    return _head(str(file.path), file_version(file), spec.file_format, prompt, answer, shown_folder(node), chat,
+    return _head(str(file.path), file_version(file), spec.file_format, prompt, fields, shown_folder(node), chat,
                  bad_rows)
 
 
@@ -100,11 +101,11 @@ def file_version(file: DatasetFile) -> tuple[int, int] | None:
 
 
 @lru_cache(maxsize=256)
-def _head(path: str, version, file_format: str | None, prompt: str, answer: str, folder: str,
+def _head(path: str, version, file_format: str | None, prompt: str, fields: tuple[str, ...], folder: str,
           chat: bool = False, bad_rows: str = "error") -> str | None:
     from flowrl.data.datasets import check_head
 
-    return check_head(path, prompt_field=prompt, answer_fields=(answer,), format=file_format, relative_to=folder,
+    return check_head(path, prompt_field=prompt, answer_fields=fields, format=file_format, relative_to=folder,
                       chat=chat, bad_rows=bad_rows)
 
 

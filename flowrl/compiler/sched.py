@@ -132,10 +132,10 @@ class SchedState:
     lengths: dict = field(default_factory=dict)
     """Response-length model overrides for the estimates (``kind``, ``median``, ``sigma``), from
     ``ctx.options["lengths"]``; empty: the workload's default (flowrl.compiler.workload.lengths)."""
-    prompts: dict = field(default_factory=dict)
-    """Generate op id -> :class:`~flowrl.compiler.prompt_lengths.PromptLength` measured from its
-    datasets; a generate not in it is estimated with the assumed length
-    (:func:`~flowrl.compiler.workload.prompt_tokens`)."""
+    data: dict = field(default_factory=dict)
+    """Generate op id -> :class:`~flowrl.compiler.data_workload.DataWorkload` measured from its
+    datasets; a generate not in it is estimated with the assumed lengths
+    (:func:`~flowrl.compiler.workload.prompt_tokens`, :func:`~flowrl.compiler.workload.lengths`)."""
 
 
 # ---- engines of a flow -----------------------------------------------------------------------------

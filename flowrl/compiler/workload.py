@@ -6,11 +6,12 @@ options (``sample(size)``, ``generate(n, max_tokens)``, ``update(micro_batch, ep
 ``flowrl plan``:
 
 * prompt length: :func:`prompt_tokens` = a quarter of the model's context, at most 512, where
-  the datasets' first rows cannot be counted (:mod:`flowrl.compiler.prompt_lengths`, which the
+  the datasets' first rows cannot be counted (:mod:`flowrl.compiler.data_workload`, which the
   estimate prefers);
 * response lengths: long-tailed, lognormal with median ``max_tokens / 4`` and log-space
   sigma 1.0, capped at ``max_tokens`` (about 8% of responses hit the cap, as in
-  reasoning RL where some responses run to the limit).
+  reasoning RL where some responses run to the limit); where a dataset names reference
+  completions, the estimate keeps the shape and takes their mean (``data_workload``).
 
 >>> from flowrl.compiler.pipeline import compile_text
 >>> g = compile_text('''

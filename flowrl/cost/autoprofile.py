@@ -6,9 +6,10 @@ a :data:`QUICK_COPY_MB` MB memcpy; no gloo) runs in a child process (``plan`` it
 never imports torch) and its profile is cached as
 ``$FLOWRL_CACHE/profiles/cpu-<key>.json`` (default ``~/.cache/flowrl/profiles``), the key
 hashing the machine facts a measurement depends on (:func:`machine_facts`: CPU model,
-core count, torch version). An explicit profile (``$FLOWRL_PROFILE`` or the
-``flowrl profile`` file) wins; ``FLOWRL_AUTO_PROFILE=0`` turns it off (the test suite
-does, so that estimates there never depend on the machine).
+core count, torch version) and the figures it keeps from the built-in ``cpu`` profile. An
+explicit profile (``$FLOWRL_PROFILE`` or the ``flowrl profile`` file) wins;
+``FLOWRL_AUTO_PROFILE=0`` turns it off (the test suite does, so that estimates there never
+depend on the machine).
 
 >>> key = machine_key({"cpu": "x", "cores": 2, "torch_version": "2.13.0"})
 >>> len(key), key == machine_key({"torch_version": "2.13.0", "cores": 2, "cpu": "x"})
@@ -26,6 +27,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from flowrl.catalog.hardware import CPU_FALLBACK
 from flowrl.cost.profiles import ProfileError, cache_root, load_profile, profile_path, save_profile
 
 QUICK_SIZE = 1024
@@ -57,8 +59,10 @@ def machine_facts() -> dict:
 
 
 def machine_key(facts: dict) -> str:
-    """A short stable hash of ``facts`` (key order does not matter)."""
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    """A short stable hash of ``facts`` (key order does not matter) and of the figures the benchmark
+    keeps from :data:`~flowrl.catalog.hardware.CPU_FALLBACK` (new figures there measure again)."""
+    kept = {k: v for k, v in CPU_FALLBACK.to_dict().items() if k != "source"}
+    return hashlib.sha256(json.dumps({**facts, "kept": kept}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:

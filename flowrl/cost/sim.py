@@ -102,28 +102,40 @@ class LengthDist:
 
     def with_mean(self, mean: float) -> "LengthDist":
         """The same shape (sigma or alpha, cap) with the median that gives this ``mean`` in tokens
-        (a measured average response length); the cap when ``mean`` is at or above it."""
-        if mean >= self.cap:
-            return replace(self, median=float(self.cap))
-        lo, hi = 1e-3, float(self.cap)
-        for _ in range(60):  # the capped mean rises monotonically with the median: bisect
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if replace(self, median=mid).mean() < mean else (lo, mid)
-        return replace(self, median=round((lo + hi) / 2, 6))
+        (a measured average response length). The median may lie above the cap: a mean near the
+        cap means most responses hit it; at or above the cap, every one does (to within 1e-4)."""
+        return _with_mean(self, float(mean))
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "median": self.median, "cap": self.cap}
         d.update({"sigma": self.sigma} if self.kind == "lognormal" else {"alpha": self.alpha})
-        return d
+        return {**d, "mean": round(self.mean(), 2)}
 
 
 TABLE = 16384
 """Quantiles per length table (the largest is the 1 - 1/32768 quantile)."""
+SATURATED = 1e4
+"""A median this many times the cap puts all but a 1e-4 share of a lognormal (sigma up to 2.4)
+or Pareto (alpha from 1) length distribution at the cap."""
 
 
 @lru_cache(maxsize=256)
 def _table(d: LengthDist) -> list[int]:
     return [int(min(max(round(d.quantile((i + 0.5) / TABLE)), 1), d.cap)) for i in range(TABLE)]
+
+
+@lru_cache(maxsize=256)
+def _with_mean(d: LengthDist, mean: float) -> LengthDist:
+    """:meth:`LengthDist.with_mean`, once per distribution and mean (each estimate of a plan asks again)."""
+    top = float(d.cap) * SATURATED
+    if mean >= d.cap:
+        at_cap = replace(d, median=float(d.cap))  # enough when nothing spreads the lengths
+        return at_cap if at_cap.mean() >= d.cap else replace(d, median=top)
+    lo, hi = 1e-3, top
+    for _ in range(60):  # the capped mean rises monotonically with the median: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if replace(d, median=mid).mean() < mean else (lo, mid)
+    return replace(d, median=round((lo + hi) / 2, 6))
 
 
 @lru_cache(maxsize=4096)

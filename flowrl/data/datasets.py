@@ -168,24 +168,24 @@ def check_head(
     raise DatasetError(f"{p}: dataset is empty; hint: a training run needs at least one row")
 
 
-def head_rows(path: str | Path, *, prompt_field: str = "prompt", answer_field: str = "answer",
-              format: str | None = None, rows: int = 64) -> list[tuple[str, Any]]:
-    """``(prompt, answer)`` of the first ``rows`` rows of a JSON-lines file that have a prompt (as
-    :func:`check_head` returns it; the answer None where the row has none), reading no further;
-    rows that are not JSON objects with a non-empty prompt are passed over (:func:`check_head` is
-    what reports them). Parquet files, whose values are not decoded here, and files that cannot
-    be read give ``[]``.
+def head_rows(path: str | Path, *, prompt_field: str = "prompt", fields: tuple[str, ...] = ("answer",),
+              format: str | None = None, rows: int = 64) -> list[tuple[str, tuple]]:
+    """``(prompt, (value of each of fields))`` of the first ``rows`` rows of a JSON-lines file that
+    have a prompt (as :func:`check_head` returns it; a value None where the row has no such field),
+    reading no further; rows that are not JSON objects with a non-empty prompt are passed over
+    (:func:`check_head` is what reports them). Parquet files, whose values are not decoded here,
+    and files that cannot be read give ``[]``.
 
     >>> import tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "d.jsonl")
     >>> _ = open(f, "w").write('{"prompt": "1+1=", "answer": 2}\\nnot json\\n{"prompt": "2+3="}\\n{"prompt": "4="}\\n')
     >>> head_rows(f, rows=2)
-    [('1+1=', 2), ('2+3=', None)]
+    [('1+1=', (2,)), ('2+3=', (None,))]
     """
     p = Path(path)
     if (format or p.suffix.lower()) != ".jsonl":
         return []
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, tuple]] = []
     try:
         with p.open("rb") as f:
             for raw in f:
@@ -198,7 +198,7 @@ def head_rows(path: str | Path, *, prompt_field: str = "prompt", answer_field: s
                 prompt = row.get(prompt_field) if isinstance(row, dict) else None
                 if (isinstance(prompt, str) and prompt.strip()) or (isinstance(prompt, list) and prompt
                                                                     and message_problem(prompt) is None):
-                    out.append((prompt_words(prompt), row.get(answer_field)))
+                    out.append((prompt_words(prompt), tuple(row.get(k) for k in fields)))
     except OSError:
         return []
     return out

@@ -37,7 +37,7 @@ def _read(d: DatasetPlan, path: str, suffix: str, check: RowCheck | None, skippe
     from flowrl.pyrefs import folder_of
 
     # A missing file's message names the folder the flow's relative paths were resolved against.
-    return load_rows(path, prompt_field=d.prompt, answer_fields=(d.answer,), format=suffix,
+    return load_rows(path, prompt_field=d.prompt, answer_fields=d.row_fields, format=suffix,
                      relative_to=folder_of(d.origin), chat=d.chat, bad_rows=d.bad_rows, check=check, skipped=skipped)
 
 

@@ -99,7 +99,7 @@ def test_mirrors_are_not_empty():
 def test_builder_mirror_plans_like_the_file(name):
     """``Flow.plan`` is ``flowrl plan``'s lowering: the same plan, the source path aside. Neither side
     reads the datasets (the mirror's relative paths do not resolve from this folder, and the estimate's
-    prompt lengths come from the files where they are read: flowrl.compiler.prompt_lengths)."""
+    prompt lengths come from the files where they are read: flowrl.compiler.data_workload)."""
     from flowrl.compiler.pipeline import compile_file
     from flowrl.launch import lower_compiled
 

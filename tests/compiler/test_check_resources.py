@@ -125,6 +125,13 @@ def test_custom_field_names_and_only_the_first_row_is_read(tmp):
     assert "missing field 'answer'" in only(codes_of(path), "E602").message
 
 
+def test_a_named_reference_completion_is_a_field_every_row_must_hold(tmp):
+    write_jsonl(tmp / "q.jsonl", [{"prompt": "1+1=", "answer": "2", "solution": "1+1=2"}])
+    assert codes_of(flow(tmp, TINY + 'dataset d = jsonl("q.jsonl", completion = "solution")')) == []
+    path = flow(tmp, TINY + 'dataset d = jsonl("q.jsonl", completion = "worked")')
+    assert "line 1, cannot be read as `jsonl`: missing field 'worked'" in only(codes_of(path), "E602").message
+
+
 def test_not_utf8_is_refused(tmp):
     (tmp / "latin.jsonl").write_bytes(b'{"prompt": "caf\xe9", "answer": "x"}\n')
     path = flow(tmp, TINY + 'dataset d = jsonl("latin.jsonl")')

@@ -1,4 +1,5 @@
-"""The estimate's workload read from the flow's datasets: prompt lengths and verifiers' fast paths."""
+"""The estimate's workload read from the flow's datasets: prompt and reference completion lengths, verifiers'
+fast paths."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from flowrl.catalog.models import tiny_prompt_tokens
 from flowrl.catalog.ops import OPS, VERIFIER_COSTS
 from flowrl.compiler.explain import describe_plan
 from flowrl.compiler.pipeline import compile_file, compile_text
-from flowrl.compiler.prompt_lengths import PROMPT_ROWS
+from flowrl.compiler.data_workload import ROWS
 from flowrl.compiler.workload import prompt_tokens
 from flowrl.compiler.lower import lower
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 FLOW = '''
 model m = tiny(task = "arith")
-dataset d = jsonl("{data}")
+dataset d = jsonl("{data}"{options})
 reward v = verifier("{verifier}")
 flow f() {{
   r = generate(m, sample(d, size = 16), n = 4, max_tokens = 8)
@@ -29,13 +30,13 @@ flow f() {{
 '''
 
 
-def _write(tmp_path: Path, rows: list[dict], verifier: str = "math", name: str = "t") -> Path:
+def _write(tmp_path: Path, rows: list[dict], verifier: str = "math", name: str = "t", options: str = "") -> Path:
     tmp_path = tmp_path / name
     tmp_path.mkdir(exist_ok=True)
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     flow = tmp_path / "t.flow"
-    flow.write_text(FLOW.format(data="d.jsonl", verifier=verifier))
+    flow.write_text(FLOW.format(data="d.jsonl", verifier=verifier, options=options))
     return flow
 
 
@@ -44,19 +45,19 @@ def _estimate(flow: Path):
 
 
 def test_the_prompt_length_is_the_mean_of_the_first_rows_counted_by_the_tokenizer(tmp_path):
-    rows = [{"prompt": "1+" * (i % 7) + "1=", "answer": str(i % 7 + 1)} for i in range(PROMPT_ROWS + 40)]
+    rows = [{"prompt": "1+" * (i % 7) + "1=", "answer": str(i % 7 + 1)} for i in range(ROWS + 40)]
     good = rows[:3] + rows[4:]
     rows[3] = {"prompt": "", "answer": "1"}  # a bad row: not counted (check_resources reports such a file)
     est = _estimate(_write(tmp_path, rows))
-    counted = [tiny_prompt_tokens(r["prompt"]) for r in good[:PROMPT_ROWS]]
+    counted = [tiny_prompt_tokens(r["prompt"]) for r in good[:ROWS]]
     assert est.assumptions["prompt_tokens"] == {"r": round(statistics.fmean(counted), 2)}
-    assert est.assumptions["prompt_source"] == {"r": f"mean of the first {PROMPT_ROWS} rows of `d.jsonl`"}
+    assert est.assumptions["prompt_source"] == {"r": f"mean of the first {ROWS} rows of `d.jsonl`"}
     longer = [{"prompt": r["prompt"] * 3, "answer": r["answer"]} for r in good]
     assert _estimate(_write(tmp_path, longer, name="longer")).assumptions["prompt_tokens"]["r"] > 2 * statistics.fmean(counted)
 
 
 def test_without_readable_rows_the_prompt_length_is_assumed():
-    g = compile_text(FLOW.format(data="nowhere.jsonl", verifier="math"), "mem.flow", allow_missing=True)
+    g = compile_text(FLOW.format(data="nowhere.jsonl", verifier="math", options=""), "mem.flow", allow_missing=True)
     a = g.sched.estimate.assumptions
     assert a["prompt_tokens"] == {"r": prompt_tokens(g.sched.facts["m"])}
     assert a["prompt_source"] == {"r": "assumed: a quarter of the model's context"}
@@ -65,7 +66,7 @@ def test_without_readable_rows_the_prompt_length_is_assumed():
 def test_the_plan_says_where_the_prompt_length_came_from():
     text = describe_plan(lower(compile_file(str(ROOT / "flows" / "arith_grpo.flow")).graph), explain=True)
     line = next(x for x in text.splitlines() if x.strip().startswith("workload:"))
-    assert f"(mean of the first {PROMPT_ROWS} rows of `../data/arith/train.jsonl`)" in line
+    assert f"(mean of the first {ROWS} rows of `../data/arith/train.jsonl`)" in line
 
 
 def _score_s(flow: Path) -> float:
@@ -77,7 +78,7 @@ def _score_s(flow: Path) -> float:
 def test_math_verifier_is_costed_by_its_fast_path_on_integer_answers(tmp_path, answers, integer):
     rows = [{"prompt": f"{i}+1=", "answer": answers[i % 3]} for i in range(30)]
     flow = _write(tmp_path, rows)
-    assert compile_file(str(flow)).graph.sched.prompts["r"].integer_answers is integer
+    assert compile_file(str(flow)).graph.sched.data["r"].integer_answers is integer
     slow, fast = VERIFIER_COSTS["math"].seconds_per_item, VERIFIER_COSTS["math"].integer_seconds_per_item
     overhead = _score_s(_write(tmp_path, rows, "exact", "exact")) - 64 * VERIFIER_COSTS["exact"].seconds_per_item / 2
     assert _score_s(flow) == pytest.approx(overhead + 64 * (fast if integer else slow) / 2, rel=1e-6)
@@ -88,3 +89,53 @@ def test_every_builtin_verifier_has_a_cost_record():
     assert all(c.seconds_per_item > 0 for c in VERIFIER_COSTS.values())
     # the sandboxed one runs a process per completion: the slowest by far
     assert max(VERIFIER_COSTS, key=lambda n: VERIFIER_COSTS[n].seconds_per_item) == "code"
+
+
+def _solved(i: int) -> dict:
+    """A row whose reference completion is ``i % 9 + 1`` characters (tiny tokenizer: one token each)."""
+    return {"prompt": f"{i}+0=", "answer": str(i), "solution": "1" * (i % 9 + 1)}
+
+
+def test_a_reference_completion_sets_the_responses_mean_length(tmp_path):
+    rows = [_solved(i) for i in range(ROWS + 10)]
+    est = _estimate(_write(tmp_path, rows, options=', completion = "solution"'))
+    # each written out, then <eos>; max_tokens is 8
+    expected = statistics.fmean(min(len(r["solution"]) + 1, 8) for r in rows[:ROWS])
+    assert est.assumptions["response_lengths"]["r"]["mean"] == pytest.approx(expected, rel=0.02)
+    assert est.assumptions["response_source"] == {"r": f"mean of the first {ROWS} rows' `solution` in `d.jsonl`"}
+    # without the option the same rows leave the length to the assumption (a median of max_tokens / 4)
+    plain = _estimate(_write(tmp_path, rows, name="plain"))
+    assert plain.assumptions["response_lengths"]["r"]["median"] == 2
+    assert plain.assumptions["response_source"]["r"].startswith("assumed")
+    # and longer responses cost more
+    assert est.step_s > plain.step_s
+
+
+def test_reference_completions_longer_than_max_tokens_count_as_capped(tmp_path):
+    rows = [{**_solved(i), "solution": "1" * 40} for i in range(20)]  # 41 tokens with <eos>; max_tokens is 8
+    g = compile_file(str(_write(tmp_path, rows, options=', completion = "solution"'))).graph
+    assert g.sched.data["r"].response_tokens == 8
+    assert g.sched.estimate.assumptions["response_lengths"]["r"]["mean"] == 8
+
+
+def test_the_longtail_plan_expects_responses_as_long_as_its_solutions():
+    rows = [json.loads(line) for line in (ROOT / "data" / "longtail" / "train.jsonl").read_text().splitlines()[:ROWS]]
+    g = compile_file(str(ROOT / "flows" / "longtail_grpo.flow")).graph
+    op = next(iter(g.sched.data))
+    expected = statistics.fmean(len(r["solution"]) + 1 for r in rows)  # the task's tokenizer: one per character
+    assert g.sched.data[op].response_tokens == pytest.approx(expected, abs=0.01)
+    line = next(x for x in describe_plan(lower(g), explain=True).splitlines() if x.strip().startswith("workload:"))
+    assert f"(mean of the first {ROWS} rows' `solution` in `../data/longtail/train.jsonl`)" in line
+
+
+def test_the_runtime_refuses_a_row_without_the_named_completion(tmp_path):
+    from flowrl.data.datasets import DatasetError
+    from flowrl.plan import DatasetPlan
+    from flowrl.runtime.data import jsonl
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(_solved(1)) + "\n" + json.dumps({"prompt": "2+0=", "answer": "2"}) + "\n")
+    plan = DatasetPlan("d", "jsonl", str(data), "prompt", "answer", "", "t.flow:2:1", completion="solution")
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: missing field 'solution'"):
+        jsonl(plan)
+    assert len(jsonl(DatasetPlan("d", "jsonl", str(data), "prompt", "answer", "", "t.flow:2:1")).rows) == 2

@@ -102,3 +102,13 @@ def test_quick_benchmark_measures_this_machine(cache):
     prof = load_profile(path)
     assert fresh and prof.tflops > 0 and prof.hbm_gbs > 0 and prof.platform == "cpu"
     assert autoprofile.machine_facts()["cpu"] in prof.source
+
+
+def test_new_kept_figures_measure_again(cache, monkeypatch):
+    # The benchmark measures matmul and memcpy and keeps the built-in figures (overheads...): a
+    # profile cached under older figures is not reused once they change.
+    calls: list = []
+    autoprofile.auto_profile(FACTS, bench=writer(calls))
+    monkeypatch.setattr(autoprofile, "CPU_FALLBACK", replace(CPU_FALLBACK, op_overhead_s=CPU_FALLBACK.op_overhead_s * 2))
+    path, fresh = autoprofile.auto_profile(FACTS, bench=writer(calls))
+    assert fresh and len(calls) == 2 and calls[0] != calls[1] == path

@@ -6,8 +6,8 @@ runs on its platform).
 Guarantees: ``graph.sched`` is a :class:`~flowrl.compiler.sched.SchedState` holding the
 schedule as data (:class:`~flowrl.compiler.sched.ScheduleSpec`: the ``schedule`` block, or
 the default schedule of a flow without one), the facts of every model, the cluster's
-hardware profile (and so its platform), the engines the flow uses and the prompt lengths
-measured from its datasets (:mod:`flowrl.compiler.prompt_lengths`). For
+hardware profile (and so its platform), the engines the flow uses and the prompt and
+reference completion lengths measured from its datasets (:mod:`flowrl.compiler.data_workload`). For
 ``schedule ... auto`` the spec is the winner of :func:`flowrl.compiler.auto.search_schedule`
 (placement x layouts x staleness x protocol, every candidate checked by the same
 library functions the later passes apply) and ``search`` its report; E436 when nothing
@@ -29,7 +29,7 @@ from dataclasses import replace
 from flowrl.compiler.auto import search_schedule
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import model_facts
-from flowrl.compiler.prompt_lengths import measured_prompts
+from flowrl.compiler.data_workload import measured_workload
 from flowrl.compiler.sched import SchedState, engines_needed, spec_from_ast
 from flowrl.cost.profiles import get_profile
 from flowrl.ir.graph import FlowGraph
@@ -41,12 +41,12 @@ def choose_schedule(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     hw = get_profile(str(spec.cluster["gpu"]), int(spec.cluster["gpus_per_node"]))
     needed = engines_needed(graph)
     search = None
-    prompts = measured_prompts(graph, ctx)
+    data = measured_workload(graph, ctx)
     if spec.auto:
-        spec, search = search_schedule(graph, spec, facts, hw, needed, ctx, prompts)
+        spec, search = search_schedule(graph, spec, facts, hw, needed, ctx, data)
     lengths = dict(ctx.options.get("lengths", {})) if ctx is not None else {}
     state = SchedState(spec, facts, hw, needed, staleness=spec.staleness, search=search, lengths=lengths,
-                       prompts=prompts)
+                       data=data)
     return replace(graph, sched=state)
 
 

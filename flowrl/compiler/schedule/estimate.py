@@ -29,9 +29,9 @@ from flowrl.catalog.models import ModelFacts, tiny_facts
 from flowrl.catalog.ops import OPS, PRODUCER_KINDS, RESOURCE_KINDS, OpKind
 from flowrl.compiler.sched import SchedState
 from flowrl.compiler.schedule.layouts import micro_batch
-from flowrl.compiler.workload import Workload, lengths, prompt_tokens
+from flowrl.compiler.workload import LENGTH_MEDIAN_FRACTION, Workload, lengths, prompt_tokens
 from flowrl.cost import model as cm
-from flowrl.cost.sim import GenPhase, Phase, PhaseKind, SimSpec, simulate
+from flowrl.cost.sim import GenPhase, LengthDist, Phase, PhaseKind, SimSpec, simulate
 from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node, Ref
 from flowrl.plan import CostPlan, EnginePlan, OpCost
 
@@ -66,9 +66,10 @@ def estimate(graph: FlowGraph, st: SchedState, work: Workload, steps: int = SIM_
               f"enough groups: dynamic sampling), so {g.generated} completions are generated for {g.samples} trained"
               for g in work.gens if g.draws > 1]
     assumptions = {"prompt_tokens": {g.op: prompt_len(st, g.op, g.model) for g in work.gens},
-                   "prompt_source": {g.op: st.prompts[g.op].source if g.op in st.prompts
+                   "prompt_source": {g.op: st.data[g.op].prompt_source if g.op in st.data
                                      else "assumed: a quarter of the model's context" for g in work.gens},
                    "response_lengths": {op: d.to_dict() for op, d in dists.items()},
+                   "response_source": {op: response_source(st, op) for op in dists},
                    "steps_simulated": res.steps, "warmup_steps": res.warmup, "seed": seed}
     return CostPlan(
         profile=_profile_label(st), step_s=round(res.step_s, 6), samples_per_s=round(res.samples_per_s, 4),
@@ -257,9 +258,29 @@ def _generate_ancestors(graph: FlowGraph, order: list[Node]) -> dict[str, str]:
 
 
 def prompt_len(st: SchedState, op: str, model: str | None) -> float:
-    """Mean prompt tokens of generate ``op``: measured from its datasets (``st.prompts``), else assumed."""
-    found = st.prompts.get(op)
-    return found.tokens if found is not None else prompt_tokens(st.facts.get(model) if model else None)
+    """Mean prompt tokens of generate ``op``: measured from its datasets (``st.data``), else assumed."""
+    found = st.data.get(op)
+    return found.prompt_tokens if found is not None else prompt_tokens(st.facts.get(model) if model else None)
+
+
+def response_lengths(st: SchedState, op: str, max_tokens: int) -> LengthDist:
+    """The response lengths of generate ``op``: the assumed long tail (``st.lengths`` overrides it),
+    with the mean of its datasets' reference completions where they name one and nothing overrides it."""
+    dist = lengths(max_tokens, **st.lengths)
+    found = st.data.get(op)
+    if st.lengths or found is None or found.response_tokens is None:
+        return dist
+    return dist.with_mean(found.response_tokens)
+
+
+def response_source(st: SchedState, op: str) -> str:
+    """Where :func:`response_lengths` took its mean from, as the plan prints it."""
+    found = st.data.get(op)
+    if st.lengths:
+        return "as the compile options say"
+    if found is None or found.response_tokens is None:
+        return f"assumed: a median of max_tokens x {LENGTH_MEDIAN_FRACTION:g}"
+    return found.response_source
 
 
 def _facts(st: SchedState, model: str | None) -> ModelFacts:
@@ -271,7 +292,7 @@ def _expected_tokens(st: SchedState, work: Workload) -> dict[str, float]:
     """Generate op id -> expected trained tokens per step (prompt + mean response, per sample)."""
     out = {}
     for g in work.gens:
-        d = lengths(g.max_tokens, **st.lengths)
+        d = response_lengths(st, g.op, g.max_tokens)
         out[g.op] = g.samples * (prompt_len(st, g.op, g.model) + d.mean())
     return out
 
@@ -301,7 +322,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         if g is None:
             return None, None
         f = _facts(st, n.model)
-        dist = lengths(g.max_tokens, **st.lengths)
+        dist = response_lengths(st, n.id, g.max_tokens)
         dists[n.id] = dist
         ptoks = max(int(round(prompt_len(st, n.id, n.model))), 1)  # as the simulator counts them
         seq = ptoks + g.max_tokens
@@ -352,7 +373,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
                       label=OpKind.RESYNC.value, every=plan.every if plan is not None else 1),
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.SCORE:
-        found = st.prompts.get(src_gen)
+        found = st.data.get(src_gen)
         per_sample, workers = _reward_cost(graph, n, found is not None and found.integer_answers)
         secs = cm.reward_s(per_sample, rows, workers) + hw.op_overhead_s
         return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
