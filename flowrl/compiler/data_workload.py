@@ -19,7 +19,7 @@ memory, datasets passed in as parameters), the estimate keeps its assumptions, a
 says which it used.
 
 A chat dataset's prompts are counted without the chat template (their messages' text): a lower
-bound of what the engine prefills.
+bound of what the engine prefills; a chat completion (a list of messages) counts its messages' text.
 
 The same rows say whether every reference answer is an integer, which is what a verifier's
 fast path depends on (:attr:`~flowrl.catalog.ops.VerifierCost.integer_seconds_per_item`).
@@ -36,6 +36,7 @@ from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import prompt_counter
 from flowrl.compiler.resources import DatasetFile, checked, dataset_files, file_version, prompt_datasets, text_option
+from flowrl.data.chat import message_problem, prompt_words
 from flowrl.data.datasets import head_rows
 from flowrl.ir.graph import Const, FlowGraph, Node
 
@@ -85,7 +86,7 @@ def measured_workload(graph: FlowGraph, ctx: CompileContext | None) -> dict[str,
             prompts.append(statistics.fmean(count(p) for p, _ in rows))
             where.append(f"mean of the first {len(rows)} rows of `{train.written}`")
             integers = integers and all(_is_integer(values[0]) for _, values in rows)
-            texts = [values[1] for _, values in rows if completion and isinstance(values[1], str)]
+            texts = [_text(values[1]) for _, values in rows if completion and _text(values[1]) is not None]
             if texts:  # each written out, then the end-of-sequence token
                 responses.append(statistics.fmean(min(count(t) - specials + 1, cap) for t in texts))
                 refs.append(f"mean of the first {len(texts)} rows' `{completion}` in `{train.written}`")
@@ -107,6 +108,14 @@ def _training_file(dataset: Node) -> DatasetFile | None:
     if spec is None or not spec.paths:
         return None
     return next((f for f in dataset_files(dataset, spec) if f.option == spec.paths[0]), None)
+
+
+def _text(completion) -> str | None:
+    """A reference completion's text: a string, or a chat completion's messages' contents (TRL's
+    conversational format); None for anything else."""
+    if isinstance(completion, str):
+        return completion
+    return prompt_words(completion) if message_problem(completion) is None else None
 
 
 _INTEGER = re.compile(r"\s*[-+]?\d+\s*")

@@ -139,3 +139,11 @@ def test_the_runtime_refuses_a_row_without_the_named_completion(tmp_path):
     with pytest.raises(DatasetError, match=r"d\.jsonl:2: missing field 'solution'"):
         jsonl(plan)
     assert len(jsonl(DatasetPlan("d", "jsonl", str(data), "prompt", "answer", "", "t.flow:2:1")).rows) == 2
+
+
+def test_a_chat_completion_counts_its_messages_text(tmp_path):
+    # TRL's conversational prompt-completion rows: the completion a list of assistant messages
+    rows = [{"prompt": f"{i}+0=", "answer": str(i), "solution": [{"role": "assistant", "content": "1" * (i % 5 + 1)}]}
+            for i in range(20)]
+    g = compile_file(str(_write(tmp_path, rows, options=', completion = "solution"'))).graph
+    assert g.sched.data["r"].response_tokens == pytest.approx(statistics.fmean(i % 5 + 2 for i in range(20)))
