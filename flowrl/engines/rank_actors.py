@@ -164,11 +164,11 @@ class ActorRanks:
             if pending and (dead or now > deadline or (first_error is not None and now - first_error > grace_s)):
                 # Ranks blocked in a collective with a failed peer never return: stop them all.
                 self.kill()
-                raise self._failure(method, errors, dead, now > deadline)
+                raise self._failure(method, errors, dead)
         if dead:
             self.kill()
         if dead or errors:  # every rank answered an error: they are alive and in step (the engine stays usable)
-            raise self._failure(method, errors, dead, False)
+            raise self._failure(method, errors, dead)
         return [results[r] for r in ranks]
 
     def _rank_name(self, rank: int) -> str:
@@ -178,7 +178,7 @@ class ActorRanks:
         where += [f"Ray node {node_id[:8]}"] if node_id else []
         return f"{self.name}-rank{rank}" + (f" ({', '.join(where)})" if where else "")
 
-    def _failure(self, method: str, errors: dict[int, Any], dead: dict[int, str], timed_out: bool) -> Exception:
+    def _failure(self, method: str, errors: dict[int, Any], dead: dict[int, str]) -> Exception:
         return rank_failure(self.error_cls, self.name, method, errors,
                             {self._rank_name(r): dead[r] for r in sorted(dead)})
 

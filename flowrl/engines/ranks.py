@@ -334,15 +334,15 @@ class ForkedRanks:
             if dead or now > deadline or (first_error is not None and now - first_error > grace_s):
                 # Ranks blocked in a collective with a failed peer never return: stop them all.
                 self.kill()
-                raise self._failure(method, errors, dead, now > deadline)
+                raise self._failure(method, errors, dead)
         if errors:
-            raise self._failure(method, errors, [], False)
+            raise self._failure(method, errors, [])
         return [results[r] for r in range(self.world)]
 
     def locations(self) -> list[dict]:
         return [{"pid": p.pid, "node_id": None, "gpu_ids": None} for p in self.procs]
 
-    def _failure(self, method: str, errors: dict[int, Any], dead: list[Any], timed_out: bool) -> Exception:
+    def _failure(self, method: str, errors: dict[int, Any], dead: list[Any]) -> Exception:
         return rank_failure(self.error_cls, self.name, method, errors,
                             {p.name: f"exit code {p.exitcode}" for p in dead})
 

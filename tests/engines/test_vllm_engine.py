@@ -71,6 +71,27 @@ def test_stop_strings(engine):
     contract.check_stop_strings(engine)
 
 
+def test_vllm_detokenises_only_for_stop_strings(engine, monkeypatch):
+    """Without stop strings vLLM is asked for tokens only and the adapter decodes each completion once;
+    with them vLLM must detokenise as it decodes (it matches stop strings on text)."""
+    sent = []
+    generate = engine.llm.generate
+
+    def spy(prompts, params, **kw):
+        sent.extend(params)
+        return generate(prompts, params, **kw)
+
+    monkeypatch.setattr(engine.llm, "generate", spy)
+    prompts = [encode("12+34="), encode("5+6=")]
+    plain = engine.generate(prompts, SamplingSpec(n=2, max_tokens=6, seed=3))
+    assert sent and not any(p.detokenize for p in sent)
+    tokenizer = engine.llm.get_tokenizer()
+    assert all(c.text == tokenizer.decode(list(c.response_ids), skip_special_tokens=True) for g in plain for c in g)
+    sent.clear()
+    engine.generate(prompts, SamplingSpec(n=2, max_tokens=6, seed=3, stop=("=",)))
+    assert sent and all(p.detokenize for p in sent)
+
+
 def test_update_weights(engine, tiny_model_dir):
     contract.check_update_weights(engine, tiny_model_dir)
 
