@@ -177,8 +177,14 @@ class DatasetPlan:
 
     @property
     def row_fields(self) -> tuple[str, ...]:
-        """The fields every row must hold besides the prompt: the answer's, and the reference completion's."""
-        return (self.answer, self.completion) if self.completion else (self.answer,)
+        """The fields every row must hold besides the prompt (:func:`row_fields`)."""
+        return row_fields(self.answer, self.completion)
+
+
+def row_fields(answer: str, completion: str = "") -> tuple[str, ...]:
+    """The fields every row of a dataset must hold besides the prompt: the answer's, and the reference
+    completion's when one is named. ``check`` reads a file's first row with them, ``run`` every row."""
+    return (answer, completion) if completion else (answer,)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from flowrl.cache import cache_root
+from flowrl.catalog.models import TINY_DEFAULTS, TINY_INTERMEDIATE, TINY_MAX_LEN, tiny_shape
 from flowrl.tasks import get_task
 
 CACHE_VERSION = 3
@@ -28,18 +29,18 @@ class TinyModelConfig:
 
     arch: str = "llama"
     """The family: a key of :data:`~flowrl.catalog.architectures.TINY_ARCHS` ("llama", "qwen3", "gpt2"...)."""
-    hidden: int = 128
+    hidden: int = TINY_DEFAULTS["hidden"]
     """Residual width."""
-    layers: int = 2
+    layers: int = TINY_DEFAULTS["layers"]
     """Decoder blocks."""
-    heads: int = 4
+    heads: int = TINY_DEFAULTS["heads"]
     """Query heads; the head size hidden / heads must be one vLLM's CPU attention takes
     (:data:`flowrl.catalog.models.CPU_HEAD_SIZES`)."""
-    kv_heads: int = 2
+    kv_heads: int = TINY_DEFAULTS["kv_heads"]
     """Key/value heads (grouped-query attention)."""
-    intermediate: int = 256
+    intermediate: int = TINY_INTERMEDIATE
     """MLP width."""
-    max_position: int = 128
+    max_position: int = TINY_MAX_LEN
     """Longest sequence in tokens."""
 
 
@@ -101,9 +102,8 @@ def task_sft(task: str, **overrides) -> SFTConfig:
 
 
 def default_cache_dir() -> Path:
-    """``$FLOWRL_CACHE/warmstart`` if set, else ``~/.cache/flowrl/warmstart``."""
-    root = os.environ.get("FLOWRL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "flowrl") / "warmstart"
+    """``warmstart/`` under :func:`flowrl.cache.cache_root` (``$FLOWRL_CACHE``, else ``~/.cache/flowrl``)."""
+    return cache_root() / "warmstart"
 
 
 def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) -> tuple[str, dict]:
@@ -121,9 +121,10 @@ def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) 
 
 
 def task_model_config(task: str, **overrides) -> TinyModelConfig:
-    """The tiny model shape of ``task``: ``TinyModelConfig``'s defaults, the task's own
-    (``Task.model``), then ``overrides``."""
-    return TinyModelConfig(**{**get_task(task).model, **overrides})
+    """The tiny model shape of ``task``: the catalogue's rule (:func:`flowrl.catalog.models.tiny_shape`:
+    the defaults, the task's own ``Task.model``, then ``overrides``), which ``check`` plans with."""
+    arch = overrides.get("arch", get_task(task).model.get("arch", TinyModelConfig.arch))
+    return TinyModelConfig(arch=str(arch), **tiny_shape({**overrides, "task": task}))
 
 
 def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,

@@ -23,6 +23,7 @@ from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import shown_path
 from flowrl.diagnostics import Span
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref
+from flowrl.plan import row_fields
 
 
 def checked(node: Node, ctx: CompileContext) -> bool:
@@ -83,7 +84,7 @@ def read_head(file: DatasetFile, node: Node) -> str | None:
     :class:`~flowrl.data.datasets.DatasetError` if the runtime would refuse the file."""
     spec = OPS[node.op]
     prompt, answer = text_option(node, "prompt") or "prompt", text_option(node, "answer") or "answer"
-    fields = (answer, completion) if (completion := text_option(node, "completion")) else (answer,)
+    fields = row_fields(answer, text_option(node, "completion") or "")
     chat = node.attr("chat")
     chat = isinstance(chat, Const) and chat.value is True
     bad_rows = text_option(node, "bad_rows") or "error"

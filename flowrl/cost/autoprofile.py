@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from flowrl.catalog.hardware import CPU_FALLBACK
-from flowrl.cost.profiles import ProfileError, cache_root, load_profile, profile_path, save_profile
+from flowrl.cache import cache_root
+from flowrl.cost.profiles import ProfileError, load_profile, profile_path, save_profile
 
 QUICK_SIZE = 1024
 """Matmul size of the quick benchmark (``[n, n] @ [n, n]`` fp32)."""

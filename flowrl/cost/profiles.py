@@ -22,17 +22,12 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
+from flowrl.cache import cache_root
 from flowrl.catalog.hardware import CPU_FALLBACK, PROFILES, Profile
 
 
 class ProfileError(ValueError):
     """An unknown profile name or an unreadable profile file."""
-
-
-def cache_root() -> Path:
-    """``$FLOWRL_CACHE`` if set, else ``~/.cache/flowrl`` (read each call)."""
-    root = os.environ.get("FLOWRL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "flowrl"
 
 
 def profile_path() -> Path:
@@ -192,4 +187,4 @@ def _allreduce_worker(rank: int, world: int, port: int, mb: int, repeat: int, qu
 
 
 __all__ = ["Profile", "PROFILES", "CPU_FALLBACK", "ProfileError", "get_profile", "cpu_profile", "load_profile",
-           "save_profile", "profile_path", "cache_root", "measure"]
+           "save_profile", "profile_path", "measure"]
