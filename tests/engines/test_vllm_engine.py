@@ -92,6 +92,27 @@ def test_vllm_detokenises_only_for_stop_strings(engine, monkeypatch):
     assert sent and all(p.detokenize for p in sent)
 
 
+def test_vllm_on_cpu_compiles_nothing(engine, monkeypatch):
+    """An eager engine on CPU calls vLLM with TorchDynamo off (its sampler would otherwise compile an
+    op on first use: 2.4 s of every engine's first generate) and leaves the switch as it found it."""
+    import torch._dynamo
+
+    seen = []
+    generate = engine.llm.generate
+
+    def spy(prompts, params, **kw):
+        seen.append(torch._dynamo.config.disable)
+        return generate(prompts, params, **kw)
+
+    monkeypatch.setattr(engine.llm, "generate", spy)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    engine.generate([encode("12+34=")], SamplingSpec(n=2, max_tokens=4, seed=1))
+    engine.score([encode("12+3=15")])
+    assert seen == [True, True]
+    assert torch._dynamo.config.disable is False
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 def test_update_weights(engine, tiny_model_dir):
     contract.check_update_weights(engine, tiny_model_dir)
 
