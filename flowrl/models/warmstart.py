@@ -80,7 +80,10 @@ def encode_sft_batch(
 SFT_THREADS = 1
 """Torch threads of the warm start. Float sums split over threads round differently, so
 pinning the count makes the warm start the same on every machine whatever its core count
-(given the same CPU instruction set); the ~0.3M-parameter model gains nothing from more."""
+(given the same CPU instruction set). The arith tasks' ~0.2M-parameter model gains nothing from
+more; the longtail task's 11.8M-parameter one would (its warm start took 1,675 s on 2 cores, most of
+it 3-5 s SFT steps of 16 rows padded to their longest solution, a fifth to a half of the tokens real),
+at the price of a model that depends on the thread count."""
 
 
 @contextmanager
