@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -369,6 +370,9 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             finished = True
         finally:
             rows = log.rows() if log is not None else []
+            # what finished is kept, with its summary and plots: written while the engines shut down
+            results = _Background(_write_results, plan, out, rows, before, startup) \
+                if any(r["step"] >= 1 for r in rows) else None
             try:
                 if pipe is not None:
                     pipe.close()
@@ -377,13 +381,11 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                     trackers.close()
             finally:
                 rt.shutdown()
-            if any(r["step"] >= 1 for r in rows):  # what finished is kept, with its summary and plots
-                try:
-                    _write_results(plan, out, rows, before, startup)
-                except Exception as error:  # after a failure, the failure is the news, not the plot
-                    if finished:
-                        raise
-                    progress.message(f"warning: could not write summary.json/curves.png: {type(error).__name__}: {error}")
+                error = results.join() if results is not None else None
+            if error is not None:  # after a failure, the failure is the news, not the plot
+                if finished:
+                    raise error
+                progress.message(f"warning: could not write summary.json/curves.png: {type(error).__name__}: {error}")
             if finished:
                 progress.close()
             else:
@@ -391,6 +393,27 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     steps = [r for r in rows if r["step"] >= 1]  # row 0 (before RL) is `before`
     after = next((r["eval/accuracy"] for r in reversed(steps) if "eval/accuracy" in r), None)
     return RunResult(out, plan.run.steps, before, after, steps)
+
+
+class _Background:
+    """``fn(*args)`` on a thread of its own, started at once; :meth:`join` returns the exception it
+    raised (None if it returned)."""
+
+    def __init__(self, fn, *args):
+        self._error: Exception | None = None
+
+        def run():
+            try:
+                fn(*args)
+            except Exception as error:
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name=f"flowrl-{fn.__name__}", daemon=True)
+        self._thread.start()
+
+    def join(self) -> Exception | None:
+        self._thread.join()
+        return self._error
 
 
 def _tracker_config(plan: ExecutionPlan) -> dict:
