@@ -380,8 +380,10 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 if trackers is not None:
                     trackers.close()
             finally:
-                rt.shutdown()
-                error = results.join() if results is not None else None
+                try:
+                    rt.shutdown()
+                finally:
+                    error = results.join() if results is not None else None
             if error is not None:  # after a failure, the failure is the news, not the plot
                 if finished:
                     raise error
