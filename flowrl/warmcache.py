@@ -123,8 +123,9 @@ def cache_key(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) 
 def task_model_config(task: str, **overrides) -> TinyModelConfig:
     """The tiny model shape of ``task``: the catalogue's rule (:func:`flowrl.catalog.models.tiny_shape`:
     the defaults, the task's own ``Task.model``, then ``overrides``), which ``check`` plans with."""
-    arch = overrides.get("arch", get_task(task).model.get("arch", TinyModelConfig.arch))
-    return TinyModelConfig(arch=str(arch), **tiny_shape({**overrides, "task": task}))
+    get_task(task)  # an unknown task is an error here, not the catalogue's defaults
+    return TinyModelConfig(arch=str(overrides.get("arch", TinyModelConfig.arch)),
+                           **tiny_shape({**overrides, "task": task}))
 
 
 def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,

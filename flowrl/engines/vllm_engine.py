@@ -371,7 +371,7 @@ class VLLMRolloutEngine:
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self._tokenizer = self.llm.get_tokenizer()
 
-    def _compiling(self):
+    def _without_dynamo(self):
         """The context of a call into vLLM: TorchDynamo off where the engine runs eagerly on CPU."""
         if not self._no_compile:
             return nullcontext()
@@ -425,7 +425,7 @@ class VLLMRolloutEngine:
         params = [self._sampling_params(request_spec, derive_seed(spec, i)) for i in range(len(prompts))]
         hooked = spec.routes and self._start_route_hooks()
         try:
-            with self._compiling():
+            with self._without_dynamo():
                 outputs = self.llm.generate(
                     [self._TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
                     lora_request=self._lora_request,
@@ -495,7 +495,7 @@ class VLLMRolloutEngine:
         check_lengths(sequences, 1, self.options.max_model_len)
         spec = SamplingSpec(n=1, temperature=0.0, max_tokens=1)
         params = self._sampling_params(spec, None, prompt_logprobs=0)
-        with self._compiling():
+        with self._without_dynamo():
             outputs = self.llm.generate(
                 [self._TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False,
                 lora_request=self._lora_request,
@@ -651,7 +651,7 @@ def _prepare_environment(options: VLLMOptions) -> None:
 def _compile_disabled_in_children(active: bool) -> Iterator[None]:
     """While vLLM starts: processes it spawns (the workers of a tp > 1 engine) read
     ``TORCH_COMPILE_DISABLE=1`` when they import TorchDynamo. This process's own TorchDynamo was
-    configured when vLLM was imported, so the variable does not reach it (see ``_compiling``)."""
+    configured when vLLM was imported, so the variable does not reach it (see ``_without_dynamo``)."""
     if not active or "TORCH_COMPILE_DISABLE" in os.environ:
         yield
         return

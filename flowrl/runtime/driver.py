@@ -20,8 +20,8 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -371,7 +371,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         finally:
             rows = log.rows() if log is not None else []
             # what finished is kept, with its summary and plots: written while the engines shut down
-            results = _Background(_write_results, plan, out, rows, before, startup) \
+            results = _in_background(_write_results, plan, out, rows, before, startup) \
                 if any(r["step"] >= 1 for r in rows) else None
             try:
                 if pipe is not None:
@@ -383,7 +383,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 try:
                     rt.shutdown()
                 finally:
-                    error = results.join() if results is not None else None
+                    error = results.exception() if results is not None else None
             if error is not None:  # after a failure, the failure is the news, not the plot
                 if finished:
                     raise error
@@ -397,25 +397,13 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     return RunResult(out, plan.run.steps, before, after, steps)
 
 
-class _Background:
-    """``fn(*args)`` on a thread of its own, started at once; :meth:`join` returns the exception it
-    raised (None if it returned)."""
-
-    def __init__(self, fn, *args):
-        self._error: Exception | None = None
-
-        def run():
-            try:
-                fn(*args)
-            except Exception as error:
-                self._error = error
-
-        self._thread = threading.Thread(target=run, name=f"flowrl-{fn.__name__}", daemon=True)
-        self._thread.start()
-
-    def join(self) -> Exception | None:
-        self._thread.join()
-        return self._error
+def _in_background(fn, *args) -> Future:
+    """``fn(*args)`` started at once on a thread of its own; the future's ``exception()`` waits for it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flowrl-{fn.__name__}")
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the submitted call still runs; the thread ends with it
 
 
 def _tracker_config(plan: ExecutionPlan) -> dict:

@@ -61,17 +61,25 @@ def hf(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     return p
 
 
+def _tiny_config(a: dict):
+    """The shape of a ``tiny``/``tiny_rm`` model: the flow's options over its task's shape, by the rule
+    the compiler plans with (:func:`flowrl.warmcache.task_model_config`)."""
+    from flowrl.warmcache import task_model_config
+
+    shape = {k: (str if k == "arch" else int)(a[k]) for k in ("arch", "hidden", "layers", "heads", "kv_heads") if k in a}
+    return task_model_config(str(a.get("task", "arith")), **shape)
+
+
 def tiny(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     """A tiny model built for its task and warm-started by SFT (cached by content).
 
     Its init and SFT data order are seeded by the run's ``seed`` plus ``tiny(seed = ...)``
     (an offset, as ``generate``'s seed is), so ``--set seed=1`` reaches the warm start."""
-    from flowrl.warmcache import cached, task_model_config, task_sft
+    from flowrl.warmcache import cached, task_sft
 
     a = m.args
     task, seed = str(a.get("task", "arith")), seed + int(a.get("seed", 0))
-    shape = {k: (str if k == "arch" else int)(a[k]) for k in ("arch", "hidden", "layers", "heads", "kv_heads") if k in a}
-    cfg = task_model_config(task, **shape)  # the flow's options over the task's shape
+    cfg = _tiny_config(a)
     steps = a.get("warm_start")  # None: the task's (Task.sft, over SFTConfig's)
     sft = task_sft(task, **({} if steps is None else {"steps": int(steps)}))
     t0 = time.time()
@@ -93,13 +101,11 @@ def tiny_rm(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
     """A tiny reward model for its task (:mod:`flowrl.models.reward`; cached by content): the task's tiny
     model warm-started further, fit to preference pairs of a policy's samples; seeded as ``tiny`` is."""
     from flowrl.models.reward import PreferenceConfig, reward_start
-    from flowrl.models.warmstart import TinyModelConfig, task_sft
+    from flowrl.warmcache import task_sft
 
     a = m.args
     task = str(a.get("task", "arith"))
-    cfg = TinyModelConfig(arch=str(a.get("arch", "llama")), hidden=int(a.get("hidden", 128)),
-                          layers=int(a.get("layers", 2)), heads=int(a.get("heads", 4)),
-                          kv_heads=int(a.get("kv_heads", 2)))
+    cfg = _tiny_config(a)
     t0 = time.time()
     log(f"model `{m.id}`: preparing the tiny {task} reward model (warm-started, fit to preference pairs on first "
         "use, then cached)...")

@@ -113,6 +113,25 @@ def test_vllm_on_cpu_compiles_nothing(engine, monkeypatch):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
+def test_the_workers_of_a_tp_engine_start_without_dynamo(monkeypatch):
+    """What a tp > 1 engine's worker processes inherit while vLLM starts them: TorchDynamo off; the
+    variable is gone again afterwards, and one the user set is left as it was."""
+    import os
+
+    from flowrl.engines.vllm_engine import _compile_disabled_in_children
+
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    with _compile_disabled_in_children(True):
+        assert os.environ["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in os.environ
+    with _compile_disabled_in_children(False):
+        assert "TORCH_COMPILE_DISABLE" not in os.environ
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
+    with _compile_disabled_in_children(True):
+        assert os.environ["TORCH_COMPILE_DISABLE"] == "0"
+    assert os.environ["TORCH_COMPILE_DISABLE"] == "0"
+
+
 def test_update_weights(engine, tiny_model_dir):
     contract.check_update_weights(engine, tiny_model_dir)
 

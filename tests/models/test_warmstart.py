@@ -268,3 +268,16 @@ flow main() {{
                           env={**__import__("os").environ, "FLOWRL_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def test_tiny_and_its_reward_model_take_the_shape_the_compiler_plans():
+    """`tiny` and `tiny_rm` build their model by the catalogue's rule: the flow's options over the
+    task's own shape (a reward model of the longtail task is as wide as its policy)."""
+    from flowrl.catalog.models import tiny_shape
+    from flowrl.runtime.materialize import _tiny_config
+
+    for attrs in ({"task": "longtail"}, {"task": "arith", "hidden": 64, "arch": "qwen3"}):
+        cfg = _tiny_config(attrs)
+        assert {k: getattr(cfg, k) for k in tiny_shape(attrs)} == tiny_shape(attrs)
+    assert _tiny_config({"task": "longtail"}).hidden == 512
+    assert _tiny_config({"task": "arith", "arch": "qwen3"}).arch == "qwen3"
