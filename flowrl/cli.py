@@ -501,7 +501,9 @@ def run_profile(args: argparse.Namespace) -> int:
         raise CliError(f"cannot write the profile: {e.strerror or e}") from None
     out = _out()
     print(f"matmul {prof.tflops * 1e3:.1f} GFLOP/s, memcpy {prof.hbm_gbs:.2f} GB/s, "
-          f"gloo allreduce {prof.nvlink_gbs:.2f} GB/s, memory {prof.memory_total_gb:.1f} GB", file=out)
+          f"gloo allreduce {prof.nvlink_gbs:.2f} GB/s, memory {prof.memory_total_gb:.1f} GB; the train engine "
+          f"reaches {prof.mfu_forward:.0%} of the matmul in a log-prob pass, {prof.mfu_train:.0%} in an update "
+          f"(+{prof.micro_overhead_s * 1e3:.1f} ms a micro-batch)", file=out)
     print(f"wrote {path} (used by `flowrl plan` for gpu = \"cpu\")", file=out)
     return 0
 

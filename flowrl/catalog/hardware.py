@@ -136,8 +136,10 @@ CPU_FALLBACK = Profile(
     request_overhead_s=1e-4, memory_total_gb=16.0,
     source="default figures for a small x86 machine: run `flowrl profile` to measure this one")
 """Used for ``gpu = "cpu"`` until ``flowrl profile`` has measured the machine; the automatic profile
-(:mod:`flowrl.cost.autoprofile`) measures its matmul and memcpy and keeps the rest. The overheads are
-Python's and were measured on a 2-core x86 machine (2026-12-04), where they dominate a tiny model's ops:
+(:mod:`flowrl.cost.autoprofile`) measures its matmul and memcpy and what the train engine reaches of that
+matmul (``mfu_forward``, ``mfu_train``, ``micro_overhead_s``: :mod:`flowrl.cost.trainbench`), and keeps
+the rest. The overheads are Python's and were measured on a 2-core x86 machine (2026-12-04), where they
+dominate a tiny model's ops:
 
 * ``op_overhead_s`` 20 ms: a Ray round trip and the driver's handling (the driver's span of an engine
   op less the engine's: 6-9 ms) plus the engine's work outside the model (its span less the model's

@@ -363,6 +363,15 @@ def tiny_shape(attrs: dict) -> dict[str, int]:
     return {k: int(attrs.get(k, v)) for k, v in base.items() if k != "arch"}
 
 
+def tiny_writes_answers(attrs: dict) -> bool:
+    """Whether a ``tiny(...)`` policy writes a row's answer alone, then its end-of-sequence token: it is
+    warm-started (not ``warm_start = 0``) on a task whose SFT targets are the rows' answers (a single
+    turn, no worked solution: ``Task.sft_turns`` is None). Its responses are then as long as a
+    dataset's answers, what the cost model expects (:mod:`flowrl.compiler.data_workload`)."""
+    task = TASKS.get(str(attrs.get("task", "arith")))
+    return task is not None and task.sft_turns is None and attrs.get("warm_start") != 0
+
+
 def tiny_facts(attrs: dict) -> ModelFacts:
     """Facts of ``tiny(task=..., arch=..., hidden=..., layers=..., heads=..., kv_heads=...)`` (fp32)."""
     opts = tiny_shape(attrs)
@@ -509,7 +518,7 @@ def tiny_problems(attrs: dict) -> list[TinyProblem]:
 
 
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
-           "tiny_facts", "tiny_shape", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
+           "tiny_facts", "tiny_shape", "tiny_writes_answers", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
            "checkpoint_context",
            "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "CPU_MOE_ALIGN", "TinyProblem",
            "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

@@ -337,7 +337,8 @@ _DATASET_KWARGS = {
     "completion": KwSpec("str", "", doc="the field of a reference completion (a worked solution, what TRL's "
                          "prompt-completion datasets call `completion`): every row must have it, and `flowrl plan` "
                          "expects responses as long as these where it reads them (the first rows of a JSON-lines "
-                         "file; else it assumes a length from `max_tokens`)"),
+                         "file; without one, as long as the answers where the policy is a tiny model warm-started "
+                         "on them; else it assumes a length from `max_tokens`)"),
     "eval_reward": KwSpec("str", None, choices=VERIFIER_NAMES, requires="eval",
                           doc="the rule verifier that scores the held-out split (default: the flow's reward); "
                               "what held-out accuracy means when training reads a reward model or a judge"),

@@ -11,8 +11,10 @@ tokenizer (where that is cheap: :func:`~flowrl.compiler.model_info.prompt_counte
   solution, what TRL's prompt-completion datasets call ``completion``), their mean, plus the
   end-of-sequence token and capped at ``max_tokens``, is the responses' mean length (the
   estimate keeps its long-tailed shape, :meth:`~flowrl.cost.sim.LengthDist.with_mean`): a
-  policy that solves the task writes about that much. Without one the responses' length stays
-  an assumption (:func:`~flowrl.compiler.workload.lengths`).
+  policy that solves the task writes about that much;
+* else, where the policy writes the answer alone (a tiny model warm-started on its task's answers,
+  :func:`~flowrl.compiler.model_info.writes_answers`), the answers' mean, counted the same way.
+  Otherwise the responses' length stays an assumption (:func:`~flowrl.compiler.workload.lengths`).
 
 Where the rows or the tokenizer cannot be read (Parquet, a large tokenizer, a flow compiled from
 memory, datasets passed in as parameters), the estimate keeps its assumptions, and ``flowrl plan``
@@ -34,7 +36,7 @@ from functools import lru_cache
 
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.model_info import prompt_counter
+from flowrl.compiler.model_info import prompt_counter, writes_answers
 from flowrl.compiler.resources import DatasetFile, checked, dataset_files, file_version, prompt_datasets, text_option
 from flowrl.data.chat import message_problem, prompt_words
 from flowrl.data.datasets import head_rows
@@ -54,8 +56,8 @@ class DataWorkload:
     integer_answers: bool = False
     """Whether every one of those rows has an integer reference answer (``42``, ``"-7"``)."""
     response_tokens: float | None = None
-    """Mean tokens of the rows' reference completions as responses (end-of-sequence included,
-    capped at the generate's ``max_tokens``); None where no dataset names one."""
+    """Mean tokens of the rows' reference completions (or answers, where the policy writes those alone) as
+    responses (end-of-sequence included, capped at the generate's ``max_tokens``); None where neither is known."""
     response_source: str = ""
 
 
@@ -69,6 +71,7 @@ def measured_workload(graph: FlowGraph, ctx: CompileContext | None) -> dict[str,
         if count is None:
             continue
         cap = _max_tokens(node)
+        answers_alone = writes_answers(graph, node.model)
         specials = count("")  # tokens the tokenizer adds to any text (a tiny model's <bos>)
         prompts, responses, where, refs, integers = [], [], [], [], True
         for dataset in prompt_datasets(graph, node):
@@ -77,24 +80,33 @@ def measured_workload(graph: FlowGraph, ctx: CompileContext | None) -> dict[str,
             train = _training_file(dataset)
             if train is None:
                 continue
-            completion = text_option(dataset, "completion")
+            completion, answer = text_option(dataset, "completion"), text_option(dataset, "answer") or "answer"
             rows = _rows(str(train.path), file_version(train), OPS[dataset.op].file_format,
-                         text_option(dataset, "prompt") or "prompt",
-                         (text_option(dataset, "answer") or "answer", *((completion,) if completion else ())))
+                         text_option(dataset, "prompt") or "prompt", (answer, *((completion,) if completion else ())))
             if not rows:
                 continue
             prompts.append(statistics.fmean(count(p) for p, _ in rows))
             where.append(f"mean of the first {len(rows)} rows of `{train.written}`")
             integers = integers and all(_is_integer(values[0]) for _, values in rows)
-            texts = [_text(values[1]) for _, values in rows if completion and _text(values[1]) is not None]
+            texts, field, why = _responses(rows, completion, answer, answers_alone)
             if texts:  # each written out, then the end-of-sequence token
                 responses.append(statistics.fmean(min(count(t) - specials + 1, cap) for t in texts))
-                refs.append(f"mean of the first {len(texts)} rows' `{completion}` in `{train.written}`")
+                refs.append(f"mean of the first {len(texts)} rows' `{field}` in `{train.written}`{why}")
         if prompts:
             out[node.id] = DataWorkload(
                 round(statistics.fmean(prompts), 2), "; ".join(where), integers,
                 round(statistics.fmean(responses), 2) if responses else None, "; ".join(refs))
     return out
+
+
+def _responses(rows, completion: str, answer: str, answers_alone: bool) -> tuple[list[str], str, str]:
+    """The texts the responses are taken to be, the field they come from and why (as the plan says it): the
+    reference completions where the dataset names them, else the answers where the policy writes those alone."""
+    texts = [t for _, values in rows if completion and (t := _text(values[1])) is not None]
+    if texts or not answers_alone:
+        return texts, completion, ""
+    answers = [str(a) for _, (a, *_) in rows if isinstance(a, (str, int, float)) and not isinstance(a, bool)]
+    return answers, answer, ": the policy, warm-started on answers, writes them alone"
 
 
 def _max_tokens(node: Node) -> int:

@@ -23,7 +23,8 @@ Which of these a model constructor is comes from its catalogue record
 
 :func:`prompt_counter` counts a prompt's tokens the way the model's tokenizer will, where
 that is cheap: a tiny model's character-level tokenizer, or a checkpoint's ``tokenizer.json``
-of at most :data:`TOKENIZER_MAX_BYTES` (with the ``tokenizers`` library, no torch).
+of at most :data:`TOKENIZER_MAX_BYTES` (with the ``tokenizers`` library, no torch);
+:func:`writes_answers` says whether a model's responses are its dataset's answers.
 
 >>> from flowrl.catalog.models import PRESETS
 >>> PRESETS["qwen/qwen2.5-7b"].layers
@@ -36,7 +37,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from flowrl.catalog.models import ConfigError, ModelFacts, from_config, preset, tiny_facts, tiny_prompt_tokens
+from flowrl.catalog.models import (ConfigError, ModelFacts, from_config, preset, tiny_facts, tiny_prompt_tokens,
+                                   tiny_writes_answers)
 from flowrl.catalog.ops import OPS, FactsFrom, OpKind
 from flowrl.hub import find_checkpoint
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
@@ -153,6 +155,17 @@ def prompt_counter(graph: FlowGraph, model_id: str) -> Callable[[str], int] | No
     return _tokenizer_counter(str(tokenizer), tokenizer.stat().st_mtime_ns)
 
 
+def writes_answers(graph: FlowGraph, model_id: str) -> bool:
+    """Whether the model's responses are a dataset row's answer alone, then end-of-sequence: a tiny
+    policy warm-started on its task's answers (:func:`~flowrl.catalog.models.tiny_writes_answers`).
+    False where that is not known (a checkpoint: what it writes is its training's, not the flow's)."""
+    node = source_node(graph, model_id)
+    if node is None or _facts_from(node) != FactsFrom.OPTIONS or OPS[node.op].role != "trainable":
+        return False
+    attrs = {k: plain(v) for k, v in node.attrs}
+    return all(isinstance(v, (int, str)) for k, v in attrs.items() if k != "lora") and tiny_writes_answers(attrs)
+
+
 _COUNTERS: dict[tuple[str, int], Callable[[str], int] | None] = {}
 
 
@@ -171,4 +184,4 @@ def _tokenizer_counter(path: str, mtime: int) -> Callable[[str], int] | None:
 
 
 __all__ = ["facts_of", "source_node", "MAX_BASES", "model_facts", "checkpoint_dir", "local_path", "shown_path",
-           "prompt_counter", "TOKENIZER_MAX_BYTES"]
+           "prompt_counter", "writes_answers", "TOKENIZER_MAX_BYTES"]

@@ -2,11 +2,13 @@
 
 ``flowrl plan`` for ``gpu = "cpu"`` uses this machine's figures without a manual
 ``flowrl profile``: on first use a quick benchmark (fp32 matmul at :data:`QUICK_SIZE`,
-a :data:`QUICK_COPY_MB` MB memcpy; no gloo) runs in a child process (``plan`` itself
-never imports torch) and its profile is cached as
+a :data:`QUICK_COPY_MB` MB memcpy, the tiny model's passes on the torch train engine
+(:mod:`flowrl.cost.trainbench`); no gloo; ~10 s on 2 cores) runs in a child process (``plan``
+itself never imports torch) and its profile is cached as
 ``$FLOWRL_CACHE/profiles/cpu-<key>.json`` (default ``~/.cache/flowrl/profiles``), the key
 hashing the machine facts a measurement depends on (:func:`machine_facts`: CPU model,
-core count, torch version) and the figures it keeps from the built-in ``cpu`` profile. An
+core count, torch version), the benchmark's version (:data:`QUICK_VERSION`) and the figures
+it keeps from the built-in ``cpu`` profile. An
 explicit profile (``$FLOWRL_PROFILE`` or the ``flowrl profile`` file) wins;
 ``FLOWRL_AUTO_PROFILE=0`` turns it off (the test suite does, so that estimates there never
 depend on the machine).
@@ -37,6 +39,9 @@ QUICK_COPY_MB = 64
 """Memcpy size of the quick benchmark, MB."""
 QUICK_REPEAT = 3
 """Best of this many runs of each measurement."""
+QUICK_VERSION = 2
+"""Bumped when the benchmark measures something new (2: the train engine's passes), so that a
+profile cached by an older one is measured again."""
 ENV_SWITCH = "FLOWRL_AUTO_PROFILE"
 """``0`` turns the automatic profile off (estimates then use the built-in figures)."""
 TIMEOUT_S = 120
@@ -60,10 +65,11 @@ def machine_facts() -> dict:
 
 
 def machine_key(facts: dict) -> str:
-    """A short stable hash of ``facts`` (key order does not matter) and of the figures the benchmark
-    keeps from :data:`~flowrl.catalog.hardware.CPU_FALLBACK` (new figures there measure again)."""
+    """A short stable hash of ``facts`` (key order does not matter), of the benchmark's version and of the
+    figures it keeps from :data:`~flowrl.catalog.hardware.CPU_FALLBACK` (new figures there measure again)."""
     kept = {k: v for k, v in CPU_FALLBACK.to_dict().items() if k != "source"}
-    return hashlib.sha256(json.dumps({**facts, "kept": kept}, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps({**facts, "kept": kept, "bench": QUICK_VERSION},
+                                     sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -131,7 +137,8 @@ def run_quick_bench(path: Path) -> None:
 
 
 def quick_measure():
-    """The quick benchmark itself (imports torch): matmul and memcpy, no gloo allreduce."""
+    """The quick benchmark itself (imports torch): matmul, memcpy and the train engine's passes, no gloo
+    allreduce."""
     from flowrl.cost.profiles import measure
 
     return measure(QUICK_SIZE, QUICK_COPY_MB, repeat=QUICK_REPEAT, with_allreduce=False)
@@ -141,4 +148,5 @@ if __name__ == "__main__":  # the child process of run_quick_bench
     save_profile(quick_measure(), sys.argv[1])
 
 __all__ = ["machine_facts", "machine_key", "cache_dir", "cached_path", "enabled", "auto_profile",
-           "use_auto_profile", "run_quick_bench", "quick_measure", "QUICK_SIZE", "QUICK_COPY_MB", "ENV_SWITCH"]
+           "use_auto_profile", "run_quick_bench", "quick_measure", "QUICK_SIZE", "QUICK_COPY_MB", "QUICK_VERSION",
+           "ENV_SWITCH"]

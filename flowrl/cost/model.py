@@ -54,6 +54,12 @@ ROLLOUT_WORKSPACE_GB = {"gpu": 1.5, "cpu": 0.05}
 """Activation workspace of a rollout engine (vLLM profiles ~1-2 GB on GPUs)."""
 REWARD_S_PER_SAMPLE = 1e-3
 """CPU seconds per scored sample of a reward function whose record gives none."""
+SCORE_CALL_S = 5e-4
+"""The driver's fixed cost of a score op: handing the batch to its reward worker processes and
+back (measured on 2 cores: 0.9 ms for 64 completions)."""
+SCORE_S_PER_SAMPLE = 8e-6
+"""The driver's cost per scored completion besides the reward's own (its text and answer to a
+worker and back, the result's tensor): measured on 2 cores, 3.9-5.6 ms for 512 completions."""
 ENV_S_PER_CALL = 5e-3
 """CPU seconds per environment step of one conversation."""
 DRIVER_S_PER_SAMPLE = 2e-6
@@ -271,6 +277,13 @@ def reward_s(per_sample_s: float, samples: int, workers: int = 2) -> float:
     """CPU seconds to score ``samples`` completions at ``per_sample_s`` each (the reward op's
     ``seconds_per_item``; :data:`REWARD_S_PER_SAMPLE` when it gives none) with ``workers`` processes."""
     return (per_sample_s or REWARD_S_PER_SAMPLE) * samples / max(workers, 1)
+
+
+def score_call_s(samples: int, dispatch_s: float = 0.0) -> float:
+    """The driver's seconds around a score op's rewards (:data:`SCORE_CALL_S`, :data:`SCORE_S_PER_SAMPLE`),
+    plus ``dispatch_s`` where a model's engine serves the reward (a reward model, a judge: the
+    profile's ``op_overhead_s``); a verifier's worker processes are not engines."""
+    return SCORE_CALL_S + SCORE_S_PER_SAMPLE * samples + dispatch_s
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from flowrl.cache import cache_root
 from flowrl.catalog.hardware import CPU_FALLBACK, PROFILES, Profile
+from flowrl.cost.trainbench import engine_rates
 
 
 class ProfileError(ValueError):
@@ -101,13 +102,15 @@ def save_profile(profile: Profile, path: str | Path | None = None) -> Path:
 
 
 def measure(matmul_n: int = 1024, copy_mb: int = 256, allreduce_mb: int = 64, repeat: int = 3,
-            with_allreduce: bool = True) -> Profile:
-    """Measure this machine: fp32 matmul TFLOP/s, memcpy GB/s, gloo allreduce GB/s (2 processes).
+            with_allreduce: bool = True, with_engine: bool = True) -> Profile:
+    """Measure this machine: fp32 matmul TFLOP/s, memcpy GB/s, gloo allreduce GB/s (2 processes), and
+    what a train engine achieves of that matmul (:func:`~flowrl.cost.trainbench.engine_rates`).
 
     Imports torch (only here: the compiler never calls this). Shapes: matmul ``[n, n] @ [n, n]``
     (``2 n^3`` FLOPs); copy of a ``copy_mb`` MB float32 tensor (read + write counted once, as
     memcpy bandwidth is quoted); allreduce of ``allreduce_mb`` MB over a 2-rank gloo group on
-    this host (algorithm bandwidth: bytes / seconds). Best of ``repeat``.
+    this host (algorithm bandwidth: bytes / seconds). Best of ``repeat``. Without ``with_engine``,
+    the engine's figures are :data:`CPU_FALLBACK`'s.
     """
     import torch
 
@@ -123,7 +126,8 @@ def measure(matmul_n: int = 1024, copy_mb: int = 256, allreduce_mb: int = 64, re
     memcpy = src.numel() * 4 / t / 1e9
     link = _gloo_allreduce_gbs(allreduce_mb, repeat) if with_allreduce else CPU_FALLBACK.nvlink_gbs
     ram = _ram_gb()
-    return replace(CPU_FALLBACK, tflops=round(tflops, 5), hbm_gbs=round(memcpy, 3), nvlink_gbs=round(link, 3),
+    engine = engine_rates(tflops) if with_engine else {}
+    return replace(CPU_FALLBACK, **engine, tflops=round(tflops, 5), hbm_gbs=round(memcpy, 3), nvlink_gbs=round(link, 3),
                    ib_gbs=round(link, 3), pcie_gbs=round(memcpy, 3), hbm_gb=round(ram, 2),
                    memory_total_gb=round(ram, 2),
                    source=f"measured by `flowrl profile` on {platform.node() or 'this host'} "

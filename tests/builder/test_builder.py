@@ -677,8 +677,10 @@ def test_schedule_statements_reach_every_kind_of_the_language():
                                 ("reward", "reward", ctor("verifier", "math"))], imports=["stdlib.grpo"])
     auto.call_flow("grpo", *auto.params, batch=8, group=2, max_tokens=4)
     auto.schedule(auto=True, nodes=2, gpus_per_node=8, gpu="H100").staleness(2, at_most=True)
+    # compiled as a file beside this one, the text reads the datasets the builder's flow reads (`d.jsonl`
+    # here), so `schedule auto` chooses from the same workload
     assert "schedule main auto on cluster(nodes = 2, gpus_per_node = 8, gpu = \"H100\") {\n  staleness <= 2\n}" \
-        in assert_round_trip(auto)
+        in assert_round_trip(auto, HERE)
 
 
 def test_schedule_errors_point_at_the_python_line():

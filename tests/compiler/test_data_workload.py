@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.catalog.models import tiny_prompt_tokens
-from flowrl.catalog.ops import OPS, VERIFIER_COSTS
+from flowrl.catalog.ops import OPS, VERIFIER_COSTS, OpKind
 from flowrl.compiler.explain import describe_plan
 from flowrl.compiler.pipeline import compile_file, compile_text
 from flowrl.compiler.data_workload import ROWS
@@ -20,7 +20,7 @@ from flowrl.compiler.lower import lower
 ROOT = Path(__file__).resolve().parents[2]
 
 FLOW = '''
-model m = tiny(task = "arith")
+model m = tiny({model})
 dataset d = jsonl("{data}"{options})
 reward v = verifier("{verifier}")
 flow f() {{
@@ -30,13 +30,14 @@ flow f() {{
 '''
 
 
-def _write(tmp_path: Path, rows: list[dict], verifier: str = "math", name: str = "t", options: str = "") -> Path:
+def _write(tmp_path: Path, rows: list[dict], verifier: str = "math", name: str = "t", options: str = "",
+           model: str = 'task = "arith"') -> Path:
     tmp_path = tmp_path / name
     tmp_path.mkdir(exist_ok=True)
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     flow = tmp_path / "t.flow"
-    flow.write_text(FLOW.format(data="d.jsonl", verifier=verifier, options=options))
+    flow.write_text(FLOW.format(data="d.jsonl", verifier=verifier, options=options, model=model))
     return flow
 
 
@@ -57,7 +58,8 @@ def test_the_prompt_length_is_the_mean_of_the_first_rows_counted_by_the_tokenize
 
 
 def test_without_readable_rows_the_prompt_length_is_assumed():
-    g = compile_text(FLOW.format(data="nowhere.jsonl", verifier="math", options=""), "mem.flow", allow_missing=True)
+    g = compile_text(FLOW.format(data="nowhere.jsonl", verifier="math", options="", model='task = "arith"'), "mem.flow",
+                     allow_missing=True)
     a = g.sched.estimate.assumptions
     assert a["prompt_tokens"] == {"r": prompt_tokens(g.sched.facts["m"])}
     assert a["prompt_source"] == {"r": "assumed: a quarter of the model's context"}
@@ -103,12 +105,46 @@ def test_a_reference_completion_sets_the_responses_mean_length(tmp_path):
     expected = statistics.fmean(min(len(r["solution"]) + 1, 8) for r in rows[:ROWS])
     assert est.assumptions["response_lengths"]["r"]["mean"] == pytest.approx(expected, rel=0.02)
     assert est.assumptions["response_source"] == {"r": f"mean of the first {ROWS} rows' `solution` in `d.jsonl`"}
-    # without the option the same rows leave the length to the assumption (a median of max_tokens / 4)
-    plain = _estimate(_write(tmp_path, rows, name="plain"))
+    # without the option, a policy that writes no answer alone (random weights) leaves the length to the
+    # assumption (a median of max_tokens / 4)
+    plain = _estimate(_write(tmp_path, rows, name="plain", model='task = "arith", warm_start = 0'))
     assert plain.assumptions["response_lengths"]["r"]["median"] == 2
     assert plain.assumptions["response_source"]["r"].startswith("assumed")
     # and longer responses cost more
     assert est.step_s > plain.step_s
+
+
+@pytest.mark.parametrize("answers", [["7", "-12", "198"], [7, -12, 198], ["1/2", "x", "0.25"]])
+def test_a_policy_warm_started_on_answers_is_expected_to_write_them_alone(tmp_path, answers):
+    # tiny(task = "arith") is warm-started to write a row's answer, then <eos>: its responses are the answers
+    rows = [{"prompt": f"{i}+0=", "result": answers[i % 3]} for i in range(ROWS + 10)]
+    g = compile_file(str(_write(tmp_path, rows, options=', answer = "result"'))).graph
+    expected = statistics.fmean(min(len(str(r["result"])) + 1, 8) for r in rows[:ROWS])
+    assert g.sched.data["r"].response_tokens == pytest.approx(expected, abs=0.01)
+    assert g.sched.estimate.assumptions["response_source"] == {
+        "r": f"mean of the first {ROWS} rows' `result` in `d.jsonl`: the policy, warm-started on answers, writes them alone"}
+    # a reference completion, where the dataset names one, is what the policy writes instead
+    solved = [{**r, "solution": "1" * 7} for r in rows]
+    g = compile_file(str(_write(tmp_path, solved, name="solved", options=', answer = "result", completion = "solution"'))).graph
+    assert g.sched.data["r"].response_tokens == 8
+
+
+@pytest.mark.parametrize("model", ['task = "arith", warm_start = 0',  # random weights write anything
+                                   'task = "arith_tool"'])  # warm-started on transcripts, not on answers alone
+def test_a_policy_not_warm_started_on_answers_alone_keeps_the_assumed_length(tmp_path, model):
+    rows = [{"prompt": f"{i}+0=", "answer": str(i)} for i in range(20)]
+    g = compile_file(str(_write(tmp_path, rows, model=model))).graph
+    assert g.sched.data["r"].response_tokens is None
+    assert g.sched.estimate.assumptions["response_source"]["r"].startswith("assumed")
+
+
+def test_which_tiny_policies_write_answers_alone():
+    from flowrl.catalog.models import tiny_writes_answers
+    from flowrl.tasks import TASKS
+
+    assert tiny_writes_answers({"task": "arith"}) and tiny_writes_answers({"task": "arith_code", "warm_start": 50})
+    assert not tiny_writes_answers({"task": "arith", "warm_start": 0})
+    assert [t for t in TASKS if not tiny_writes_answers({"task": t})] == [t for t in TASKS if TASKS[t].sft_turns]
 
 
 def test_reference_completions_longer_than_max_tokens_count_as_capped(tmp_path):
@@ -147,3 +183,25 @@ def test_a_chat_completion_counts_its_messages_text(tmp_path):
             for i in range(20)]
     g = compile_file(str(_write(tmp_path, rows, options=', completion = "solution"'))).graph
     assert g.sched.data["r"].response_tokens == pytest.approx(statistics.fmean(i % 5 + 2 for i in range(20)))
+
+
+def test_a_verifier_costs_the_driver_its_reward_pool_not_an_engine_dispatch(tmp_path):
+    # a verifier's worker processes are not engines: its score op pays the pool's round trip and the
+    # driver's handling of each completion, not the profile's per-op engine dispatch
+    from flowrl.cost.model import SCORE_CALL_S, SCORE_S_PER_SAMPLE, score_call_s
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(30)]
+    samples = 16 * 4
+    expected = samples * VERIFIER_COSTS["exact"].seconds_per_item / 2 + SCORE_CALL_S + SCORE_S_PER_SAMPLE * samples
+    assert _score_s(_write(tmp_path, rows, "exact")) == pytest.approx(expected, rel=1e-3)
+    assert score_call_s(samples, 0.02) == pytest.approx(SCORE_CALL_S + SCORE_S_PER_SAMPLE * samples + 0.02)
+
+
+def test_a_reward_served_by_a_model_pays_the_engine_dispatch():
+    from flowrl.compiler.schedule.estimate import _reward_fn_cost
+
+    graph = compile_file(str(ROOT / "flows" / "arith_reward_model.flow")).graph
+    judge = next(n for n in graph.nodes() if n.kind == OpKind.REWARD_FN)
+    assert _reward_fn_cost(graph, judge, True)[2] is True
+    exact = compile_file(str(ROOT / "flows" / "arith_grpo.flow")).graph
+    assert _reward_fn_cost(exact, exact.node("exact"), True)[2] is False

@@ -102,6 +102,16 @@ def test_quick_benchmark_measures_this_machine(cache):
     prof = load_profile(path)
     assert fresh and prof.tflops > 0 and prof.hbm_gbs > 0 and prof.platform == "cpu"
     assert autoprofile.machine_facts()["cpu"] in prof.source
+    # and what the train engine achieves of that matmul (flowrl.cost.trainbench), not another machine's
+    assert 0 < prof.mfu_forward <= 1 and 0 < prof.mfu_train <= 1 and prof.micro_overhead_s >= 0
+
+
+def test_a_new_benchmark_measures_again(cache, monkeypatch):
+    calls: list = []
+    autoprofile.auto_profile(FACTS, bench=writer(calls))
+    monkeypatch.setattr(autoprofile, "QUICK_VERSION", autoprofile.QUICK_VERSION + 1)
+    path, fresh = autoprofile.auto_profile(FACTS, bench=writer(calls))
+    assert fresh and len(calls) == 2 and calls[0] != calls[1] == path
 
 
 def test_new_kept_figures_measure_again(cache, monkeypatch):

@@ -374,8 +374,8 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.SCORE:
         found = st.data.get(src_gen)
-        per_sample, workers = _reward_cost(graph, n, found is not None and found.integer_answers)
-        secs = cm.reward_s(per_sample, rows, workers) + hw.op_overhead_s
+        per_sample, workers, served = _reward_cost(graph, n, found is not None and found.integer_answers)
+        secs = cm.reward_s(per_sample, rows, workers) + cm.score_call_s(rows, hw.op_overhead_s if served else 0.0)
         return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.ENV_STEP:
@@ -418,32 +418,36 @@ def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
     return len({g // per for g in e.gpus}) > 1
 
 
-def _reward_cost(graph: FlowGraph, n: Node, integer_answers: bool = False) -> tuple[float, int]:
-    """(CPU seconds per scored sample, worker processes) of the reward function a score op reads;
-    ``integer_answers``: every reference answer of the rows scored is an integer (verifiers' fast paths)."""
+def _reward_cost(graph: FlowGraph, n: Node, integer_answers: bool = False) -> tuple[float, int, bool]:
+    """(CPU seconds per scored sample, worker processes, whether a model's engine serves it) of the reward
+    function a score op reads; ``integer_answers``: every reference answer of the rows scored is an
+    integer (verifiers' fast paths)."""
     for u, e in graph.in_edges(n.id):
         if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN:
             return _reward_fn_cost(graph, graph.node(u), integer_answers)
-    return 0.0, 2
+    return 0.0, 2, False
 
 
-def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[float, int]:
-    """A reward's (seconds per sample, workers); a combined one (``weighted_sum``) pays for each of its
-    rewards in turn, at the fewest workers among them; a built-in verifier costs what its record
-    (:data:`~flowrl.catalog.ops.VERIFIER_COSTS`) says."""
+def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[float, int, bool]:
+    """A reward's (seconds per sample, workers, served by an engine); a combined one (``weighted_sum``) pays
+    for each of its rewards in turn, at the fewest workers among them; a built-in verifier costs what its
+    record (:data:`~flowrl.catalog.ops.VERIFIER_COSTS`) says; a reward model or a judge is served by its
+    model's engine (the record's ``serves_model``)."""
     spec = OPS.get(r.op)
     if spec is not None and spec.rest is not None:
         parts = [_reward_fn_cost(graph, graph.node(u), integer_answers) for u, e in graph.in_edges(r.id)
                  if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN]
-        return sum(s for s, _ in parts), min((w for _, w in parts), default=2)
+        return (sum(s for s, _, _ in parts), min((w for _, w, _ in parts), default=2),
+                any(served for _, _, served in parts))
+    served = spec is not None and spec.serves_model is not None
     w = getattr(r.attr("workers"), "value", 2)
     workers = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2
     name = r.args[0].value if r.args and isinstance(r.args[0], Const) else None
     if spec is not None and spec.costs_by_name and name in spec.costs_by_name:
         cost = spec.costs_by_name[name]
         fast = cost.integer_seconds_per_item if integer_answers else None
-        return (fast if fast is not None else cost.seconds_per_item), workers
-    return (spec.seconds_per_item if spec is not None else 0.0), workers
+        return (fast if fast is not None else cost.seconds_per_item), workers, served
+    return (spec.seconds_per_item if spec is not None else 0.0), workers, served
 
 
 def _switch(st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:
