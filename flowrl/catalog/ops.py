@@ -365,7 +365,7 @@ _op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_r
            seconds_per_item=1e-3,  # a Python call per completion
            doc="A Python reward function given as \"module:function\"."))
 _op(OpSpec("reward_model", OpKind.REWARD_FN, (_a("model", "model"),), serves_model="reward",
-           seconds_per_item=0.0,  # its forward runs on the model's own engine, planned as that engine's
+           seconds_per_item=0.0,  # its forward runs on the model's own engine, costed there (schedule.estimate)
            doc="A served reward model: a one-label sequence classifier (its score at the completion's last "
                "token) on the model's own engine, placed by the schedule (`rm.train`); it scores the "
                "rollouts' token ids, batched."))
@@ -376,7 +376,7 @@ _op(OpSpec("llm_judge", OpKind.REWARD_FN, (_a("model", "model", doc="the judge, 
                    "max_tokens": KwSpec("int", 8, min=1, doc="the longest judgement, in tokens"),
                    "on_error": KwSpec("float", 0.0, doc="the reward of a judgement with no number in it "
                                       "(counted in reward/errors)")},
-           seconds_per_item=0.0,  # its generation runs on the judge's own rollout engine, planned as that engine's
+           seconds_per_item=0.0,  # its generation runs on the judge's own rollout engine, costed there
            doc="A generative judge: the model's rollout engine reads the template with the prompt and the "
                "completion and writes greedily; the first number it writes is the reward."))
 _op(OpSpec("weighted_sum", OpKind.REWARD_FN, (_a("first", "reward", doc="a declared reward"),),

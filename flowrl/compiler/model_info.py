@@ -77,7 +77,7 @@ def facts_of(graph: FlowGraph, model_id: str) -> ModelFacts | None:
     source = _facts_from(node)
     attrs = {k: plain(v) for k, v in node.attrs if k != "lora"}  # an adapter leaves the shape as it is
     if source == FactsFrom.OPTIONS:
-        if not all(isinstance(v, (int, str)) for v in attrs.values()):
+        if not _concrete(attrs):
             return None  # an abstract option (a symbol): shape unknown
         return tiny_facts(attrs)
     if source == FactsFrom.CHECKPOINT and node.args and isinstance(node.args[0], Const):
@@ -162,8 +162,13 @@ def writes_answers(graph: FlowGraph, model_id: str) -> bool:
     node = source_node(graph, model_id)
     if node is None or _facts_from(node) != FactsFrom.OPTIONS or OPS[node.op].role != "trainable":
         return False
-    attrs = {k: plain(v) for k, v in node.attrs}
-    return all(isinstance(v, (int, str)) for k, v in attrs.items() if k != "lora") and tiny_writes_answers(attrs)
+    attrs = {k: plain(v) for k, v in node.attrs if k != "lora"}
+    return _concrete(attrs) and tiny_writes_answers(attrs)
+
+
+def _concrete(attrs: dict) -> bool:
+    """Whether every option is a value (a number, a string, a flag), none a symbol a caller passes in."""
+    return all(isinstance(v, (int, float, str, bool)) for v in attrs.values())
 
 
 _COUNTERS: dict[tuple[str, int], Callable[[str], int] | None] = {}

@@ -52,8 +52,6 @@ from flowrl.plan import Memory
 GB = 1e9
 ROLLOUT_WORKSPACE_GB = {"gpu": 1.5, "cpu": 0.05}
 """Activation workspace of a rollout engine (vLLM profiles ~1-2 GB on GPUs)."""
-REWARD_S_PER_SAMPLE = 1e-3
-"""CPU seconds per scored sample of a reward function whose record gives none."""
 SCORE_CALL_S = 5e-4
 """The driver's fixed cost of a score op: handing the batch to its reward worker processes and
 back (measured on 2 cores: 0.9 ms for 64 completions)."""
@@ -275,8 +273,9 @@ def offload_s(gb: float, hw: Profile) -> float:
 
 def reward_s(per_sample_s: float, samples: int, workers: int = 2) -> float:
     """CPU seconds to score ``samples`` completions at ``per_sample_s`` each (the reward op's
-    ``seconds_per_item``; :data:`REWARD_S_PER_SAMPLE` when it gives none) with ``workers`` processes."""
-    return (per_sample_s or REWARD_S_PER_SAMPLE) * samples / max(workers, 1)
+    ``seconds_per_item``, 0 for a reward served by a model's engine, costed on that engine) with
+    ``workers`` processes."""
+    return per_sample_s * samples / max(workers, 1)
 
 
 def score_call_s(samples: int, dispatch_s: float = 0.0) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.catalog.models import tiny_prompt_tokens
-from flowrl.catalog.ops import OPS, VERIFIER_COSTS, OpKind
+from flowrl.catalog.ops import OPS, VERIFIER_COSTS
 from flowrl.compiler.explain import describe_plan
 from flowrl.compiler.pipeline import compile_file, compile_text
 from flowrl.compiler.data_workload import ROWS
@@ -196,12 +196,3 @@ def test_a_verifier_costs_the_driver_its_reward_pool_not_an_engine_dispatch(tmp_
     assert _score_s(_write(tmp_path, rows, "exact")) == pytest.approx(expected, rel=1e-3)
     assert score_call_s(samples, 0.02) == pytest.approx(SCORE_CALL_S + SCORE_S_PER_SAMPLE * samples + 0.02)
 
-
-def test_a_reward_served_by_a_model_pays_the_engine_dispatch():
-    from flowrl.compiler.schedule.estimate import _reward_fn_cost
-
-    graph = compile_file(str(ROOT / "flows" / "arith_reward_model.flow")).graph
-    judge = next(n for n in graph.nodes() if n.kind == OpKind.REWARD_FN)
-    assert _reward_fn_cost(graph, judge, True)[2] is True
-    exact = compile_file(str(ROOT / "flows" / "arith_grpo.flow")).graph
-    assert _reward_fn_cost(exact, exact.node("exact"), True)[2] is False

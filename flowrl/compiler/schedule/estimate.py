@@ -375,9 +375,24 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
     if n.kind == OpKind.SCORE:
         found = st.data.get(src_gen)
         per_sample, workers, served = _reward_cost(graph, n, found is not None and found.integer_answers)
-        secs = cm.reward_s(per_sample, rows, workers) + cm.score_call_s(rows, hw.op_overhead_s if served else 0.0)
-        return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
-                (pid, n.kind.value, where, secs, 0))
+        engines = [(k, r) for k, r in served if k in st.engines]
+        secs = cm.reward_s(per_sample, rows, workers) + cm.score_call_s(rows, hw.op_overhead_s * len(engines))
+        if not engines:
+            return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
+                    (pid, n.kind.value, where, secs, 0))
+        toks = tokens_est.get(src_gen, rows * 64.0)
+        fixed, per_tok = secs, 0.0
+        for key, r in engines:  # each served reward's pass over the scored rows, on its model's engine
+            f, e = _facts(st, key.rsplit(".", 1)[0]), st.engines[key]
+            if key.endswith(".rollout"):  # a judge: reads each row, writes at most its max_tokens greedily
+                fixed += _judge_decode_s(f, e, hw, rows, toks / max(rows, 1), _int_attr(r, "max_tokens"))
+                per_tok += cm.prefill_s(f, hw, tp=e.tp, tokens=1) / max(e.dp, 1)
+            else:  # a reward model: one forward of every row
+                per_tok += cm.forward_s(f, hw, world=e.world_size, tokens=1) - hw.op_overhead_s
+        where = engines[0][0]
+        return (Phase(pid, PhaseKind.WORK, lane_of[where], deps, seconds=fixed, per_token_s=per_tok,
+                      tokens_from=_gen_pid(graph, src_gen, pid), label="reward"),
+                (pid, n.kind.value, where, fixed + per_tok * toks, int(toks)))
     if n.kind == OpKind.ENV_STEP:
         env = n.args[0].target if n.args and isinstance(n.args[0], Ref) else None
         sizing = st.envs.get(env)
@@ -418,28 +433,33 @@ def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
     return len({g // per for g in e.gpus}) > 1
 
 
-def _reward_cost(graph: FlowGraph, n: Node, integer_answers: bool = False) -> tuple[float, int, bool]:
-    """(CPU seconds per scored sample, worker processes, whether a model's engine serves it) of the reward
-    function a score op reads; ``integer_answers``: every reference answer of the rows scored is an
-    integer (verifiers' fast paths)."""
+Served = tuple[tuple[str, Node], ...]
+"""The engines serving a reward: ``(engine key, reward node)`` of each reward model or judge in it."""
+
+
+def _reward_cost(graph: FlowGraph, n: Node, integer_answers: bool = False) -> tuple[float, int, Served]:
+    """(CPU seconds per scored sample, worker processes, the engines serving it) of the reward function a
+    score op reads; ``integer_answers``: every reference answer of the rows scored is an integer
+    (verifiers' fast paths)."""
     for u, e in graph.in_edges(n.id):
         if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN:
             return _reward_fn_cost(graph, graph.node(u), integer_answers)
-    return 0.0, 2, False
+    return 0.0, 2, ()
 
 
-def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[float, int, bool]:
-    """A reward's (seconds per sample, workers, served by an engine); a combined one (``weighted_sum``) pays
-    for each of its rewards in turn, at the fewest workers among them; a built-in verifier costs what its
-    record (:data:`~flowrl.catalog.ops.VERIFIER_COSTS`) says; a reward model or a judge is served by its
-    model's engine (the record's ``serves_model``)."""
+def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[float, int, Served]:
+    """A reward's (CPU seconds per sample, workers, serving engines); a combined one (``weighted_sum``)
+    pays for each of its rewards in turn, at the fewest workers among them; a built-in verifier costs
+    what its record (:data:`~flowrl.catalog.ops.VERIFIER_COSTS`) says; a reward model or a judge runs on
+    its model's engine (the record's ``serves_model`` and ``serves_engine``), costed there."""
     spec = OPS.get(r.op)
     if spec is not None and spec.rest is not None:
         parts = [_reward_fn_cost(graph, graph.node(u), integer_answers) for u, e in graph.in_edges(r.id)
                  if e.kind == EdgeKind.RESOURCE and graph.node(u).kind == OpKind.REWARD_FN]
         return (sum(s for s, _, _ in parts), min((w for _, w, _ in parts), default=2),
-                any(served for _, _, served in parts))
-    served = spec is not None and spec.serves_model is not None
+                tuple(x for _, _, served in parts for x in served))
+    model = r.args[0].target if r.args and isinstance(r.args[0], Ref) else None
+    served = ((f"{model}.{spec.serves_engine}", r),) if spec is not None and spec.serves_model and model else ()
     w = getattr(r.attr("workers"), "value", 2)
     workers = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 2
     name = r.args[0].value if r.args and isinstance(r.args[0], Const) else None
@@ -448,6 +468,24 @@ def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[f
         fast = cost.integer_seconds_per_item if integer_answers else None
         return (fast if fast is not None else cost.seconds_per_item), workers, served
     return (spec.seconds_per_item if spec is not None else 0.0), workers, served
+
+
+def _judge_decode_s(f: ModelFacts, e: EnginePlan, hw, rows: int, context: float, max_tokens: int) -> float:
+    """Seconds a judge's rollout engine decodes ``max_tokens`` for each of ``rows`` rows (its replicas
+    sharing them, in waves of its concurrency), plus its cost per request."""
+    per_rep = -(-rows // max(e.dp, 1))
+    conc = max(1, min(hw.max_num_seqs, per_rep))
+    waves = -(-per_rep // conc)
+    step = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=context + max_tokens / 2)
+    return waves * max_tokens * step + hw.request_overhead_s * per_rep
+
+
+def _int_attr(n: Node, key: str) -> int:
+    """An int option of ``n``: its value, else its catalogue default."""
+    v = n.attr(key)
+    if isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool):
+        return v.value
+    return int(OPS[n.op].kwargs[key].default)
 
 
 def _switch(st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:
