@@ -1,7 +1,7 @@
 """The ``cpu`` profile measured automatically: a short micro-benchmark, cached per machine.
 
 ``flowrl plan`` for ``gpu = "cpu"`` uses this machine's figures without a manual
-``flowrl profile``: on first use a quick benchmark (fp32 matmul at :data:`QUICK_SIZE`,
+``flowrl profile``: on first use (a plan on ``cpu``, torch installed) a quick benchmark (fp32 matmul at :data:`QUICK_SIZE`,
 a :data:`QUICK_COPY_MB` MB memcpy, the tiny model's passes on the torch train engine
 (:mod:`flowrl.cost.trainbench`); no gloo; ~10 s on 2 cores) runs in a child process (``plan``
 itself never imports torch) and its profile is cached as
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -83,10 +84,11 @@ def cached_path(facts: dict | None = None) -> Path:
 
 
 def enabled() -> bool:
-    """Whether the automatic profile applies: not switched off, no explicit profile in effect."""
+    """Whether the automatic profile applies: not switched off, no explicit profile in effect, and torch
+    installed to measure with (the compiler alone runs without it: plans then use the built-in figures)."""
     if os.environ.get(ENV_SWITCH, "1") == "0" or os.environ.get("FLOWRL_PROFILE"):
         return False
-    return not profile_path().exists()
+    return not profile_path().exists() and importlib.util.find_spec("torch") is not None
 
 
 def auto_profile(facts: dict | None = None, bench=None) -> tuple[Path, bool]:
@@ -112,10 +114,11 @@ def auto_profile(facts: dict | None = None, bench=None) -> tuple[Path, bool]:
     return path, True
 
 
-def use_auto_profile(bench=None) -> Path | None:
+def use_auto_profile(bench=None, cached_only: bool = False) -> Path | None:
     """Make the automatic profile the ``cpu`` profile of this process (``$FLOWRL_PROFILE``) when
-    :func:`enabled`; returns its path (None when it does not apply)."""
-    if not enabled():
+    :func:`enabled`; returns its path (None when it does not apply). ``cached_only``: only a profile
+    measured before, never a benchmark now (``flowrl plan`` measures only for a plan on ``cpu``)."""
+    if not enabled() or (cached_only and not cached_path().exists()):
         return None
     path, _ = auto_profile(bench=bench)
     os.environ["FLOWRL_PROFILE"] = str(path)

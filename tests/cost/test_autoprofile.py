@@ -92,6 +92,43 @@ def test_plan_uses_the_cached_profile(cache, monkeypatch, capsys):
     assert fast_step < _step(capsys.readouterr().out)
 
 
+GPU_FLOW = """
+import stdlib.grpo
+model policy = tiny(task = "arith")
+dataset d = jsonl("{data}")
+reward exact = verifier("math")
+flow main() {{ grpo(policy, d, exact, batch = 8, group = 2, max_tokens = 4) }}
+schedule main on cluster(nodes = 1, gpus_per_node = 8, gpu = "{gpu}") {{
+  colocate policy.train, policy.rollout, ref on all
+}}
+"""
+
+
+@pytest.mark.parametrize("gpu, measures", [("H100", False), ("cpu", True)])
+def test_plan_measures_this_machine_only_for_a_plan_on_cpu(cache, monkeypatch, tmp_path, capsys, gpu, measures):
+    calls: list = []
+    monkeypatch.setattr(autoprofile, "run_quick_bench", writer(calls))
+    flow = tmp_path / "f.flow"
+    flow.write_text(GPU_FLOW.format(data=REPO / "data" / "arith" / "train.jsonl", gpu=gpu))
+    assert main(["plan", str(flow), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == int(measures)
+    assert ('"profile": "cpu: measured automatically' in out) is measures  # planned with the figures just measured
+
+
+def test_without_torch_plan_keeps_the_built_in_figures(cache, monkeypatch, capsys):
+    import importlib.util
+
+    calls: list = []
+    monkeypatch.setattr(autoprofile, "run_quick_bench", writer(calls))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.chdir(REPO)
+    assert not autoprofile.enabled()
+    assert main(["plan", "flows/arith_rloo.flow"]) == 0  # the compiler alone needs no torch
+    assert calls == [] and "default figures" in capsys.readouterr().out
+
+
 def _step(text: str) -> float:
     import json
     return json.loads(text)["estimate"]["step_s"]
