@@ -518,7 +518,8 @@ def tiny_problems(attrs: dict) -> list[TinyProblem]:
 
 
 __all__ = ["ModelFacts", "PRESETS", "ConfigError", "preset", "from_config", "config_value", "CONFIG_KEYS",
-           "tiny_facts", "tiny_shape", "tiny_writes_answers", "TINY_DEFAULTS", "read_config", "max_positions", "positions_key", "default_context",
+           "tiny_facts", "tiny_shape", "tiny_writes_answers", "TINY_DEFAULTS", "read_config", "max_positions",
+           "positions_key", "default_context",
            "checkpoint_context",
            "CONTEXT_CAP", "DEFAULT_MAX_LEN", "tiny_prompt_tokens", "CPU_HEAD_SIZES", "CPU_MOE_ALIGN", "TinyProblem",
            "tiny_shape_problems", "tiny_charset_problems", "tiny_problems"]

@@ -1,10 +1,10 @@
 """The ``cpu`` profile measured automatically: a short micro-benchmark, cached per machine.
 
 ``flowrl plan`` for ``gpu = "cpu"`` uses this machine's figures without a manual
-``flowrl profile``: on first use (a plan on ``cpu``, torch installed) a quick benchmark (fp32 matmul at :data:`QUICK_SIZE`,
-a :data:`QUICK_COPY_MB` MB memcpy, the tiny model's passes on the torch train engine
-(:mod:`flowrl.cost.trainbench`); no gloo; ~10 s on 2 cores) runs in a child process (``plan``
-itself never imports torch) and its profile is cached as
+``flowrl profile``: on first use (a plan on ``cpu``, torch installed) a quick benchmark
+(fp32 matmul at :data:`QUICK_SIZE`, a :data:`QUICK_COPY_MB` MB memcpy, the tiny model's passes
+on the torch train engine, :mod:`flowrl.cost.trainbench`; no gloo; ~6 s on 2 cores) runs in a
+child process (``plan`` itself never imports torch) and its profile is cached as
 ``$FLOWRL_CACHE/profiles/cpu-<key>.json`` (default ``~/.cache/flowrl/profiles``), the key
 hashing the machine facts a measurement depends on (:func:`machine_facts`: CPU model,
 core count, torch version), the benchmark's version (:data:`QUICK_VERSION`) and the figures

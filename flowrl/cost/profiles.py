@@ -127,8 +127,8 @@ def measure(matmul_n: int = 1024, copy_mb: int = 256, allreduce_mb: int = 64, re
     link = _gloo_allreduce_gbs(allreduce_mb, repeat) if with_allreduce else CPU_FALLBACK.nvlink_gbs
     ram = _ram_gb()
     engine = engine_rates(tflops) if with_engine else {}
-    return replace(CPU_FALLBACK, **engine, tflops=round(tflops, 5), hbm_gbs=round(memcpy, 3), nvlink_gbs=round(link, 3),
-                   ib_gbs=round(link, 3), pcie_gbs=round(memcpy, 3), hbm_gb=round(ram, 2),
+    return replace(CPU_FALLBACK, **engine, tflops=round(tflops, 5), hbm_gbs=round(memcpy, 3),
+                   nvlink_gbs=round(link, 3), ib_gbs=round(link, 3), pcie_gbs=round(memcpy, 3), hbm_gb=round(ram, 2),
                    memory_total_gb=round(ram, 2),
                    source=f"measured by `flowrl profile` on {platform.node() or 'this host'} "
                           f"({os.cpu_count()} cores) at {time.strftime('%Y-%m-%d %H:%M:%S')}")

@@ -122,10 +122,12 @@ def test_a_policy_warm_started_on_answers_is_expected_to_write_them_alone(tmp_pa
     expected = statistics.fmean(min(len(str(r["result"])) + 1, 8) for r in rows[:ROWS])
     assert g.sched.data["r"].response_tokens == pytest.approx(expected, abs=0.01)
     assert g.sched.estimate.assumptions["response_source"] == {
-        "r": f"mean of the first {ROWS} rows' `result` in `d.jsonl`: the policy, warm-started on answers, writes them alone"}
+        "r": f"mean of the first {ROWS} rows' `result` in `d.jsonl`: "
+             "the policy, warm-started on answers, writes them alone"}
     # a reference completion, where the dataset names one, is what the policy writes instead
     solved = [{**r, "solution": "1" * 7} for r in rows]
-    g = compile_file(str(_write(tmp_path, solved, name="solved", options=', answer = "result", completion = "solution"'))).graph
+    options = ', answer = "result", completion = "solution"'
+    g = compile_file(str(_write(tmp_path, solved, name="solved", options=options))).graph
     assert g.sched.data["r"].response_tokens == 8
 
 

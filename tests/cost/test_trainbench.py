@@ -3,6 +3,8 @@ fixed cost of a micro-batch, timed on the real torch engine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from flowrl.catalog.models import tiny_facts
@@ -17,7 +19,7 @@ def test_the_figures_give_back_the_seconds_they_were_measured_from():
     facts = tiny_facts({"task": trainbench.TASK})
     forward, train = {16: 0.004, 128: 0.025}, {16: 0.012, 128: 0.060}
     figures = trainbench.rates(forward, train, facts.active_params, 0.2)
-    prof = CPU_FALLBACK.__class__(**{**CPU_FALLBACK.to_dict(), **figures, "tflops": 0.2, "op_overhead_s": 0.0})
+    prof = replace(CPU_FALLBACK, **figures, tflops=0.2, op_overhead_s=0.0)
     for rows in (16, 128):
         tokens = rows * trainbench.WIDTH
         assert train_s(facts, prof, kind="torch", tp=1, pp=1, dp=1, cp=1, tokens=tokens) == pytest.approx(
@@ -38,7 +40,7 @@ def test_a_slower_machine_has_lower_figures_and_none_leaves_its_range():
 
 
 def test_engine_threads_share_the_cores_among_the_engines_of_a_node():
-    assert trainbench.engine_threads(2) == 1 and trainbench.engine_threads(16) == 8 and trainbench.engine_threads(1) == 1
+    assert [trainbench.engine_threads(n) for n in (1, 2, 16)] == [1, 1, 8]
 
 
 def test_engine_rates_times_the_real_engine_on_this_machine():
