@@ -11,8 +11,6 @@ from flowrl.catalog.ops import VERIFIER_COSTS
 from flowrl.compiler.pipeline import compile_file
 from flowrl.cost import model as cm
 
-ROOT = Path(__file__).resolve().parents[2]
-
 FLOW = '''
 model m = tiny(task = "arith")
 model rm = tiny_rm(task = "arith")
