@@ -395,7 +395,7 @@ def run_plan_cmd(args: argparse.Namespace) -> int:
         autoprofile.use_auto_profile(cached_only=True)  # this machine's figures, if measured before
         sets = parse_sets(args.set)
         plan = build_plan(args.file, flow=args.flow, sets=sets, steps=args.steps)
-        if plan.cluster.get("gpu") == "cpu" and autoprofile.use_auto_profile() is not None:
+        if autoprofile.measures(plan.cluster.get("gpu", "")) and autoprofile.use_auto_profile() is not None:
             plan = build_plan(args.file, flow=args.flow, sets=sets, steps=args.steps)  # measured just now
     except profiles.ProfileError as e:
         raise CliError(str(e)) from None
@@ -478,8 +478,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     """Measure this machine (matmul, memcpy, gloo allreduce) for the `cpu` cost profile."""
-    import importlib.util
-
     from flowrl.cost import profiles
 
     if args.calibrate:
@@ -492,8 +490,11 @@ def run_profile(args: argparse.Namespace) -> int:
                         ("--repeat", args.repeat)):
         if value < 1:
             raise UsageError(f"{name} must be >= 1, got {value}")
-    if importlib.util.find_spec("torch") is None:
-        raise CliError("`flowrl profile` measures with torch, which is not installed: pip install torch==2.13.0")
+    if not profiles.can_measure():
+        from flowrl.launch import REQUIRED
+
+        raise CliError(f"`flowrl profile` measures with {profiles.MEASURES_WITH}, which is not installed: "
+                       f"{REQUIRED[profiles.MEASURES_WITH]}")
     prof = profiles.measure(args.size, args.copy_mb, args.allreduce_mb, args.repeat,
                             with_allreduce=not args.no_allreduce)
     try:

@@ -102,7 +102,8 @@ def seq_len(facts: ModelFacts | None, max_tokens: int) -> int:
     return prompt_tokens(facts) + max_tokens
 
 
-def _int(node: Node, key: str, default: int) -> int:
+def int_option(node: Node, key: str, default: int) -> int:
+    """An int option of ``node``: its value, else its catalogue default, else ``default``."""
     v = node.attr(key)
     if isinstance(v, Const) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool):
         return int(v.value)
@@ -126,13 +127,13 @@ def workload(graph: FlowGraph) -> Workload:
             if n.region and n.region in graph.regions:
                 c = graph.regions[n.region].count
                 turns = int(c.value) if isinstance(c, Const) and isinstance(c.value, int) else 1
-            g = GenWork(n.id, n.model, prompts, _int(n, "n", 1), _int(n, "max_tokens", 64), turns)
+            g = GenWork(n.id, n.model, prompts, int_option(n, "n", 1), int_option(n, "max_tokens", 64), turns)
             gens.append(g)
             max_tok[n.model] = max(max_tok.get(n.model, 0), g.max_tokens)
         elif n.kind == OpKind.UPDATE and n.model:
-            micro[n.model] = _int(n, "micro_batch", 8)
-            budget[n.model] = _int(n, "micro_batch_tokens", 0)
-            epochs[n.model] = _int(n, "epochs", 1)
+            micro[n.model] = int_option(n, "micro_batch", 8)
+            budget[n.model] = int_option(n, "micro_batch_tokens", 0)
+            epochs[n.model] = int_option(n, "epochs", 1)
     draws = _expected_draws(graph, samples)
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
@@ -164,10 +165,10 @@ def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:
             continue
         r = spec.redraw
         rows = next((samples[u] for u, e in graph.in_edges(n.id) if e.kind == EdgeKind.DATA and u in samples), 0)
-        groups = max(rows // max(_int(n, spec.group_option, 1), 1), 1)
+        groups = max(rows // max(int_option(n, spec.group_option, 1), 1), 1)
         keep = n.attr(r.keep)
         keep = float(keep.value) if isinstance(keep, Const) else float(spec.kwargs[r.keep].default)
-        d = r.expected_draws(_int(n, r.size, 0), groups, _int(n, r.max_draws, 1), keep)
+        d = r.expected_draws(int_option(n, r.size, 0), groups, int_option(n, r.max_draws, 1), keep)
         for u in nx.ancestors(dag, n.id):
             if graph.node(u).kind in PRODUCER_KINDS:
                 out[u] = max(out.get(u, 1.0), d)
@@ -183,17 +184,17 @@ def _input(graph: FlowGraph, n: Node, arg: str) -> str | None:
 
 def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
     if n.kind == OpKind.SAMPLE:
-        return _int(n, "size", 64)
+        return int_option(n, "size", 64)
     if n.kind == OpKind.GENERATE:
         src = _input(graph, n, "prompts")
-        return samples.get(src, 64) * _int(n, "n", 1) if src else 64
+        return samples.get(src, 64) * int_option(n, "n", 1) if src else 64
     spec = OPS.get(n.op)
-    if spec is not None and spec.redraw is not None and _int(n, spec.redraw.size, 0):
-        return _int(n, spec.redraw.size, 0) * _int(n, spec.group_option, 1)  # the groups it keeps
+    if spec is not None and spec.redraw is not None and int_option(n, spec.redraw.size, 0):
+        return int_option(n, spec.redraw.size, 0) * int_option(n, spec.group_option, 1)  # the groups it keeps
     for u, e in graph.in_edges(n.id):  # rows follow the first data input
         if e.kind == EdgeKind.DATA and e.distance == 0 and u in samples:
             return samples[u]
     return 0
 
 
-__all__ = ["Workload", "GenWork", "workload", "lora_of", "prompt_tokens", "lengths", "seq_len"]
+__all__ = ["Workload", "GenWork", "workload", "lora_of", "prompt_tokens", "lengths", "seq_len", "int_option"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from flowrl.catalog.hardware import CPU_FALLBACK
 from flowrl.cache import cache_root
-from flowrl.cost.profiles import ProfileError, load_profile, profile_path, save_profile
+from flowrl.cost.profiles import ProfileError, can_measure, load_profile, profile_path, save_profile
 
 QUICK_SIZE = 1024
 """Matmul size of the quick benchmark (``[n, n] @ [n, n]`` fp32)."""
@@ -88,7 +87,13 @@ def enabled() -> bool:
     installed to measure with (the compiler alone runs without it: plans then use the built-in figures)."""
     if os.environ.get(ENV_SWITCH, "1") == "0" or os.environ.get("FLOWRL_PROFILE"):
         return False
-    return not profile_path().exists() and importlib.util.find_spec("torch") is not None
+    return not profile_path().exists() and can_measure()
+
+
+def measures(gpu: str) -> bool:
+    """Whether a cluster's ``gpu`` kind is this machine (the profile the benchmark measures), not a
+    data sheet's GPU."""
+    return gpu == CPU_FALLBACK.name
 
 
 def auto_profile(facts: dict | None = None, bench=None) -> tuple[Path, bool]:
@@ -150,6 +155,6 @@ def quick_measure():
 if __name__ == "__main__":  # the child process of run_quick_bench
     save_profile(quick_measure(), sys.argv[1])
 
-__all__ = ["machine_facts", "machine_key", "cache_dir", "cached_path", "enabled", "auto_profile",
+__all__ = ["machine_facts", "machine_key", "cache_dir", "cached_path", "enabled", "measures", "auto_profile",
            "use_auto_profile", "run_quick_bench", "quick_measure", "QUICK_SIZE", "QUICK_COPY_MB", "QUICK_VERSION",
            "ENV_SWITCH"]

@@ -15,6 +15,7 @@ measured, conservative figures for a 2-core x86 machine stand in (``source`` say
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -25,6 +26,15 @@ from pathlib import Path
 from flowrl.cache import cache_root
 from flowrl.catalog.hardware import CPU_FALLBACK, PROFILES, Profile
 from flowrl.cost.trainbench import engine_rates
+
+
+MEASURES_WITH = "torch"
+"""The package every measurement of this machine imports (the compiler alone runs without it)."""
+
+
+def can_measure() -> bool:
+    """Whether this machine can be measured here: :data:`MEASURES_WITH` is installed."""
+    return importlib.util.find_spec(MEASURES_WITH) is not None
 
 
 class ProfileError(ValueError):
@@ -191,4 +201,4 @@ def _allreduce_worker(rank: int, world: int, port: int, mb: int, repeat: int, qu
 
 
 __all__ = ["Profile", "PROFILES", "CPU_FALLBACK", "ProfileError", "get_profile", "cpu_profile", "load_profile",
-           "save_profile", "profile_path", "measure"]
+           "save_profile", "profile_path", "measure", "MEASURES_WITH", "can_measure"]

@@ -11,8 +11,8 @@ and a rollout engine share this machine (half its cores: :data:`ENGINES_PER_NODE
 
 * a log-prob pass (``forward``): the seconds per token give ``mfu_forward``
   (``2 P`` FLOPs a token over the matmul peak);
-* an update of one micro-batch (``train_step``, the PPO clipped loss with entropy, as the default
-  flow's): per token, ``mfu_train`` (``6 P`` FLOPs a token); at zero tokens, the fixed
+* an update of one micro-batch (``train_step`` with an update's default loss, the PPO clipped
+  surrogate, entropy computed, as the default flow's): per token, ``mfu_train`` (``6 P`` FLOPs a token); at zero tokens, the fixed
   cost of a micro-batch (``micro_overhead_s``; it includes the optimiser step).
 
 Each the median of ``repeat`` runs after a warm-up; ~1 s of timing on 2 cores, and ~3 s of imports.
@@ -28,6 +28,7 @@ import tempfile
 import time
 
 from flowrl.catalog.models import tiny_facts, tiny_shape
+from flowrl.catalog.ops import OPS
 
 ROWS = (16, 128)
 """Rows of the two batches timed: a small one, and the default flow's micro-batch (128 rows; the
@@ -71,7 +72,7 @@ def _time_passes(repeat: int) -> tuple[dict[int, float], dict[int, float]]:
     from flowrl.tasks import get_task
 
     shape = tiny_shape({"task": TASK})
-    loss = make_loss_fn({"name": "ppo_clip", "clip": 0.2})
+    loss = make_loss_fn({"name": OPS["update"].kwargs["loss"].default})  # an update's default loss
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # saving and loading the model would draw two
     try:

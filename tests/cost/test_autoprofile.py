@@ -117,12 +117,11 @@ def test_plan_measures_this_machine_only_for_a_plan_on_cpu(cache, monkeypatch, t
 
 
 def test_without_torch_plan_keeps_the_built_in_figures(cache, monkeypatch, capsys):
-    import importlib.util
+    from flowrl.cost import profiles
 
     calls: list = []
     monkeypatch.setattr(autoprofile, "run_quick_bench", writer(calls))
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(profiles, "MEASURES_WITH", "flowrl_no_such_package")  # what measuring imports, absent
     monkeypatch.chdir(REPO)
     assert not autoprofile.enabled()
     assert main(["plan", "flows/arith_rloo.flow"]) == 0  # the compiler alone needs no torch
@@ -141,6 +140,8 @@ def test_quick_benchmark_measures_this_machine(cache):
     assert autoprofile.machine_facts()["cpu"] in prof.source
     # and what the train engine achieves of that matmul (flowrl.cost.trainbench), not another machine's
     assert 0 < prof.mfu_forward <= 1 and 0 < prof.mfu_train <= 1 and prof.micro_overhead_s >= 0
+    kept = (CPU_FALLBACK.mfu_forward, CPU_FALLBACK.mfu_train, CPU_FALLBACK.micro_overhead_s)
+    assert (prof.mfu_forward, prof.mfu_train, prof.micro_overhead_s) != kept
 
 
 def test_a_new_benchmark_measures_again(cache, monkeypatch):

@@ -71,3 +71,11 @@ def test_a_verifier_scores_on_the_driver_without_an_engine(tmp_path):
     assert score.where == "reward"
     assert score.seconds == pytest.approx(rows * VERIFIER_COSTS["exact"].seconds_per_item / 2 + cm.score_call_s(rows),
                                           rel=1e-3)
+
+
+def test_every_engine_a_reward_is_served_on_has_a_cost():
+    from flowrl.catalog.ops import OPS
+    from flowrl.compiler.schedule.estimate import SERVED_PASS
+
+    served_on = {spec.serves_engine for spec in OPS.values() if spec.serves_model}
+    assert served_on and served_on <= set(SERVED_PASS)

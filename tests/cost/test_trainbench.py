@@ -43,8 +43,23 @@ def test_engine_threads_share_the_cores_among_the_engines_of_a_node():
     assert [trainbench.engine_threads(n) for n in (1, 2, 16)] == [1, 1, 8]
 
 
-def test_engine_rates_times_the_real_engine_on_this_machine():
-    figures = trainbench.engine_rates(0.2, threads=1, repeat=2)
-    assert set(figures) == {"mfu_forward", "mfu_train", "micro_overhead_s"}
-    assert 0 < figures["mfu_forward"] <= 1 and 0 < figures["mfu_train"] <= 1
-    assert 0 <= figures["micro_overhead_s"] < 1
+def test_the_real_engine_takes_longer_on_the_larger_batch():
+    # the torch engine's log-prob pass and update, timed: 8x the rows cost more, both ways
+    forward, train = trainbench._time_passes(repeat=2)
+    small, large = trainbench.ROWS
+    assert set(forward) == set(train) == {small, large}
+    assert forward[large] > forward[small] > 0 and train[large] > train[small] > 0
+    assert train[large] > forward[large]  # an update is a forward, a backward and an optimiser step
+
+
+def test_engine_rates_turns_the_timed_seconds_into_figures_at_an_engines_threads(monkeypatch):
+    import torch
+
+    timed = ({16: 0.004, 128: 0.025}, {16: 0.012, 128: 0.060})
+    seen = []
+    monkeypatch.setattr(trainbench, "_time_passes", lambda repeat: seen.append(torch.get_num_threads()) or timed)
+    before = torch.get_num_threads()
+    figures = trainbench.engine_rates(0.2, threads=1)
+    params = tiny_facts({"task": trainbench.TASK}).active_params
+    assert figures == trainbench.rates(*timed, params, 0.2)
+    assert seen == [1] and torch.get_num_threads() == before  # timed at one engine's share, then restored

@@ -27,9 +27,9 @@ from dataclasses import replace
 from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.models import ModelFacts, tiny_facts
 from flowrl.catalog.ops import OPS, PRODUCER_KINDS, RESOURCE_KINDS, OpKind
-from flowrl.compiler.sched import SchedState
+from flowrl.compiler.sched import SchedState, model_of
 from flowrl.compiler.schedule.layouts import micro_batch
-from flowrl.compiler.workload import LENGTH_MEDIAN_FRACTION, Workload, lengths, prompt_tokens
+from flowrl.compiler.workload import LENGTH_MEDIAN_FRACTION, Workload, int_option, lengths, prompt_tokens
 from flowrl.cost import model as cm
 from flowrl.cost.sim import GenPhase, LengthDist, Phase, PhaseKind, SimSpec, simulate
 from flowrl.ir.graph import Const, EdgeKind, FlowGraph, Node, Ref
@@ -373,26 +373,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
                       label=OpKind.RESYNC.value, every=plan.every if plan is not None else 1),
                 (pid, n.kind.value, where, secs, 0))
     if n.kind == OpKind.SCORE:
-        found = st.data.get(src_gen)
-        per_sample, workers, served = _reward_cost(graph, n, found is not None and found.integer_answers)
-        engines = [(k, r) for k, r in served if k in st.engines]
-        secs = cm.reward_s(per_sample, rows, workers) + cm.score_call_s(rows, hw.op_overhead_s * len(engines))
-        if not engines:
-            return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=secs, label="reward"),
-                    (pid, n.kind.value, where, secs, 0))
-        toks = tokens_est.get(src_gen, rows * 64.0)
-        fixed, per_tok = secs, 0.0
-        for key, r in engines:  # each served reward's pass over the scored rows, on its model's engine
-            f, e = _facts(st, key.rsplit(".", 1)[0]), st.engines[key]
-            if key.endswith(".rollout"):  # a judge: reads each row, writes at most its max_tokens greedily
-                fixed += _judge_decode_s(f, e, hw, rows, toks / max(rows, 1), _int_attr(r, "max_tokens"))
-                per_tok += cm.prefill_s(f, hw, tp=e.tp, tokens=1) / max(e.dp, 1)
-            else:  # a reward model: one forward of every row
-                per_tok += cm.forward_s(f, hw, world=e.world_size, tokens=1) - hw.op_overhead_s
-        where = engines[0][0]
-        return (Phase(pid, PhaseKind.WORK, lane_of[where], deps, seconds=fixed, per_token_s=per_tok,
-                      tokens_from=_gen_pid(graph, src_gen, pid), label="reward"),
-                (pid, n.kind.value, where, fixed + per_tok * toks, int(toks)))
+        return _score_phase(graph, st, n, pid, deps, rows, src_gen, tokens_est.get(src_gen, rows * 64.0), lane_of)
     if n.kind == OpKind.ENV_STEP:
         env = n.args[0].target if n.args and isinstance(n.args[0], Ref) else None
         sizing = st.envs.get(env)
@@ -433,6 +414,29 @@ def _spans_nodes(e: EnginePlan, st: SchedState) -> bool:
     return len({g // per for g in e.gpus}) > 1
 
 
+def _score_phase(graph: FlowGraph, st: SchedState, n: Node, pid: str, deps: tuple, rows: int, src_gen: str,
+                 toks: float, lane_of: dict):
+    """A score op: its rewards' CPU work and the driver's call on the ``reward`` lane; where a model's
+    engine serves a reward (a reward model, a judge), on that engine's lane, with its pass over the
+    scored rows (``toks`` tokens: prompts and responses) and the dispatch to it."""
+    hw, found = st.hw, st.data.get(src_gen)
+    per_sample, workers, served = _reward_cost(graph, n, found is not None and found.integer_answers)
+    engines = [(k, r) for k, r in served if k in st.engines]
+    fixed = cm.reward_s(per_sample, rows, workers) + cm.score_call_s(rows, hw.op_overhead_s * len(engines))
+    if not engines:
+        return (Phase(pid, PhaseKind.WORK, "reward", deps, seconds=fixed, label="reward"),
+                (pid, n.kind.value, "reward", fixed, 0))
+    per_tok = 0.0
+    for key, r in engines:  # by the engine role its record serves it on
+        more_fixed, more_per_tok = SERVED_PASS[OPS[r.op].serves_engine](
+            _facts(st, model_of(key)), st.engines[key], hw, r, rows, toks)
+        fixed, per_tok = fixed + more_fixed, per_tok + more_per_tok
+    where = engines[0][0]
+    return (Phase(pid, PhaseKind.WORK, lane_of[where], deps, seconds=fixed, per_token_s=per_tok,
+                  tokens_from=_gen_pid(graph, src_gen, pid), label="reward"),
+            (pid, n.kind.value, where, fixed + per_tok * toks, int(toks)))
+
+
 Served = tuple[tuple[str, Node], ...]
 """The engines serving a reward: ``(engine key, reward node)`` of each reward model or judge in it."""
 
@@ -470,22 +474,26 @@ def _reward_fn_cost(graph: FlowGraph, r: Node, integer_answers: bool) -> tuple[f
     return (spec.seconds_per_item if spec is not None else 0.0), workers, served
 
 
-def _judge_decode_s(f: ModelFacts, e: EnginePlan, hw, rows: int, context: float, max_tokens: int) -> float:
-    """Seconds a judge's rollout engine decodes ``max_tokens`` for each of ``rows`` rows (its replicas
-    sharing them, in waves of its concurrency), plus its cost per request."""
+def _forward_pass(f: ModelFacts, e: EnginePlan, hw, r: Node, rows: int, toks: float) -> tuple[float, float]:
+    """A reward model on its train engine: one forward of every scored row, (fixed s, s per token)."""
+    return 0.0, cm.forward_s(f, hw, world=e.world_size, tokens=1) - hw.op_overhead_s
+
+
+def _judge_pass(f: ModelFacts, e: EnginePlan, hw, r: Node, rows: int, toks: float) -> tuple[float, float]:
+    """A judge on its rollout engine: it prefills every row, then decodes its ``max_tokens`` for each
+    (its replicas sharing the rows, in waves of its concurrency), plus its cost per request."""
+    max_tokens = int_option(r, "max_tokens", 1)
     per_rep = -(-rows // max(e.dp, 1))
     conc = max(1, min(hw.max_num_seqs, per_rep))
     waves = -(-per_rep // conc)
-    step = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=context + max_tokens / 2)
-    return waves * max_tokens * step + hw.request_overhead_s * per_rep
+    step = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=toks / max(rows, 1) + max_tokens / 2)
+    decode = waves * max_tokens * step + hw.request_overhead_s * per_rep
+    return decode, cm.prefill_s(f, hw, tp=e.tp, tokens=1) / max(e.dp, 1)
 
 
-def _int_attr(n: Node, key: str) -> int:
-    """An int option of ``n``: its value, else its catalogue default."""
-    v = n.attr(key)
-    if isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool):
-        return v.value
-    return int(OPS[n.op].kwargs[key].default)
+SERVED_PASS = {"train": _forward_pass, "rollout": _judge_pass}
+"""A served reward's pass over the scored rows, by the engine role its record serves it on
+(``OpSpec.serves_engine``): ``(fixed seconds, seconds per token)``."""
 
 
 def _switch(st: SchedState, n: Node, pid: str, lane_of: dict) -> Phase | None:
