@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from flowrl.catalog.models import tiny_facts, tiny_shape
-from flowrl.catalog.ops import OPS
+from flowrl.catalog.ops import OPS, OpKind
 
 ROWS = (16, 128)
 """Rows of the two batches timed: a small one, and the default flow's micro-batch (128 rows; the
@@ -72,7 +72,8 @@ def _time_passes(repeat: int) -> tuple[dict[int, float], dict[int, float]]:
     from flowrl.tasks import get_task
 
     shape = tiny_shape({"task": TASK})
-    loss = make_loss_fn({"name": OPS["update"].kwargs["loss"].default})  # an update's default loss
+    update = next(spec for spec in OPS.values() if spec.kind == OpKind.UPDATE)
+    loss = make_loss_fn({"name": update.kwargs["loss"].default})  # an update's default loss
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # saving and loading the model would draw two
     try:
