@@ -40,7 +40,8 @@ check: $(STAMP)
 # train step, a 30-step GRPO run of a ~0.5B model; one table, bench/results/gpu_check.json, at most 10 minutes.
 # Where `nvidia-smi` lists a GPU it runs on CUDA with GPU_PYTHON: by default the .venv-gpu virtualenv with the
 # `gpu` extra (created on first use); a machine without network can name an interpreter that already holds CUDA
-# torch (`make gpu-check GPU_PYTHON=python3`: checks whose packages it lacks are skipped, saying which).
+# torch (`make gpu-check GPU_PYTHON=python3`: checks whose packages it lacks are skipped, saying which;
+# bench/gpu_wheels.py makes the wheels of Ray, Megatron-core and the rest for it elsewhere).
 # Elsewhere it runs the CPU-side part in .venv (`make test` runs its quick set: tests/engines/test_gpu_check.py).
 GPU_VENV   := .venv-gpu
 GPU_PYTHON ?= $(GPU_VENV)/bin/python

@@ -79,7 +79,7 @@ def _time_passes(repeat: int) -> tuple[dict[int, float], dict[int, float]]:
     try:
         with tempfile.TemporaryDirectory(prefix="flowrl-trainbench-") as folder:
             build_tiny_model(folder, chars=get_task(TASK).chars, **shape)
-            engine = TorchTrainEngine(folder)
+            engine = TorchTrainEngine(folder, device="cpu")  # the `cpu` profile: the CPU, GPU or not
     finally:
         if bars:
             hf_logging.enable_progress_bar()

@@ -150,6 +150,14 @@ class OffloadingEngine(Protocol):
         ...
 
 
+def accelerator() -> str:
+    """The device of an engine built without one: ``cuda`` where this process sees a GPU (under Ray,
+    the one its placement-group bundle gave it; a forked rank, its host's), else ``cpu``. The torch
+    engines default to it, as the FSDP and Megatron ranks pick theirs, so a plan on GPUs trains and
+    generates on them without a device in the flow."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_sampling_spec(spec: SamplingSpec, *, routes: bool = False) -> None:
     """Raise :class:`EngineConfigError` naming the first out-of-range field of ``spec``, or its
     ``routes`` when the engine cannot return routed experts (``routes=False``)."""

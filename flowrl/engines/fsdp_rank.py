@@ -204,7 +204,7 @@ class FsdpRank:
         totals: dict[str, float] = {"loss": 0.0}
         for _, micro in micros:
             outputs = eng._outputs(micro, entropy=entropy, pack=pack)
-            loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
+            loss, metrics = _split_loss(loss_fn(outputs, micro.to(eng.device), denominator))
             loss.backward()
             totals["loss"] += float(loss.detach())
             combine_metrics(totals, metrics)

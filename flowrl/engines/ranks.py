@@ -195,8 +195,19 @@ def unpickled(kwargs: dict, cloudpickle: Any) -> dict:
 _MAIN_ENV = "_FLOWRL_FORKSERVER_MAIN"
 
 
+def server_preload(preload: tuple[str, ...]) -> list[str]:
+    """What the fork server imports: this module and ``preload``, or only this module where this
+    process sees a GPU. A fork server must never initialise CUDA (a forked child cannot use it
+    then), and importing Megatron-core does (seen on an H200: every rank failed with "Cannot
+    re-initialize CUDA in forked subprocess"); there the ranks import their modules after the fork."""
+    import torch
+
+    return ["flowrl.engines.ranks", *(() if torch.cuda.is_available() else preload)]
+
+
 def mp_context(preload: tuple[str, ...]) -> Any:
-    """The ``forkserver`` multiprocessing context preloading ``preload`` (``spawn`` where unavailable).
+    """The ``forkserver`` multiprocessing context preloading ``preload`` (:func:`server_preload`;
+    ``spawn`` where unavailable).
 
     Ranks are forked from a clean server process that has imported modules but never run
     a torch op (so no OpenMP/thread pool is forked mid-flight); the server outlives one
@@ -212,7 +223,7 @@ def mp_context(preload: tuple[str, ...]) -> Any:
         ctx = mp.get_context("forkserver")
     except ValueError:
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(["flowrl.engines.ranks", *preload])
+    ctx.set_forkserver_preload(server_preload(preload))
     main_file = getattr(sys.modules["__main__"], "__file__", None)
     if main_file:
         # Python 3.11's fork server never imports the parent's main script, so every child

@@ -115,7 +115,7 @@ def _replay_hook(layer: int, routes: torch.Tensor, differ: torch.Tensor):
         new_experts = torch.where(has[:, None], given, experts)
         new_weights = torch.where(has[:, None], chosen.to(weights.dtype), weights)
         flips = (new_experts.sort(-1).values != experts.sort(-1).values).any(-1) & has
-        differ.add_(flips.view(differ.shape).to(differ.dtype).cpu())
+        differ.add_(flips.view(differ.shape).to(differ.device, differ.dtype))
         return logits, new_weights, new_experts
 
     return hook

@@ -17,6 +17,7 @@ import torch
 from flowrl.data.chat import stop_ids
 from flowrl.engines.base import (
     EngineConfigError,
+    accelerator,
     check_lengths,
     check_prompts,
     check_sampling_spec,
@@ -33,7 +34,8 @@ class TorchRolloutEngine:
         model_path: transformers checkpoint dir; its tokenizer (if saved there) decodes
             text and matches stop strings.
         dtype: parameter dtype name; logprobs are computed in float32 either way.
-        device: torch device string.
+        device: torch device string; None: :func:`~flowrl.engines.base.accelerator` (``cuda`` where
+            this process sees a GPU, else ``cpu``).
         seed: seeds calls whose ``SamplingSpec.seed`` is None, so a run is reproducible.
         max_batch_rows: most sequences (prompts x n) generated at once.
         max_model_len: longest prompt + completion in tokens; None: the checkpoint's positions only.
@@ -45,7 +47,7 @@ class TorchRolloutEngine:
         model_path: str,
         *,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str | None = None,
         seed: int = 0,
         max_batch_rows: int = 256,
         max_model_len: int | None = None,
@@ -60,7 +62,7 @@ class TorchRolloutEngine:
         kwargs = {"dtype": _DTYPES[dtype]}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        self.device = torch.device(device)
+        self.device = torch.device(device or accelerator())
         self.model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(self.device).eval()
         self._slices: dict | None = None
         """Checkpoint names of fused weights (:func:`_checkpoint_slices`), found on the first update naming one."""

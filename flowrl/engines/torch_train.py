@@ -23,7 +23,7 @@ from torch import nn
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
 from flowrl.engines import batching
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn, accelerator
 from flowrl.engines.route_replay import replayed_routes
 from flowrl.engines.types import ROUTES, TokenBatch
 
@@ -204,7 +204,8 @@ class TorchTrainEngine:
             a rollout engine sampling at the same temperature.
         dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``);
             per-token outputs are always float32.
-        device: torch device string.
+        device: torch device string; None: :func:`~flowrl.engines.base.accelerator` (``cuda`` where
+            this process sees a GPU, else ``cpu``).
         seed: seeds the critic head's initialisation.
         compute_entropy: whether ``train_step`` passes ``"entropy"`` to the loss (actor).
         attn_implementation: transformers attention backend; None keeps its default.
@@ -221,7 +222,7 @@ class TorchTrainEngine:
         optim: OptimConfig = OptimConfig(),
         temperature: float = 1.0,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str | None = None,
         seed: int = 0,
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
@@ -238,7 +239,7 @@ class TorchTrainEngine:
         self.role = role
         self.optim_config = optim
         self.temperature = float(temperature)
-        self.device = torch.device(device)
+        self.device = torch.device(device or accelerator())
         self.compute_entropy = compute_entropy
         self.model = _load_model(model_path, role, _DTYPES[dtype], attn_implementation, seed).to(self.device)
         self._window = _sliding_window(model_path)  # a packed row's mask cannot apply it (_packed_outputs)
@@ -282,10 +283,10 @@ class TorchTrainEngine:
             logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
             out = {}
         else:  # routing replay: the rollout engine's experts (flowrl.engines.route_replay)
-            differ = torch.zeros(ids.shape, dtype=torch.float32)
+            differ = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
             with replayed_routes(self.model, routes.to(self.device), differ):
                 logits = self.model(input_ids=ids, attention_mask=attn).logits.float() / self.temperature
-            out = {"routes_differ": differ * attn.cpu().float()}
+            out = {"routes_differ": differ * attn.float()}
         out["logprobs"] = token_logprobs(logits, ids, attn)
         if entropy:
             out["entropy"] = token_entropy(logits, attn)
@@ -410,7 +411,8 @@ class TorchTrainEngine:
         micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens, pack)
         for _, micro in micros:
             outputs = self._outputs(micro, entropy=self.role == "actor" and self.compute_entropy, pack=pack)
-            loss, metrics = _split_loss(loss_fn(outputs, micro, denominator))
+            # the loss mixes the outputs (on the engine's device) with the batch's masks and extras
+            loss, metrics = _split_loss(loss_fn(outputs, micro.to(self.device), denominator))
             loss.backward()
             totals["loss"] += float(loss.detach())
             combine_metrics(totals, metrics)

@@ -94,6 +94,17 @@ class TokenBatch:
             extras={k: v[rows] for k, v in self.extras.items()},
         )
 
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        """This batch with every tensor on ``device`` (itself where they are there already): a loss
+        mixes the engine's outputs, on its device, with the batch's masks and extras."""
+        device = torch.device(device)
+        tensors = (self.input_ids, self.attention_mask, self.response_mask, *self.extras.values())
+        if all(t.device == device for t in tensors):
+            return self
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return TokenBatch(move(self.input_ids), move(self.attention_mask), move(self.response_mask),
+                          {k: move(v) for k, v in self.extras.items()})
+
     @staticmethod
     def from_rows(rows: list[list[int]], pad_id: int) -> "TokenBatch":
         """Right-padded token rows, every real token in the mask (what a reward model scores)."""

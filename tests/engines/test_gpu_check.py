@@ -83,3 +83,49 @@ def test_table_has_one_row_per_check(gpu_check):
     lines = gpu_check.table(rows).splitlines()
     assert lines[2] == "| model | cuda | ok | params 491000000, random_init True | 12.5 |"
     assert lines[3] == "| sleep_wake | cpu | skipped | vLLM on CPU has no sleep mode | 0 |"
+
+
+@pytest.mark.parametrize("vllm_missing", [False, True])
+def test_the_grpo_check_flow_compiles_for_the_gpu_with_or_without_vllm(gpu_check, tiny_model_dir, tmp_path,
+                                                                      monkeypatch, vllm_missing):
+    """The lent GPU machine may lack vLLM (it cannot be installed there): the GRPO check then rolls out
+    with transformers ``generate``; either flow must compile for an H200 with ``cuda_ipc`` resync."""
+    from flowrl.launch import build_plan
+
+    real = gpu_check._missing
+    monkeypatch.setattr(gpu_check, "_missing", lambda m: "absent" if vllm_missing and m == "vllm" else real(m))
+    rollout = gpu_check.grpo_rollout("cuda")
+    assert rollout.startswith("hf_generate(" if vllm_missing else "vllm(")
+    flow = tmp_path / "grpo.flow"
+    flow.write_text(gpu_check.GRPO_FLOW.format(
+        model=json.dumps(tiny_model_dir), train=json.dumps(str(REPO / "data/arith/train.jsonl")), steps=30,
+        batch=32, gpu=', gpu = "H200"', rollout=rollout, protocol="cuda_ipc"))
+    plan = build_plan(str(flow), steps=30, save_every=0)
+    (resync,) = plan.resyncs
+    assert plan.cluster["gpu"] == "H200" and resync.protocol == "cuda_ipc"
+    assert resync.reshard.dst.startswith(rollout.split("(")[0] + "(")
+
+
+def test_the_offline_wheels_leave_out_only_the_unused_folders_and_their_record_lines(load_bench, tmp_path):
+    """bench/gpu_wheels.py repacks Ray's wheel for a GPU machine without network: the folders flowrl
+    never imports go, with their RECORD lines; every other entry keeps its bytes."""
+    import zipfile
+
+    wheels = load_bench("gpu_wheels")
+    src, dst = tmp_path / "ray-1.0-py3-none-any.whl", tmp_path / "slim.whl"
+    files = {"ray/__init__.py": b"x = 1\n", "ray/jars/ray_dist.jar": b"j" * 1000,
+             "ray/dashboard/client/build/index.html": b"<html>", "ray/dashboard/head.py": b"# kept\n",
+             "ray/rllib/algo.py": b"r" * 10}
+    record = "".join(f"{name},sha256=x,{len(data)}\n" for name, data in files.items()) + "ray-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(src, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("ray-1.0.dist-info/RECORD", record)
+    assert wheels.slim_wheel(src, dst, wheels.RAY_UNUSED) == 1000 + 6 + 10
+    with zipfile.ZipFile(dst) as z:
+        assert sorted(z.namelist()) == ["ray-1.0.dist-info/RECORD", "ray/__init__.py", "ray/dashboard/head.py"]
+        assert z.read("ray/dashboard/head.py") == b"# kept\n"
+        kept = z.read("ray-1.0.dist-info/RECORD").decode().splitlines()
+    assert [line.split(",")[0] for line in kept] == ["ray/__init__.py", "ray/dashboard/head.py",
+                                                     "ray-1.0.dist-info/RECORD"]
+    assert all(p.startswith("ray/") and p.endswith("/") for p in wheels.RAY_UNUSED)

@@ -543,7 +543,7 @@ class MegatronRank:
         want_entropy = self.options.role == "actor" and self.options.compute_entropy
 
         def loss_func(micro: TokenBatch, output: torch.Tensor) -> tuple:
-            micro = _to_device(micro, output.device)  # the loss mixes outputs with the batch's extras
+            micro = micro.to(output.device)  # the loss mixes outputs with the batch's extras
             loss, metrics = _split_loss(loss_fn(self._token_outputs(output, micro, entropy=want_entropy),
                                                 micro, denominator))
             reported = {"loss": float(loss.detach())}
@@ -740,15 +740,6 @@ class MegatronRank:
         if dist.is_initialized():
             self.ps.destroy_model_parallel()
             dist.destroy_process_group()
-
-
-def _to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:
-    """``batch`` with every tensor on ``device`` (a no-op on CPU)."""
-    if device.type == "cpu":
-        return batch
-    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-    return TokenBatch(move(batch.input_ids), move(batch.attention_mask), move(batch.response_mask),
-                      {k: move(v) for k, v in batch.extras.items()})
 
 
 def _inner_params(opt: Any) -> list[torch.Tensor]:
