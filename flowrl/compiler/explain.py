@@ -144,12 +144,15 @@ def _envs(plan: ExecutionPlan) -> list[str]:
 
 
 def _steps(plan: ExecutionPlan) -> list[str]:
-    secs = {o.id: o.seconds for o in plan.estimate.ops} if plan.estimate else {}
+    costs = {o.id: o for o in plan.estimate.ops} if plan.estimate else {}
     lines = ["step (in order):"]
     for op in plan.ops:
         where = f"{op.model}.{'rollout' if op.engine == 'rollout' and op.kind != OpKind.RESYNC else 'train'}" \
             if op.model and op.engine in ("rollout", "train") else (op.engine or "driver")
-        est = f"  ~{_s(secs[op.id])}" if op.id in secs else ""
+        cost = costs.get(op.id)
+        est = f"  ~{_s(cost.seconds)}" if cost is not None else ""
+        if cost is not None and op.kind == OpKind.SCORE and cost.where != where:  # a reward model's, a judge's
+            where += f" (its pass on {cost.where})"
         lines.append(f"  {op.id:<28} {op.op:<16} on {where}{est}")
         for arg, dropped in sorted(op.options.get("elided", {}).items()):
             why = _ELIDED_WHY.get(arg, "nothing reads it")

@@ -42,12 +42,18 @@ def node_needs(plan: ExecutionPlan, node: int) -> str:
     return "; ".join(parts) or f"GPUs {node * per}-{node * per + per - 1}"
 
 
+def on_gpus(plan: ExecutionPlan) -> bool:
+    """Whether the plan's cluster is of a GPU kind (a profile of :data:`PROFILES` off the ``cpu``
+    platform), not ``cpu`` (logical GPUs)."""
+    gpu = str(plan.cluster.get("gpu", "cpu"))
+    return gpu in PROFILES and PROFILES[gpu].platform != "cpu"
+
+
 def slot_resource(plan: ExecutionPlan, nodes: list[dict]) -> str:
     """The Ray resource one of the plan's GPUs takes: ``"GPU"``; or ``"CPU"`` (one core per logical
     GPU) for a plan on the ``cpu`` platform over a Ray cluster none of whose nodes has GPUs, so a
     CPU-only cluster started with plain ``ray start`` runs it without pretending to have GPUs."""
-    gpu = str(plan.cluster.get("gpu", "cpu"))  # a GPU kind of PROFILES, or "cpu" (logical GPUs)
-    if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
+    if on_gpus(plan):
         return "GPU"
     alive = [n for n in nodes if n.get("Alive", True)]
     return "GPU" if any(n.get("Resources", {}).get("GPU", 0) for n in alive) else "CPU"
@@ -86,8 +92,7 @@ def host_memory_need(plan: ExecutionPlan) -> list[tuple[str, int, float]]:
     host's RAM), plus what each rank's process holds beyond it (the record's ``cpu_rank_gb``) and its
     share of the actors' own (:data:`ACTOR_GB`: one per replica, or one per rank and their coordinator); empty for a
     plan for GPUs (device memory, which the compiler checks per GPU)."""
-    gpu = str(plan.cluster.get("gpu", "cpu"))
-    if gpu in PROFILES and PROFILES[gpu].platform != "cpu":
+    if on_gpus(plan):
         return []
     rows = []
     for m in plan.models:

@@ -79,3 +79,19 @@ def test_every_engine_a_reward_is_served_on_has_a_cost():
 
     served_on = {spec.serves_engine for spec in OPS.values() if spec.serves_model}
     assert served_on and served_on <= set(SERVED_PASS)
+
+
+def test_the_plans_op_list_names_the_engine_a_served_reward_runs_its_pass_on(tmp_path, capsys):
+    """`flowrl plan` lists the score op where lowering put it (the driver's reward call) and, for a reward
+    model or a judge, the engine its estimate is charged to; a verifier's line says nothing more."""
+    from flowrl.cli import main
+
+    for reward, engine in (("served", "rm.train"), ("judge", "judge_m.rollout"), ("exact", None)):
+        folder = tmp_path / reward
+        folder.mkdir()
+        (folder / "d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n' * 8)
+        (folder / "t.flow").write_text(FLOW.format(data="d.jsonl", reward=reward, judge_tokens=4))
+        main(["plan", str(folder / "t.flow")])
+        line = next(x for x in capsys.readouterr().out.splitlines() if " score " in x)
+        assert ("its pass on" in line) == (engine is not None)
+        assert engine is None or f"on reward (its pass on {engine})" in line

@@ -328,9 +328,7 @@ def _phase(graph: FlowGraph, st: SchedState, work: Workload, n: Node, pid: str, 
         seq = ptoks + g.max_tokens
         f_over = st.pipeline.over_provision if st.pipeline else 1.0
         issued = math.ceil(g.generated * f_over)  # every expected draw (dynamic sampling) is generated
-        per_rep = -(-issued // max(e.dp, 1))
-        conc = cm.concurrency(e.memory, seq, hw) if e.memory is not None else hw.max_num_seqs
-        conc = max(1, min(conc, per_rep)) if e.memory is not None else max(1, min(hw.max_num_seqs, per_rep))
+        per_rep, conc = _slots(e, hw, issued, seq)
         context = ptoks + dist.mean() / 2
         fixed, per_seq = cm.decode_iter_parts(f, hw, tp=e.tp, batch=conc, context=context)
         prefill = 2 * f.params / (e.tp * hw.tflops * 1e12 * hw.mfu_forward)
@@ -483,12 +481,20 @@ def _judge_pass(f: ModelFacts, e: EnginePlan, hw, r: Node, rows: int, toks: floa
     """A judge on its rollout engine: it prefills every row, then decodes its ``max_tokens`` for each
     (its replicas sharing the rows, in waves of its concurrency), plus its cost per request."""
     max_tokens = int_option(r, "max_tokens", 1)
-    per_rep = -(-rows // max(e.dp, 1))
-    conc = max(1, min(hw.max_num_seqs, per_rep))
+    per_rep, conc = _slots(e, hw, rows, int(toks / max(rows, 1)) + max_tokens)
     waves = -(-per_rep // conc)
     step = cm.decode_iter_s(f, hw, tp=e.tp, batch=conc, context=toks / max(rows, 1) + max_tokens / 2)
     decode = waves * max_tokens * step + hw.request_overhead_s * per_rep
     return decode, cm.prefill_s(f, hw, tp=e.tp, tokens=1) / max(e.dp, 1)
+
+
+def _slots(e: EnginePlan, hw, requests: int, seq: int) -> tuple[int, int]:
+    """``(requests per replica, sequences a replica decodes at once)`` for ``requests`` on rollout engine
+    ``e``: its replicas share them, and a replica runs as many as its KV-cache memory holds at ``seq``
+    tokens each (the profile's ``max_num_seqs`` where the plan knows no memory), at most its share."""
+    per_rep = -(-requests // max(e.dp, 1))
+    conc = cm.concurrency(e.memory, seq, hw) if e.memory is not None else hw.max_num_seqs
+    return per_rep, max(1, min(conc, per_rep))
 
 
 SERVED_PASS = {"train": _forward_pass, "rollout": _judge_pass}
