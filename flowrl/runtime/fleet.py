@@ -36,8 +36,9 @@ from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
 from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.observe import SETUP_STEP
-from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, node_of, node_targets,
-                                      processes_per_node, rank_actors, rank_placement, slot_resource, wait_placed)
+from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, no_gpu_warning, node_of,
+                                      node_targets, processes_per_node, rank_actors, rank_placement, slot_resource,
+                                      wait_placed)
 from flowrl.runtime.step import op_seed
 from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
     died_cause
@@ -366,8 +367,9 @@ class Fleet:
 
         One row per actor: ``engine`` (``policy.rollout``), ``rank``, the plan's ``pool``, ``gpu``
         (global id) and ``node``; Ray's ``placement_group`` index and ``bundle``, the Ray node the
-        bundle is on (``bundle_node_id``) and the one the actor reports (``node_id``), and the
-        logical GPU ids Ray gave it (``gpu_ids``).
+        bundle is on (``bundle_node_id``) and the one the actor reports (``node_id``), the
+        logical GPU ids Ray gave it (``gpu_ids``) and the device its engine computes on (``device``: a
+        plan on GPUs whose actors see none is warned about, :func:`no_gpu_warning`).
         """
         from ray.util.placement_group import placement_group_table
 
@@ -386,10 +388,13 @@ class Fleet:
                                  "target_node_id": self.node_targets[node],
                                  "bundle_node_id": bundle_nodes[node].get(bundle)})
                     calls.append((actor, actor.__ray_call__.remote(actor_location), f"{m.id}.{role} rank {i * step}"))
-        for row, (node_id, gpu_ids, pid), (actor, _, _) in zip(rows, self._wait(calls, "every engine",
-                                                                                  "report its location", 0), calls):
-            row.update(node_id=node_id, gpu_ids=gpu_ids)
+        for row, (node_id, gpu_ids, pid, device), (actor, _, _) in zip(
+                rows, self._wait(calls, "every engine", "report its location", 0), calls):
+            row.update(node_id=node_id, gpu_ids=gpu_ids, device=device)
             self.placed[id(actor)] = {**row, "pid": pid}
+        warning = no_gpu_warning(self.plan, rows)
+        if warning:
+            self.log(warning)
         rows += self._rank_rows(bundle_nodes)
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
         return rows

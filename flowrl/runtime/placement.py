@@ -188,15 +188,28 @@ def _is_ready(pg) -> bool:
     return placement_group_table(pg).get("state") == "CREATED"
 
 
-def actor_location(actor_self) -> tuple[str, list, int]:
-    """Run inside an actor (``__ray_call__``): its Ray node id, the logical GPU ids it was given and its
-    process id."""
+def actor_location(actor_self) -> tuple[str, list, int, str]:
+    """Run inside an actor (``__ray_call__``): its Ray node id, the logical GPU ids it was given, its
+    process id and the device its engines take (:func:`flowrl.engines.base.accelerator`)."""
     import os
 
     import ray
 
+    from flowrl.engines.base import accelerator
+
     ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], os.getpid()
+    return ctx.get_node_id(), [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], os.getpid(), accelerator()
+
+
+def no_gpu_warning(plan: ExecutionPlan, rows: list[dict]) -> str | None:
+    """A plan on GPUs whose engine actors see none computes on the CPU: the warning naming them (the
+    ``device`` of ``placement.json``'s rows), or None."""
+    blind = [f"{r['engine']} rank {r['rank']}" for r in rows if r.get("device") == "cpu"]
+    if not on_gpus(plan) or not blind:
+        return None
+    return (f"warning: the plan is for {plan.cluster['gpu']} GPUs, but {', '.join(blind)} see(s) no GPU (torch "
+            "finds no CUDA device in the process Ray started): those engines compute on the CPU; hint: run on the "
+            "GPU nodes with a CUDA build of torch, or plan for `gpu = \"cpu\"`")
 
 
 def node_of(plan: ExecutionPlan, engine, rank: int) -> int:

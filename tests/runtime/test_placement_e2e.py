@@ -109,6 +109,7 @@ def test_disaggregated_actors_land_where_the_plan_put_them(bounded):
     assert len({r["node_id"] for r in rows.values()}) == 1
     assert rows["policy.train", 0]["gpu_ids"] == rows["grpo.ref.train", 0]["gpu_ids"]
     assert rows["policy.train", 0]["gpu_ids"] != rows["policy.rollout", 0]["gpu_ids"]
+    assert {r["device"] for r in rows.values()} == {"cpu"}  # what each engine computes on (no GPU here)
 
 
 def test_staleness_4_keeps_the_bound(bounded):

@@ -10,7 +10,8 @@ import pytest
 from flowrl.catalog.engines import ENGINES
 from flowrl.plan import Memory
 from flowrl.runtime.placement import (ACTOR_GB, PlacementError, available_memory_gb, check_cluster_fits,
-                                      check_host_memory, host_memory_need, node_targets, slot_resource)
+                                      check_host_memory, host_memory_need, no_gpu_warning, node_targets,
+                                      slot_resource)
 
 
 def plan(gpu: str = "cpu", nodes: int = 2, per: int = 1):
@@ -97,3 +98,15 @@ def test_a_plan_for_gpus_is_not_checked_against_host_memory():
 def test_available_memory_is_read_from_this_machine():
     gb = available_memory_gb()
     assert gb is None or gb > 0
+
+
+def test_a_plan_on_gpus_whose_engines_see_none_is_warned_about_naming_them():
+    """On the H200 the torch trainer of a plan on GPUs once computed on the CPU without a word: each engine
+    actor now reports the device it takes, and a plan on GPUs with an actor on the CPU says which."""
+    rows = [{"engine": "policy.train", "rank": 0, "device": "cpu"}, {"engine": "policy.rollout", "rank": 0,
+                                                                      "device": "cuda"}]
+    warning = no_gpu_warning(plan("H100"), rows)
+    assert warning.startswith("warning: the plan is for H100 GPUs, but policy.train rank 0 see(s) no GPU")
+    assert "policy.rollout" not in warning and 'gpu = "cpu"' in warning
+    assert no_gpu_warning(plan("H100"), [{**r, "device": "cuda"} for r in rows]) is None
+    assert no_gpu_warning(plan("cpu"), rows) is None  # logical GPUs: the CPU is the plan
