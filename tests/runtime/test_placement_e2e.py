@@ -109,7 +109,10 @@ def test_disaggregated_actors_land_where_the_plan_put_them(bounded):
     assert len({r["node_id"] for r in rows.values()}) == 1
     assert rows["policy.train", 0]["gpu_ids"] == rows["grpo.ref.train", 0]["gpu_ids"]
     assert rows["policy.train", 0]["gpu_ids"] != rows["policy.rollout", 0]["gpu_ids"]
-    assert {r["device"] for r in rows.values()} == {"cpu"}  # what each engine computes on (no GPU here)
+    from flowrl.engines.base import accelerator
+
+    # what each engine computes on: on a machine without GPUs, the CPU
+    assert {r["device"] for r in rows.values()} <= {"cpu", accelerator()}
 
 
 def test_staleness_4_keeps_the_bound(bounded):
