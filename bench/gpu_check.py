@@ -438,11 +438,17 @@ def gpu_profile() -> str:
 
 
 def grpo_rollout(device: str) -> str:
-    """The GRPO check's rollout engine: vLLM where it is installed, else transformers ``generate`` (the
-    lent machine may lack vLLM: the run still exercises Ray, the trainer and the resync on the GPU)."""
-    if _missing("vllm") is None:
-        return "vllm(tp = 1, gpu_memory_utilization = 0.4)" if device == "cuda" else "vllm(tp = 1)"
-    return "hf_generate(dp = 1)"
+    """The GRPO check's rollout engine, in flow syntax: the catalogue's default rollout engine where its
+    package is installed, else the first rollout engine whose package is (the lent machine may lack vLLM:
+    transformers ``generate`` still exercises Ray, the trainer and the resync on the GPU); on CUDA it
+    reserves 40% of the GPU where the record has a memory option."""
+    from flowrl.catalog.engines import ENGINES, default_engine
+    from flowrl.engines.registry import missing_package
+
+    spec = next(e for e in (default_engine("rollout"), *ENGINES.values())
+                if e.serves == "rollout" and missing_package(e) is None)
+    memory = f", {spec.memory_option} = 0.4" if device == "cuda" and spec.memory_option else ""
+    return f"{spec.name}(dp = 1{memory})"
 
 
 def check_grpo(ctx: Ctx) -> dict:

@@ -26,7 +26,7 @@ import torch
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.engines import batching
-from flowrl.engines.base import Denominator, EngineConfigError, LossFn
+from flowrl.engines.base import Denominator, EngineConfigError, LossFn, accelerator
 from flowrl.engines.ranks import local_device_index
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
 from flowrl.engines.types import TokenBatch
@@ -109,7 +109,7 @@ class FsdpRank:
         self.options = options
         self.rank, self.world = rank, world_size
         torch.set_num_threads(options.threads or max(1, (os.cpu_count() or 1) // world_size))
-        cuda = torch.cuda.is_available()
+        cuda = accelerator() == "cuda"
         device = f"cuda:{local_device_index()}" if cuda else "cpu"  # the GPU its host gave this rank
         if cuda:
             torch.cuda.set_device(device)

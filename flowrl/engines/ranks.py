@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flowrl.engines.base import EngineConfigError, EngineError
+from flowrl.engines.base import EngineConfigError, EngineError, accelerator
 
 
 class RankProcessError(EngineError):
@@ -200,9 +200,7 @@ def server_preload(preload: tuple[str, ...]) -> list[str]:
     process sees a GPU. A fork server must never initialise CUDA (a forked child cannot use it
     then), and importing Megatron-core does (seen on an H200: every rank failed with "Cannot
     re-initialize CUDA in forked subprocess"); there the ranks import their modules after the fork."""
-    import torch
-
-    return ["flowrl.engines.ranks", *(() if torch.cuda.is_available() else preload)]
+    return ["flowrl.engines.ranks", *(() if accelerator() == "cuda" else preload)]
 
 
 def mp_context(preload: tuple[str, ...]) -> Any:

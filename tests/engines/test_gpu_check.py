@@ -85,17 +85,23 @@ def test_table_has_one_row_per_check(gpu_check):
     assert lines[3] == "| sleep_wake | cpu | skipped | vLLM on CPU has no sleep mode | 0 |"
 
 
-@pytest.mark.parametrize("vllm_missing", [False, True])
-def test_the_grpo_check_flow_compiles_for_the_gpu_with_or_without_vllm(gpu_check, tiny_model_dir, tmp_path,
-                                                                      monkeypatch, vllm_missing):
-    """The lent GPU machine may lack vLLM (it cannot be installed there): the GRPO check then rolls out
-    with transformers ``generate``; either flow must compile for an H200 with ``cuda_ipc`` resync."""
+@pytest.mark.parametrize("default_missing", [False, True])
+def test_the_grpo_check_flow_compiles_for_the_gpu_with_or_without_the_default_rollout_engine(
+        gpu_check, tiny_model_dir, tmp_path, monkeypatch, default_missing):
+    """The lent GPU machine may lack the default rollout engine's package (vLLM cannot be installed there):
+    the GRPO check then rolls out with the first rollout engine whose package is installed; either flow
+    must compile for an H200 with ``cuda_ipc`` resync."""
+    from flowrl.catalog.engines import ENGINES, default_engine
+    from flowrl.engines import registry
     from flowrl.launch import build_plan
 
-    real = gpu_check._missing
-    monkeypatch.setattr(gpu_check, "_missing", lambda m: "absent" if vllm_missing and m == "vllm" else real(m))
+    default, real = default_engine("rollout"), registry.missing_package
+    monkeypatch.setattr(registry, "missing_package",
+                        lambda spec: "absent" if default_missing and spec is default else real(spec))
     rollout = gpu_check.grpo_rollout("cuda")
-    assert rollout.startswith("hf_generate(" if vllm_missing else "vllm(")
+    chosen = ENGINES[rollout.split("(")[0]]
+    assert chosen.serves == "rollout" and real(chosen) is None and (chosen is default) != default_missing
+    assert chosen.memory_option is None or f"{chosen.memory_option} = 0.4" in rollout
     flow = tmp_path / "grpo.flow"
     flow.write_text(gpu_check.GRPO_FLOW.format(
         model=json.dumps(tiny_model_dir), train=json.dumps(str(REPO / "data/arith/train.jsonl")), steps=30,
@@ -103,7 +109,7 @@ def test_the_grpo_check_flow_compiles_for_the_gpu_with_or_without_vllm(gpu_check
     plan = build_plan(str(flow), steps=30, save_every=0)
     (resync,) = plan.resyncs
     assert plan.cluster["gpu"] == "H200" and resync.protocol == "cuda_ipc"
-    assert resync.reshard.dst.startswith(rollout.split("(")[0] + "(")
+    assert resync.reshard.dst.startswith(chosen.name + "(")
 
 
 def test_the_offline_wheels_leave_out_only_the_unused_folders_and_their_record_lines(load_bench, tmp_path):

@@ -34,7 +34,7 @@ import torch
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
 from flowrl.engines.ranks import dp_slices, local_device_index
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, accelerator
 from flowrl.engines.megatron.context_parallel import cp_layer_spec, cp_token_index, gather_sequence, padded_width
 from flowrl.engines.megatron.convert import (
     Layout,
@@ -389,7 +389,7 @@ class MegatronRank:
         chunks, ``[b, t_pad / cp]`` ids with their global positions; the mask is None (the CP
         attention masks causally by global position).
         """
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device(accelerator())
         ids = micro.input_ids.to(device)
         t = ids.shape[1]
         # Right padding: every real token's keys lie at or before it, so a causal mask
