@@ -60,8 +60,8 @@ import torch.distributed as dist  # noqa: E402
 from flowrl.runtime.sync import BroadcastSync, CheckpointSync, DeltaSync, InPlaceSync  # noqa: E402
 from flowrl.runtime.sync.broadcast import BACKENDS, default_backend  # noqa: E402
 
-ROWS = ["raw broadcast", "per-tensor broadcast", "broadcast packed+overlap", "broadcast packed, serial",
-        "delta (10% changed)", "raw file write+read", "checkpoint"]
+ROWS = ["raw broadcast", "per-tensor broadcast", "broadcast packed+overlap", "broadcast packed+overlap, copied",
+        "broadcast packed, serial", "delta (10% changed)", "raw file write+read", "checkpoint"]
 """Measurements made over the process group, in the order every rank runs them."""
 
 CHANGED_EVERY = 10
@@ -132,6 +132,7 @@ def run_rows(rank: int, raw: RawGroup, syncs: dict, model, ckpt_dir: Path, reps:
         "raw broadcast": lambda rep: raw.bcast(flat),
         "per-tensor broadcast": lambda rep: per_tensor(rank, raw, model),
         "broadcast packed+overlap": lambda rep: transfer(rank, syncs["overlap"], model, rep),
+        "broadcast packed+overlap, copied": lambda rep: transfer(rank, syncs["copied"], model, rep),
         "broadcast packed, serial": lambda rep: transfer(rank, syncs["serial"], model, rep),
         "delta (10% changed)": lambda rep: delta(rank, syncs["delta"], model, rep),
         "raw file write+read": lambda rep: file_row(rank, raw, flat, raw_file),
@@ -210,10 +211,11 @@ def build_syncs(rank: int, world: int, cfg: dict, rendezvous: dict | None, ckpt_
     role = "sender" if rank == 0 else "receiver"
     common = {"backend": cfg["backend"], "timeout_s": 600}
     if rank == 0:
-        make = {k: dict(world_size=world, bucket_bytes=cfg["bucket"], **common) for k in ("overlap", "serial", "delta")}
+        make = {k: dict(world_size=world, bucket_bytes=cfg["bucket"], **common) for k in ("overlap", "copied", "serial", "delta")}
     else:
-        make = {k: dict(rendezvous=rendezvous[k], rank=rank, **common) for k in ("overlap", "serial", "delta")}
+        make = {k: dict(rendezvous=rendezvous[k], rank=rank, **common) for k in ("overlap", "copied", "serial", "delta")}
     syncs = {"overlap": BroadcastSync(role, overlap=True, **make["overlap"]),
+             "copied": BroadcastSync(role, overlap=True, **make["copied"]),
              "serial": BroadcastSync(role, overlap=False, **make["serial"]),
              "delta": DeltaSync(role, inner=BroadcastSync(role, overlap=True, **make["delta"])),
              "checkpoint": CheckpointSync(role, directory=ckpt_dir / "ckpt", bucket_bytes=cfg["bucket"])}
@@ -304,8 +306,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     backend = args.backend or default_backend()
     shapes = model_shapes(args.mb, dtype)
-    model = make_model(shapes, dtype)
-    total = nbytes(model)
+    total = sum(int(np.prod(s)) for _, s in shapes) * torch.tensor([], dtype=dtype).element_size()
     world = 1 + args.receivers
     cfg = {"shapes": shapes, "dtype": args.dtype, "bucket": int(args.bucket_mb * 2**20), "reps": args.reps,
            "backend": backend, "watchdog": args.watchdog}
@@ -317,7 +318,10 @@ def main() -> None:
     try:
         raw = RawGroup(0, world, backend)
         syncs = build_syncs(0, world, cfg, None, ckpt_dir)
-        rendezvous = {k: syncs[k].rendezvous for k in ("overlap", "serial")}
+        # As the torch trainer does when it opens a broadcast: its weights move into the sync's home
+        # (the frames' layout); the other rows send the same tensors, copying them into buckets.
+        model = list(syncs["overlap"].home(make_model(shapes, dtype)).items())
+        rendezvous = {k: syncs[k].rendezvous for k in ("overlap", "copied", "serial")}
         rendezvous["delta"] = syncs["delta"].inner.rendezvous
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue()

@@ -111,6 +111,12 @@ class TrainEngine(Protocol):
         """``(hf_name, tensor)`` pairs in transformers naming, for rollout-engine resync."""
         ...
 
+    def adopt_weights(self, homes: dict[str, torch.Tensor]) -> int:
+        """Let the weights named in ``homes`` (:meth:`named_weights` names) live in the tensors given
+        (same shape, dtype, device; values copied in), where a weight sync sends them from without
+        a copy; returns how many did (0 where the engine's weights cannot move there)."""
+        ...
+
     def save(self, path: str) -> None:
         """Write model, optimizer, lr-scheduler and RNG state into directory ``path``."""
         ...

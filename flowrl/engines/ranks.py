@@ -447,6 +447,11 @@ class RankedTrainEngine:
         write_hf_checkpoint(self.options.model_path, path, self.named_weights(),
                             tied=bool(config.get("tie_word_embeddings", False)))
 
+    def adopt_weights(self, homes: dict[str, Any]) -> int:
+        """Nothing moves (0): the weights live sharded in the rank processes, and :meth:`named_weights`
+        yields tensors gathered from them, copies a weight sync packs as such."""
+        return 0
+
     def offload(self) -> int:
         """Every rank's parameters, gradients and optimizer states to host memory (a colocated rollout
         engine generates meanwhile); the bytes moved over all ranks. :meth:`reload` before the next call."""

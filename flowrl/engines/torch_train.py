@@ -469,6 +469,30 @@ class TorchTrainEngine:
         for name, tensor in state.items():
             yield name, tensor.detach()
 
+    def adopt_weights(self, homes: dict[str, torch.Tensor]) -> int:
+        """Move each parameter and buffer named in ``homes`` (a :meth:`named_weights` name) into the
+        tensor given for it, of the same shape, dtype and device: its value is copied in and the
+        parameter lives there from now on (``param.data``; the optimizer keeps its references).
+        A weight sync lays these out as its messages, so it sends them without copying
+        (:meth:`flowrl.runtime.sync.BroadcastSync.home`). Returns how many moved.
+
+        Nothing moves for LoRA (the adapters are separate tensors) or a model whose checkpoint
+        names differ from its parameters' (converted weights); a tensor that does not match is
+        left where it is."""
+        if self.lora is not None or getattr(self.model, "_weight_conversions", None):
+            return 0
+        moved = 0
+        with torch.no_grad():
+            for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:
+                home = homes.get(name)
+                if home is None or (home.shape, home.dtype, home.device) != (tensor.shape, tensor.dtype, tensor.device):
+                    continue
+                if home.data_ptr() != tensor.data_ptr():
+                    home.copy_(tensor)
+                    tensor.data = home
+                moved += 1
+        return moved
+
     def save(self, path: str) -> None:
         """Write ``path/engine_state.pt``: model, optimizer, scheduler, step and torch RNG states."""
         os.makedirs(path, exist_ok=True)

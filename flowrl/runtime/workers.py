@@ -165,9 +165,10 @@ class TrainWorker:
         Returns the :class:`~flowrl.runtime.sync.Rendezvous` the receivers need for a
         collective protocol (``broadcast``), else None.
         """
-        from flowrl.runtime.sync.endpoint import open_end
+        from flowrl.runtime.sync.endpoint import home_weights, open_end
 
         self.sync, rendezvous = open_end(protocol, role, options)
+        home_weights(self.sync, self.engine)
         return rendezvous
 
     def sync_send(self, version: int, corrupt: bool = False, fresh: bool = False,

@@ -262,3 +262,58 @@ def test_without_a_device_the_torch_engines_take_the_gpu_their_process_sees(tiny
         else:  # a GPU machine
             assert engine.device.type == "cuda"
     assert TorchTrainEngine(tiny_model_dir, device="cpu").device == torch.device("cpu")
+
+
+def test_weights_adopted_into_a_sync_home_train_bit_identically_and_are_sent_in_place(tiny_model_dir, tmp_path):
+    """A broadcast sender homes the trainer's weights (``BroadcastSync.home``); the engine adopts them: training
+    is bit-identical to an engine that did not, the parameters stay in the home (the optimizer writes there), a
+    checkpoint round-trips, and the next send copies nothing."""
+    from flowrl.runtime.sync import BroadcastSync
+    from flowrl.runtime.sync.endpoint import home_weights
+    from flowrl.runtime.weight_sync import BucketPacker, SyncStats, plan_buckets
+    from flowrl.runtime.sync.broadcast import trailer_bytes
+
+    optim = OptimConfig(lr=1e-2, weight_decay=0.01)
+    plain, homed = make_trainer(tiny_model_dir, optim=optim), make_trainer(tiny_model_dir, optim=optim)
+    sync = BroadcastSync("sender", world_size=2, bucket_bytes=64 << 10, timeout_s=5)
+    try:
+        moved = home_weights(sync, homed)
+        home = sync._packer.home
+        params = dict(homed.model.named_parameters())
+        assert moved == len(params) + len(dict(homed.model.named_buffers(remove_duplicate=True)).keys()
+                                           & set(home.views))
+        start, end = home.buffer.data_ptr(), home.buffer.data_ptr() + home.buffer.nbytes
+        assert all(start <= p.data_ptr() < end for p in params.values())
+
+        assert train_a_few_steps(plain, steps=3) == train_a_few_steps(homed, steps=3)
+        assert all(start <= p.data_ptr() < end for p in homed.model.parameters())
+        weights = _params(plain)
+        assert all(torch.equal(t, weights[n]) for n, t in homed.named_weights())
+
+        homed.save(str(tmp_path / "ckpt"))
+        train_a_few_steps(homed, steps=1)
+        homed.load(str(tmp_path / "ckpt"))  # loads in place: the weights stay home
+        assert all(torch.equal(t, weights[n]) for n, t in homed.named_weights())
+        assert all(start <= p.data_ptr() < end for p in homed.model.parameters())
+
+        packer, stats = BucketPacker(sync.bucket_bytes), SyncStats()
+        packer.home = home
+        for planned in plan_buckets(homed.named_weights(), sync.bucket_bytes):
+            packer.release(packer.fill(planned, stats, trailer_bytes(len(planned.tensors))))
+        assert stats.copied_bytes == 0 and stats.bytes > 0
+    finally:
+        sync.close()
+
+
+def test_weights_that_cannot_move_are_left_and_the_home_is_dropped(tiny_model_dir):
+    from flowrl.runtime.sync import BroadcastSync
+    from flowrl.runtime.sync.endpoint import home_weights
+
+    lora = make_trainer(tiny_model_dir, lora={"r": 2, "alpha": 4, "dropout": 0.0, "targets": ["q_proj"]})
+    sync = BroadcastSync("sender", world_size=2, bucket_bytes=1 << 20, timeout_s=5)
+    try:
+        before = {n: p.data_ptr() for n, p in lora.model.named_parameters()}
+        assert home_weights(sync, lora) == 0 and sync._packer.home is None
+        assert {n: p.data_ptr() for n, p in lora.model.named_parameters()} == before
+    finally:
+        sync.close()

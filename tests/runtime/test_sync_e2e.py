@@ -80,6 +80,8 @@ def test_broadcast_over_gloo_delivers_verified_weights(broadcast_run):
     _check_synced(rows, "broadcast")
     assert rows[-1]["sync/buckets"] > 1  # the 64 KB buckets split the tiny model
     assert rows[-1]["sync/wire_bytes"] > rows[-1]["sync/bytes"]  # headers and metadata travel too
+    # The CPU torch trainer's parameters live in the broadcast's messages: sent without a copy.
+    assert all(r["sync/copied_bytes"] == 0 for r in rows), rows
     trace = json.loads((out / "trace.json").read_text())
     spans = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"resync:policy", "sync_send:broadcast", "sync_receive:broadcast"} <= spans

@@ -56,15 +56,16 @@ def test_unknown_protocol_and_option_are_named():
 
 
 def test_sync_metrics_are_numbers_and_name_the_protocol():
-    sent = {"bytes": 1000, "wire_bytes": 1100, "buckets": 2, "tensors": 7, "seconds": 0.5, "skipped": 3}
+    sent = {"bytes": 1000, "copied_bytes": 600, "wire_bytes": 1100, "buckets": 2, "tensors": 7, "seconds": 0.5,
+            "skipped": 3}
     received = [{"unpack_seconds": 0.1}, {"unpack_seconds": 0.25}]
     assert sync_metrics("delta", sent, received, 0.75) == {
-        "sync/bytes": 1000, "sync/wire_bytes": 1100, "sync/buckets": 2, "sync/tensors": 7, "sync/seconds": 0.75,
+        "sync/bytes": 1000, "sync/copied_bytes": 600, "sync/wire_bytes": 1100, "sync/buckets": 2, "sync/tensors": 7, "sync/seconds": 0.75,
         "sync/unpack_seconds": 0.25, "sync/protocol/delta": 1, "sync/skipped": 3}
 
 
 def test_sync_metrics_give_the_bytes_each_rollout_rank_was_given():
-    sent = {"bytes": 1000, "wire_bytes": 1100, "buckets": 2, "tensors": 7}
+    sent = {"bytes": 1000, "copied_bytes": 0, "wire_bytes": 1100, "buckets": 2, "tensors": 7}
     received = [{"unpack_seconds": 0.1, "rank_bytes": [520, 530]}, {"unpack_seconds": 0.2, "rank_bytes": [1000]}]
     metrics = sync_metrics("broadcast", sent, received, 0.5)
     assert {k: v for k, v in metrics.items() if "rank_bytes" in k or "delivered" in k} == {

@@ -148,6 +148,7 @@ class CheckpointSync:
                             "shape": list(cpu.shape), "nbytes": int(raw.nbytes), "crc32": crc32(raw)})
             stats.tensors += 1
             stats.bytes += int(raw.nbytes)
+            stats.copied_bytes += int(raw.nbytes) if cpu.data_ptr() != tensor.data_ptr() else 0
         if shard or not files:
             stats.wire_bytes += self._save_shard(tmp, shard, files, version)
         stats.buckets = len(files)

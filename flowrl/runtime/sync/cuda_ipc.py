@@ -222,6 +222,7 @@ class CudaIpcSync:
                                    word_checksum(buf[offset:offset + _words(flat.numel())])))
             stats.tensors += 1
             stats.bytes += flat.numel()
+            stats.copied_bytes += flat.numel()
         self._held.append(buf)
         return IpcBucket(index, handle, total, tuple(metas))
 

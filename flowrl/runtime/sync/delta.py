@@ -231,7 +231,8 @@ class DeltaSync:
             self.state.pop(name, None)
 
     def _stats_from(self, inner: ProtocolStats, version: int, sent: int, skipped: int) -> ProtocolStats:
-        return ProtocolStats(bytes=inner.bytes, buckets=inner.buckets, tensors=sent, pack_seconds=inner.pack_seconds,
+        return ProtocolStats(bytes=inner.bytes, buckets=inner.buckets, tensors=sent, copied_bytes=inner.copied_bytes,
+                             pack_seconds=inner.pack_seconds,
                              unpack_seconds=inner.unpack_seconds, protocol=self.name, version=version,
                              seconds=inner.seconds, wire_bytes=inner.wire_bytes, skipped=skipped)
 

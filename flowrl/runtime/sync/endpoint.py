@@ -51,6 +51,27 @@ def open_end(protocol: str, role: str, options: dict) -> tuple[WeightSync, Rende
     return sync, rendezvous_of(sync) if role == "sender" else None
 
 
+def home_weights(sync: WeightSync, engine: Any) -> int:
+    """Let a sender's engine keep its weights where the protocol sends them from (:data:`HOMES`: a
+    ``broadcast`` lays them out as its messages); returns how many weights moved there (0 for a
+    protocol that packs copies, or an engine whose weights cannot move)."""
+    home = HOMES.get(type(sync))
+    if home is None:
+        return 0
+    moved = engine.adopt_weights(home(sync, engine.named_weights()))
+    if not moved:
+        home(sync, [])  # nothing lives there: give the memory back, pack copies as before
+    return moved
+
+
+HOMES: dict[type, Callable[[Any, Iterable[tuple[str, torch.Tensor]]], dict[str, torch.Tensor]]] = {
+    BroadcastSync: BroadcastSync.home,
+}
+"""Protocol class -> how its sender lays an engine's weights out to send them without copying.
+A protocol not here packs copies of the weights (``inplace``'s buckets go into Ray's object store,
+``checkpoint`` writes files, ``delta`` sends a varying subset)."""
+
+
 def rendezvous_of(sync: WeightSync) -> Rendezvous | None:
     """The sender's :class:`Rendezvous` (a ``delta`` forwards its inner protocol's), or None."""
     return getattr(sync, "rendezvous", None) or getattr(getattr(sync, "inner", None), "rendezvous", None)
@@ -248,5 +269,5 @@ def _break_hook(transport: WeightSync, how: str) -> Callable[[BroadcastSync], No
     return BREAKS[how]
 
 
-__all__ = ["open_end", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES",
+__all__ = ["open_end", "home_weights", "HOMES", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES",
            "BREAKS"]

@@ -112,7 +112,9 @@ def sync_metrics(protocol: str, sent: dict, received: list[dict], seconds: float
     """One resync's ``sync/*`` metrics from the sender's and each receiver's ProtocolStats dicts.
 
     ``sync/bytes``: bucket bytes the sender packed (a ``delta``: of the changed tensors
-    only); ``sync/wire_bytes``: what crossed the transport (headers, metadata, files);
+    only); ``sync/copied_bytes``: of the weights' bytes, those the sender copied to pack them
+    (0 where they live in the protocol's messages, a ``broadcast`` from a CPU ``torch`` trainer);
+    ``sync/wire_bytes``: what crossed the transport (headers, metadata, files);
     ``sync/buckets``, ``sync/tensors``, ``sync/skipped`` (unchanged, not sent); seconds:
     ``sync/seconds`` (the driver's wall time, send to last load; the timeline has the
     sender's and each receiver's own span), ``sync/unpack_seconds`` (the slowest
@@ -121,7 +123,8 @@ def sync_metrics(protocol: str, sent: dict, received: list[dict], seconds: float
     tensor-parallel vLLM worker: only its shards, the executed reshard plan) and
     ``sync/delivered_bytes`` their sum.
     """
-    out = {"sync/bytes": int(sent["bytes"]), "sync/wire_bytes": int(sent["wire_bytes"]),
+    out = {"sync/bytes": int(sent["bytes"]), "sync/copied_bytes": int(sent["copied_bytes"]),
+           "sync/wire_bytes": int(sent["wire_bytes"]),
            "sync/buckets": int(sent["buckets"]), "sync/tensors": int(sent["tensors"]),
            "sync/seconds": float(seconds),
            "sync/unpack_seconds": max((float(r["unpack_seconds"]) for r in received), default=0.0),
