@@ -11,8 +11,9 @@ same load; the headline ratio is the median over rounds of raw / packed time:
 |---|---|
 | ``raw broadcast`` | one broadcast of a single buffer of the model's bytes over the same gloo/NCCL group kind: the transport's bandwidth, the 100% line |
 | ``per-tensor broadcast`` | one broadcast per tensor (shapes known in advance), no checksums: the naive way |
-| ``broadcast packed+overlap`` | :class:`BroadcastSync`: buckets packed with CRC-32s, bucket i+1 packed while i is sent, verified on arrival |
-| ``broadcast packed, serial`` | the same without the background threads |
+| ``broadcast packed+overlap`` | :class:`BroadcastSync` from weights homed in its messages (``BroadcastSync.home``, as a CPU torch trainer's are): each bucket checksummed and sent where the weights live, bucket i+1 checksummed while i is sent, verified on arrival |
+| ``broadcast packed+overlap, copied`` | the same from weights that are not homed (a gathered FSDP or Megatron model, a GPU trainer): copied into buckets first |
+| ``broadcast packed, serial`` | the copied one without the background threads |
 | ``delta (10% changed)`` | :class:`DeltaSync` over broadcast after a tenth of the tensors changed (effective: full model bytes / time) |
 | ``raw file write+read`` | one file of the model's bytes written by the sender and read by the receivers (tmpfs if present) |
 | ``checkpoint`` | :class:`CheckpointSync`: safetensors + manifest, atomic publish, each tensor verified on read |

@@ -254,9 +254,11 @@ def transfer_s(nbytes: float, hw: Profile, *, protocol: str, route: str, buckets
     disk; ``changed`` sends :data:`DELTA_FRACTION` of the bytes over the link.
     """
     cost = PROTOCOLS[protocol].cost
-    # Two engine calls whatever the protocol: export/pack on the trainer, load on the replicas
-    # (``op_overhead_s`` each: 0 on GPU profiles, a Ray round trip with its payload on CPU).
-    calls = 2 * hw.op_overhead_s
+    # Two engine calls whatever the protocol, export/pack on the trainer and load on the replicas,
+    # but submitted together (``Fleet.push_weights``): their dispatches overlap and the driver waits
+    # once, so the resync pays one call's ``op_overhead_s`` (0 on GPU profiles, a Ray round trip with
+    # its payload on CPU). Measured on CPU: resyncs of 20-31 ms where two calls' overhead alone was 40.
+    calls = hw.op_overhead_s
     if cost == "disk":
         return 2 * nbytes / (hw.disk_gbs * GB) + buckets * hw.latency_s + calls
     bw = getattr(hw, ROUTE_LINK.get(route, "ib_gbs"))

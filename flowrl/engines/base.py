@@ -111,10 +111,13 @@ class TrainEngine(Protocol):
         """``(hf_name, tensor)`` pairs in transformers naming, for rollout-engine resync."""
         ...
 
-    def adopt_weights(self, homes: dict[str, torch.Tensor]) -> int:
-        """Let the weights named in ``homes`` (:meth:`named_weights` names) live in the tensors given
-        (same shape, dtype, device; values copied in), where a weight sync sends them from without
-        a copy; returns how many did (0 where the engine's weights cannot move there)."""
+    def adopt_weights(
+        self, home: Callable[[Iterable[tuple[str, torch.Tensor]]], dict[str, torch.Tensor]]
+    ) -> int:
+        """Let the weights live where a weight sync sends them from without a copy: ``home`` takes
+        :meth:`named_weights` and returns a tensor per name (same shape, dtype, device; the value
+        copied in) for the engine to keep each weight in. Returns how many moved (0, without
+        calling ``home``, where the engine's weights cannot move: sharded over rank processes)."""
         ...
 
     def save(self, path: str) -> None:

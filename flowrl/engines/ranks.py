@@ -447,9 +447,9 @@ class RankedTrainEngine:
         write_hf_checkpoint(self.options.model_path, path, self.named_weights(),
                             tied=bool(config.get("tie_word_embeddings", False)))
 
-    def adopt_weights(self, homes: dict[str, Any]) -> int:
-        """Nothing moves (0): the weights live sharded in the rank processes, and :meth:`named_weights`
-        yields tensors gathered from them, copies a weight sync packs as such."""
+    def adopt_weights(self, home: Any) -> int:
+        """Nothing moves (0; ``home`` is not called): the weights live sharded in the rank processes, and
+        :meth:`named_weights` yields tensors gathered from them, copies a weight sync packs as such."""
         return 0
 
     def offload(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -469,18 +469,19 @@ class TorchTrainEngine:
         for name, tensor in state.items():
             yield name, tensor.detach()
 
-    def adopt_weights(self, homes: dict[str, torch.Tensor]) -> int:
-        """Move each parameter and buffer named in ``homes`` (a :meth:`named_weights` name) into the
-        tensor given for it, of the same shape, dtype and device: its value is copied in and the
-        parameter lives there from now on (``param.data``; the optimizer keeps its references).
-        A weight sync lays these out as its messages, so it sends them without copying
+    def adopt_weights(self, home: Callable[[Iterable[tuple[str, torch.Tensor]]], dict[str, torch.Tensor]]) -> int:
+        """Move the parameters and buffers into the tensors ``home`` makes for :meth:`named_weights`
+        (name -> a tensor of the same shape, dtype and device, the value copied in): each lives
+        there from now on (``param.data``; the optimizer keeps its references). A weight sync
+        lays these out as its messages, so it sends them without copying
         (:meth:`flowrl.runtime.sync.BroadcastSync.home`). Returns how many moved.
 
-        Nothing moves for LoRA (the adapters are separate tensors) or a model whose checkpoint
-        names differ from its parameters' (converted weights); a tensor that does not match is
-        left where it is."""
+        Nothing moves (``home`` is not called) for LoRA (the adapters are separate tensors) or a
+        model whose checkpoint names differ from its parameters' (converted weights); a tensor
+        that does not match is left where it is."""
         if self.lora is not None or getattr(self.model, "_weight_conversions", None):
             return 0
+        homes = home(self.named_weights())
         moved = 0
         with torch.no_grad():
             for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:

@@ -406,7 +406,7 @@ class WeightHome:
 
     >>> w = [("a", torch.arange(4.0)), ("b", torch.ones(3, dtype=torch.bfloat16))]
     >>> home = WeightHome(w, bucket_bytes=1 << 20, room=lambda tensors: 8 * tensors)
-    >>> home.views["a"].tolist(), home.buffer.nbytes()
+    >>> home.views["a"].tolist(), home.buffer.nbytes
     ([0.0, 1.0, 2.0, 3.0], 128)
     """
 

@@ -73,10 +73,13 @@ def test_with_workload_replaces_sizes_and_measured_seconds():
     assert spec.phases[1].seconds == 0.002 and spec.phases[2].seconds == 0.1  # only the named one
 
 
-def test_resync_pays_two_engine_calls():
+def test_resync_pays_one_engine_call_its_ends_go_together():
+    """Send and receives are submitted at once (``Fleet.push_weights``): one dispatch overhead, whatever
+    the protocol and however many replicas."""
     hw = replace(CPU_FALLBACK, op_overhead_s=0.02)
-    base = cm.transfer_s(1e6, replace(hw, op_overhead_s=0.0), protocol="inplace", route="local", buckets=1)
-    assert cm.transfer_s(1e6, hw, protocol="inplace", route="local", buckets=1) == pytest.approx(base + 0.04)
+    for protocol in ("inplace", "broadcast", "checkpoint"):
+        base = cm.transfer_s(1e6, replace(hw, op_overhead_s=0.0), protocol=protocol, route="local", buckets=1)
+        assert cm.transfer_s(1e6, hw, protocol=protocol, route="local", buckets=1) == pytest.approx(base + 0.02)
 
 
 def test_calibrate_recovers_the_costs_it_was_given(_cost_cpu_profile, test_flow):

@@ -315,5 +315,13 @@ def test_weights_that_cannot_move_are_left_and_the_home_is_dropped(tiny_model_di
         before = {n: p.data_ptr() for n, p in lora.model.named_parameters()}
         assert home_weights(sync, lora) == 0 and sync._packer.home is None
         assert {n: p.data_ptr() for n, p in lora.model.named_parameters()} == before
+        # An engine that cannot adopt them is never asked for its weights (a sharded one would gather them).
+        calls = []
+        assert lora.adopt_weights(lambda weights: calls.append(weights) or {}) == 0 and not calls
+
+        # Weights off the CPU are not homed (a GPU trainer's buckets go through host memory anyway).
+        plain = make_trainer(tiny_model_dir)
+        on_meta = lambda weights: sync.home([(n, t.to("meta")) for n, t in weights])  # noqa: E731
+        assert plain.adopt_weights(on_meta) == 0 and sync._packer.home is None
     finally:
         sync.close()

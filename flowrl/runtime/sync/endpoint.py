@@ -58,7 +58,7 @@ def home_weights(sync: WeightSync, engine: Any) -> int:
     home = HOMES.get(type(sync))
     if home is None:
         return 0
-    moved = engine.adopt_weights(home(sync, engine.named_weights()))
+    moved = engine.adopt_weights(lambda weights: home(sync, weights))
     if not moved:
         home(sync, [])  # nothing lives there: give the memory back, pack copies as before
     return moved
