@@ -86,7 +86,7 @@ def _guard(target, q, index, args) -> None:
 
 # ---- children --------------------------------------------------------------------------------------
 def broadcast_receiver(rendezvous, rank: int, syncs: int, overlap: bool, default_group_dir: str | None,
-                       backend: str = "gloo"):
+                       backend: str = "gloo", frames: str = "auto"):
     """Receive ``syncs`` broadcast syncs; per sync ``("ok", version, digest, buckets)`` or ``("error", message)``.
 
     With ``default_group_dir`` the process first creates a default gloo group of one
@@ -102,12 +102,14 @@ def broadcast_receiver(rendezvous, rank: int, syncs: int, overlap: bool, default
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())  # one GPU per rank
     sync = BroadcastSync("receiver", rendezvous=rendezvous, rank=rank, overlap=overlap, backend=backend,
-                         timeout_s=60)
+                         timeout_s=60, frames=frames)
     outcomes = []
     for _ in range(syncs):
         try:
             pairs = list(sync.receive())
             outcomes.append(("ok", sync.version, digest(pairs), sync.stats.buckets))
+            if backend == "nccl" or frames == "device":  # each tensor on the wire's device, as sent
+                assert {t.device.type for _, t in pairs} == {"cuda" if backend == "nccl" else "cpu"}
         except WeightSyncError as error:
             outcomes.append(("error", str(error)))
     sync.close()

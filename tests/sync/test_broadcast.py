@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.runtime.sync import BroadcastSync, Rendezvous, WeightSyncError
+from flowrl.runtime.sync import device_frames
 from flowrl.runtime.sync.broadcast import HEADER_LEN, trailer_bytes
 from flowrl.runtime.weight_sync import pack_buckets
 from flowrl.runtime.weight_sync import TransportBroken
@@ -38,11 +39,12 @@ def fail_at(index: int):
     return tamper
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(tmp_path, overlap):
-    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, overlap=overlap, timeout_s=60)
-    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 5, overlap, str(tmp_path)),
-                                                   (sender.rendezvous, 2, 5, overlap, None)])
+@pytest.mark.parametrize("overlap, frames", [(True, "host"), (False, "host"), (True, "device"), (False, "device")])
+def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(tmp_path, overlap, frames):
+    """``frames="device"``: the NCCL path's frames (packed and verified on the wire's device), run on the CPU."""
+    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, overlap=overlap, timeout_s=60, frames=frames)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 5, overlap, str(tmp_path), "gloo", frames),
+                                                   (sender.rendezvous, 2, 5, overlap, None, "gloo", frames)])
     # v1: a clean sync
     stats = sender.send(model_weights(1), 1)
     # v2: bucket 1 is damaged after checksumming: both receivers must name its first tensor
@@ -79,20 +81,25 @@ def test_broadcast_delivers_verified_weights_and_survives_corruption_and_abort(t
     assert stats.wire_bytes > stats.bytes  # the header, the layout and the CRC trailers travel too
 
 
-def test_each_bucket_is_one_message_of_the_size_the_layout_announced():
-    """The wire carries the header, the layout, then exactly one message per bucket: data + CRC trailer."""
-    sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=60)
-    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 1, True, None)])
+@pytest.mark.parametrize("frames", ["host", "device"])
+def test_each_bucket_is_one_message_of_the_size_the_layout_announced(frames):
+    """The wire carries the header, the layout, then exactly one message per bucket: data + checksum trailer
+    (host frames: CRC-32s after the data; device frames: word sums after the data rounded up to 8 bytes)."""
+    sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=60, frames=frames)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 1, True, None, "gloo", frames)])
     sizes = []
-    post_blob = sender._post_blob  # every message but the header's int64s goes out through it
-    sender._post_blob = lambda blob: sizes.append(blob.nbytes) or post_blob(blob)
+    post = sender._post  # every message goes out through it
+    sender._post = lambda tensor: sizes.append(tensor.nbytes) or post(tensor)
     stats = sender.send(model_weights(1), 1)
     sender.close()
     (outcomes, _), = collect(procs, q)
     buckets, _ = pack_buckets(model_weights(1), BUCKET)
     assert outcomes[0][:3] == ("ok", 1, digest(model_weights(1)))
-    assert sizes[1:] == [b.data.nbytes + trailer_bytes(len(b.tensors)) for b in buckets]  # sizes[0]: the layout
-    assert stats.wire_bytes == 8 * HEADER_LEN + sum(sizes)
+    frame = (lambda b: b.data.nbytes + trailer_bytes(len(b.tensors))) if frames == "host" else \
+        (lambda b: device_frames.frame_bytes(b.data.nbytes, len(b.tensors)))
+    assert sizes[0] == 8 * HEADER_LEN and sizes[2:] == [frame(b) for b in buckets]  # sizes[1]: the layout
+    assert stats.wire_bytes == sum(sizes)
+    assert stats.copied_bytes == sum(m.nbytes for b in buckets for m in b.tensors)
 
 
 @pytest.mark.parametrize("breaks", ["kill", "close"])

@@ -125,8 +125,8 @@ def test_only_a_senders_cpu_weights_are_homed():
         receiver_like.close()
 
 
-@pytest.mark.parametrize("where", ["first", "last"])
-def test_an_abort_at_the_first_or_last_bucket_reaches_the_receivers(where):
+@pytest.mark.parametrize("where, frames", [("first", "host"), ("last", "host"), ("last", "device")])
+def test_an_abort_at_the_first_or_last_bucket_reaches_the_receivers(where, frames):
     """Receivers keep the next frame's receive posted: an abort in any bucket still reaches them in step."""
     buckets = len(list(plan_buckets(model_weights(2), BUCKET)))
     index = 0 if where == "first" else buckets - 1
@@ -136,8 +136,9 @@ def test_an_abort_at_the_first_or_last_bucket_reaches_the_receivers(where):
             raise OSError(f"disk gone while packing bucket {index}")
         return bucket
 
-    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, timeout_s=60)
-    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, r, 3, True, None) for r in (1, 2)])
+    sender = BroadcastSync("sender", world_size=3, bucket_bytes=BUCKET, timeout_s=60, frames=frames)
+    procs, q = start_children(broadcast_receiver, [(sender.rendezvous, r, 3, True, None, "gloo", frames)
+                                                   for r in (1, 2)])
     sender.send(model_weights(1), 1)
     sender.tamper = fail
     with pytest.raises(OSError, match="disk gone"):

@@ -11,9 +11,10 @@ default group as it found it (the pitfall of ``ray.util.collective``, which leav
 a default group behind, cannot arise).
 
 Backend: NCCL when CUDA is available, else gloo; the code is the same, only the
-device of the wire buffers differs. Checksums are CRC-32 on CPU bytes (the bucket
-format of :mod:`flowrl.runtime.weight_sync`), so on GPUs a bucket is packed on the
-CPU, sent from the GPU and verified on the CPU again.
+device of the wire buffers differs. Over gloo, frames are host memory checksummed with
+CRC-32 (the bucket format of :mod:`flowrl.runtime.weight_sync`); over NCCL they are packed,
+checksummed and verified on the GPU (:mod:`~flowrl.runtime.sync.device_frames`: word sums,
+as ``cuda_ipc``'s), so GPU weights never pass through host memory (``frames`` chooses).
 
 Rendezvous: the sender opens the store on ``port`` (0 = any free port, race-free)
 and exposes ``sender.rendezvous``; the driver passes that record to each receiver.
@@ -58,6 +59,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from flowrl.runtime.sync import device_frames
 from flowrl.runtime.sync.base import NamedTensors, ProtocolStats, Timer, check_role, check_version
 from flowrl.runtime.sync.packing import BucketPacker, BufferPool
 from flowrl.runtime.weight_sync import Bucket, PlannedBucket, TensorMeta, TransportBroken, WeightHome, \
@@ -90,6 +92,9 @@ class Rendezvous:
     """1 sender + the number of receivers."""
 
 
+FRAMES = ("auto", "host", "device")
+"""Where a broadcast's frames are packed and verified (see :class:`BroadcastSync`'s ``frames``)."""
+
 IN_FLIGHT = 1
 """Frames each rank keeps on the wire beyond the one it waits for. Waiting for each frame before
 starting the next left the wire idle between frames while the receiver drained the socket and
@@ -98,16 +103,13 @@ time, 66-70 ms with one more in flight, against 67 ms as one message)."""
 
 
 class _Posted(NamedTuple):
-    """A receive on the wire: its work, and where the bytes land (host array, or device tensor)."""
+    """A receive on the wire: its work, and where the bytes land."""
 
     work: Any
     host: np.ndarray | None
-    wire: torch.Tensor | None
-
-
-def _frame_bytes(planned: PlannedBucket) -> int:
-    """Bytes of a bucket's message: data and trailer."""
-    return planned.nbytes + trailer_bytes(len(planned.tensors))
+    """The bytes in host memory (a CPU wire), else None."""
+    wire: torch.Tensor
+    """The bytes as the wire's tensor (on the wire's device)."""
 
 
 class _Frame(NamedTuple):
@@ -228,7 +230,7 @@ class BroadcastSync:
     def __init__(self, role: str, *, rendezvous: Rendezvous | None = None, rank: int | None = None,
                  world_size: int | None = None, bucket_bytes: int = 512 << 20, overlap: bool = True,
                  backend: str | None = None, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 300.0,
-                 tamper: Callable[[Bucket], Bucket] | None = None):
+                 tamper: Callable[[Bucket], Bucket] | None = None, frames: str = "auto"):
         """Args:
             role: ``"sender"`` (rank 0, opens the store) or ``"receiver"``.
             rendezvous: receivers: the sender's :attr:`rendezvous`.
@@ -241,6 +243,9 @@ class BroadcastSync:
             port: sender: the store's TCP port; 0 picks a free one.
             timeout_s: how long a collective (and the rendezvous) may wait, seconds.
             tamper: fault injection for tests: applied to each checksummed bucket before it is sent.
+            frames: ``"host"`` (CRC-32s, packed in host memory), ``"device"`` (packed and verified on the
+                wire's device, :mod:`~flowrl.runtime.sync.device_frames`) or ``"auto"``: device frames
+                over NCCL, host frames over gloo. All ranks must agree.
         """
         check_role(self.name, role, None)
         self.role = role
@@ -252,6 +257,10 @@ class BroadcastSync:
         if self.backend == dist.Backend.NCCL and default_backend() != dist.Backend.NCCL:
             raise WeightSyncError("broadcast: backend='nccl' needs CUDA and a torch build with NCCL, this process "
                                   "has neither; hint: use backend='gloo' (protocol `gloo`) on CPU")
+        if frames not in FRAMES:
+            raise WeightSyncError(f"broadcast: frames={frames!r}; hint: one of {', '.join(FRAMES)}")
+        self.on_device = frames == "device" or (frames == "auto" and self.backend == dist.Backend.NCCL)
+        """Whether frames are packed, sent and verified on the wire's device (else in host memory)."""
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.tamper = tamper
         self.stats = ProtocolStats(protocol=self.name)
@@ -366,13 +375,33 @@ class BroadcastSync:
             # Straight into numpy memory (no copy); bucket frames into pooled buffers, already
             # touched: fresh ones page-fault on every 4 KiB page, slower than the wire.
             out = self._pool.take(nbytes) if pooled else np.empty(nbytes, dtype=np.uint8)
-            return _Posted(self._post(torch.from_numpy(out)), out, None)
+            wire = torch.from_numpy(out)
+            return _Posted(self._post(wire), out, wire)
         wire = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
         return _Posted(self._post(wire), None, wire)
 
     def _take(self, posted: "_Posted") -> np.ndarray:
+        """A received message's bytes in host memory."""
         self._wait(posted.work)
-        return posted.host if posted.wire is None else posted.wire.cpu().numpy()
+        return posted.host if posted.host is not None else posted.wire.cpu().numpy()
+
+    def _take_frame(self, posted: "_Posted") -> np.ndarray | torch.Tensor:
+        """A received bucket frame: on the wire's device for device frames, else in host memory."""
+        if self.on_device:
+            self._wait(posted.work)
+            return posted.wire
+        return self._take(posted)
+
+    def _room(self, nbytes: int) -> int:
+        """Bytes a frame keeps for ``nbytes`` of bucket data (the trailer follows)."""
+        return device_frames.data_room(nbytes) if self.on_device else nbytes
+
+    def _trailer_bytes(self, tensors: int) -> int:
+        return device_frames.trailer_bytes(tensors) if self.on_device else trailer_bytes(tensors)
+
+    def _frame_bytes(self, planned: PlannedBucket) -> int:
+        """Bytes of a bucket's message: data room and trailer."""
+        return self._room(planned.nbytes) + self._trailer_bytes(len(planned.tensors))
 
     # ---- sender ------------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> ProtocolStats:
@@ -387,7 +416,8 @@ class BroadcastSync:
             except Exception as error:
                 stats.wire_bytes += self._abort_header(version, error)
                 raise
-            filled = (self._packer.fill(p, stats, trailer_bytes(len(p.tensors))) for p in planned)
+            filled = (device_frames.pack(p, self._device, stats) if self.on_device
+                      else self._packer.fill(p, stats, trailer_bytes(len(p.tensors))) for p in planned)
             source = _Prefetch(filled) if self.overlap else None  # bucket i+1 is packed while i is on the wire
             sent = 0
             flight: list[tuple[Any, torch.Tensor, Bucket]] = []  # frames on the wire, oldest first
@@ -398,9 +428,10 @@ class BroadcastSync:
                 for bucket in source if source is not None else filled:
                     try:
                         frame = self._frame(bucket, version)
-                        work, wire = self._post_blob(frame)
+                        work, wire = self._post_blob(frame) if isinstance(frame, np.ndarray) else \
+                            (self._post(frame), frame)
                     except Exception:
-                        self._packer.release(bucket)
+                        self._release(bucket)
                         raise
                     flight.append((work, wire, bucket))
                     stats.wire_bytes += int(frame.nbytes)
@@ -425,7 +456,11 @@ class BroadcastSync:
         try:
             self._wait(flying[0])
         finally:
-            self._packer.release(flying[2])  # its buffer packs a later bucket
+            self._release(flying[2])  # its buffer packs a later bucket
+
+    def _release(self, bucket: Bucket | device_frames.DeviceBucket) -> None:
+        if isinstance(bucket, Bucket):  # a device frame is simply dropped
+            self._packer.release(bucket)
 
     def _settle(self, flight: list[tuple[Any, torch.Tensor, Bucket]]) -> None:
         """After an error: let the frames already on the wire finish (a broken wire ends them too)."""
@@ -435,8 +470,10 @@ class BroadcastSync:
             except TransportBroken:
                 pass
 
-    def _frame(self, bucket: Bucket, version: int) -> np.ndarray:
+    def _frame(self, bucket: Bucket | device_frames.DeviceBucket, version: int) -> np.ndarray | torch.Tensor:
         """``bucket``'s data and trailer, one contiguous buffer (the packer reserved the trailer's room)."""
+        if isinstance(bucket, device_frames.DeviceBucket):
+            return self._device_frame(bucket, version)
         sent = self.tamper(bucket) if self.tamper else bucket
         tail = trailer_bytes(len(sent.tensors))
         frame = self._packer.frame(bucket, tail)
@@ -454,16 +491,28 @@ class BroadcastSync:
         """Lay the sender's CPU weights out as this sync's frames (:class:`WeightHome`) and return each
         weight's tensor there: a trainer whose parameters become these tensors is sent without a copy.
 
-        Call again to re-home (a new layout replaces the old one). Weights off the CPU are
-        not homed (``{}``): their buckets are packed through host memory anyway.
+        Call again to re-home (a new layout replaces the old one). Weights off the CPU, and any
+        weights of a sync with device frames, are not homed (``{}``).
         """
         check_role(self.name, self.role, "sender")
         named_tensors = list(named_tensors)
-        if not named_tensors or any(t.device.type != "cpu" for _, t in named_tensors):
+        if self.on_device or not named_tensors or any(t.device.type != "cpu" for _, t in named_tensors):
             self._packer.home = None
             return {}
         self._packer.home = WeightHome(named_tensors, self.bucket_bytes, trailer_bytes)
         return dict(self._packer.home.views)
+
+    def _device_frame(self, bucket: device_frames.DeviceBucket, version: int) -> torch.Tensor:
+        """A device bucket's frame with its trailer; a tamper hook (tests) sees and damages a host copy."""
+        if self.tamper:
+            host = device_frames.as_host_bucket(bucket)
+            sent = self.tamper(host)
+            if sent.data is not host.data:
+                if sent.data.shape != host.data.shape:
+                    raise WeightSyncError(f"broadcast: the tamper hook changed bucket {bucket.index}'s size; "
+                                          "hint: flip bytes, keep the length and the tensors")
+                bucket = device_frames.with_data(bucket, sent.data)
+        return device_frames.write_trailer(bucket, BUCKET, version)
 
     @staticmethod
     def _message(error: BaseException) -> bytes:
@@ -485,10 +534,10 @@ class BroadcastSync:
         to it); after the last frame, the message goes in one of its own length.
         """
         message = self._message(error)
-        frame = np.zeros(_frame_bytes(planned[index]), np.uint8)
-        trailer = [ABORT, version, index, 0, len(message)] + [0] * len(planned[index].tensors)
-        frame[planned[index].nbytes:] = np.array(trailer, np.int64).view(np.uint8)
-        carriers = [np.zeros(_frame_bytes(p), np.uint8) for p in planned[index + 1: index + 1 + IN_FLIGHT]]
+        frame = np.zeros(self._frame_bytes(planned[index]), np.uint8)
+        room = self._room(planned[index].nbytes)
+        frame[room: room + 8 * TRAILER_LEN] = np.array([ABORT, version, index, 0, len(message)], np.int64).view(np.uint8)
+        carriers = [np.zeros(self._frame_bytes(p), np.uint8) for p in planned[index + 1: index + 1 + IN_FLIGHT]]
         if carriers:
             text = message[: carriers[0].nbytes]
             carriers[0][: len(text)] = np.frombuffer(text, np.uint8)
@@ -533,14 +582,15 @@ class BroadcastSync:
                                   f"{header}); hint: every rank must run the same flowrl version")
         layout = _layout_from(self._recv_blob(nbytes), buckets)
         stats.wire_bytes += nbytes
-        sizes = [data_bytes + trailer_bytes(len(metas)) for data_bytes, metas in layout]
+        sizes = [self._room(data_bytes) + self._trailer_bytes(len(metas)) for data_bytes, metas in layout]
         posted = [self._post_recv(size, pooled=True) for size in sizes[:IN_FLIGHT]]
         for index, (data_bytes, metas) in enumerate(layout):
             if index + IN_FLIGHT < len(sizes):  # the next frame's receive is posted before this one is waited for
                 posted.append(self._post_recv(sizes[index + IN_FLIGHT], pooled=True))
-            frame = self._take(posted.pop(0))
+            frame = self._take_frame(posted.pop(0))
             stats.wire_bytes += frame.nbytes
-            trailer = np.frombuffer(frame[data_bytes:].tobytes(), np.int64).tolist()
+            trailer = device_frames.trailer_of(frame, data_bytes) if self.on_device else \
+                np.frombuffer(frame[data_bytes:].tobytes(), np.int64).tolist()
             kind, sent_version, sent_index, checksum, message_bytes = trailer[:TRAILER_LEN]
             if kind == ABORT:  # the message comes in the frames already posted, or on its own after the last
                 carried = [self._take(p) for p in posted]
@@ -553,9 +603,20 @@ class BroadcastSync:
                 raise WeightSyncError(f"broadcast: rank {self.rank} expected bucket {index} of version {version}, "
                                       f"got trailer {trailer[:TRAILER_LEN]}; hint: the ranks are out of step, "
                                       "close() every rank and set up a new rendezvous")
-            crcs = trailer[TRAILER_LEN:]
-            tensors = tuple(m._replace(checksum=c) for m, c in zip(metas, crcs))
+            sums = trailer[TRAILER_LEN:]
+            if self.on_device:  # the bucket's s2, then each tensor's pair
+                pairs = tuple(zip(sums[1::2], sums[2::2]))
+                bucket = device_frames.DeviceBucket(index, frame, metas, pairs, (checksum, sums[0]))
+                yield _Frame(BUCKET, version, bucket)
+                continue
+            tensors = tuple(m._replace(checksum=c) for m, c in zip(metas, sums))
             yield _Frame(BUCKET, version, Bucket(index, frame[:data_bytes], tensors, checksum))
+
+    @staticmethod
+    def _unpack(payload: Bucket | device_frames.DeviceBucket, stats: ProtocolStats) -> list[tuple[str, torch.Tensor]]:
+        if isinstance(payload, device_frames.DeviceBucket):
+            return device_frames.unpack(payload, stats)
+        return unpack_bucket(payload, stats)
 
     def _recv_ints(self, count: int, stats: ProtocolStats) -> list[int]:
         stats.wire_bytes += 8 * count
@@ -580,10 +641,11 @@ class BroadcastSync:
                         raise WeightSyncError(f"broadcast: the sender aborted version {frame.version}: "
                                               f"{frame.payload}; hint: fix the sender's error, the receiver kept "
                                               "its old weights only if it had not loaded any tensor yet")
-                    pairs = unpack_bucket(frame.payload, stats)  # WeightSyncError names the bad tensor
+                    pairs = self._unpack(frame.payload, stats)  # WeightSyncError names the bad tensor
                     stats.buckets += 1
                     stats.tensors += len(pairs)
-                    stats.bytes += int(frame.payload.data.nbytes)
+                    last = frame.payload.tensors[-1]
+                    stats.bytes += last.offset + last.nbytes  # the bucket's data, padding included
                     yield from pairs
                 finished = True
             finally:
