@@ -13,6 +13,7 @@ script goes on):
 | ``logprobs_bf16`` | the same in bf16 (vLLM and trainer both bf16) | mean gap below its bound |
 | ``sleep_wake`` | vLLM ``sleep(level=1)`` / ``wake_up()``: GPU memory freed, greedy tokens unchanged after | memory freed, same tokens |
 | ``weight_ipc`` | ``cuda_ipc``: another process shares perturbed weights with the running vLLM engine, which verifies every tensor's checksum and loads them | checksums verified; vLLM's log-probs move to the trainer's (same weights) |
+| ``broadcast_frames`` | the NCCL broadcast's frames (``device_frames``) on this device without the wire (NCCL needs a second GPU): perturbed weights packed and checksummed into 512 MB frames, trailers read back, every bucket verified | every tensor back bit for bit |
 | ``trainer_offload`` | torch trainer: a step, offload to host, reload, a step | state checksums equal after the round trip |
 | ``fsdp_step`` | ``fsdp(dp = 1)``: one train step | loss and grad norm finite |
 | ``megatron_step`` | ``megatron(tp = 1)``: one train step | loss and grad norm finite |
@@ -340,6 +341,45 @@ def check_weight_ipc(ctx: Ctx) -> dict:
     return figures
 
 
+def check_broadcast_frames(ctx: Ctx) -> dict:
+    """The frames a ``broadcast`` over NCCL sends, packed, read and verified on this device (no wire: NCCL
+    refuses two ranks on one GPU); the weights must come back bit for bit."""
+    import torch
+
+    from flowrl.runtime.sync import device_frames
+    from flowrl.runtime.sync.base import ProtocolStats
+    from flowrl.runtime.weight_sync import plan_buckets
+
+    device = torch.device(ctx.device)
+    weights = perturbed_weights(ctx.model_dir, ctx.device)
+    sent, received = ProtocolStats(), ProtocolStats()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    buckets = [device_frames.pack(p, device, sent) for p in plan_buckets(weights, 512 << 20)]
+    frames = [device_frames.write_trailer(b, 2, 1) for b in buckets]
+    sync()
+    t_pack = time.perf_counter() - t0
+    arrived = [f.clone() for f in frames]  # what a receiver's buffers hold
+    del buckets[1:], frames
+    t0 = time.perf_counter()
+    pairs = []
+    for layout, frame in zip(plan_buckets(weights, 512 << 20), arrived):
+        trailer = device_frames.trailer_of(frame, layout.nbytes)
+        sums = trailer[6:]
+        bucket = device_frames.DeviceBucket(trailer[2], frame, layout.tensors, tuple(zip(sums[0::2], sums[1::2])),
+                                            (trailer[3], trailer[5]))
+        pairs += device_frames.unpack(bucket, received)
+    sync()
+    t_verify = time.perf_counter() - t0
+    same = all(torch.equal(p, w) and p.device == w.device for (_, p), (_, w) in zip(pairs, weights))
+    if len(pairs) != len(weights) or not same:
+        raise RuntimeError(f"{len(pairs)} of {len(weights)} tensors came back, bit for bit: {same}")
+    gb = sent.bytes / 1e9
+    return {"tensors": len(pairs), "gb": round(gb, 3), "frames": len(arrived), "pack_checksum_s": round(t_pack, 3),
+            "verify_s": round(t_verify, 3), "pack_gbs": round(gb / t_pack, 1), "verify_gbs": round(gb / t_verify, 1)}
+
+
 class _TorchScorer:
     """A torch model (bf16) with the rollout engine's ``score`` and ``update_weights``: the receiving
     engine of ``weight_ipc`` where vLLM is not installed."""
@@ -516,6 +556,7 @@ CHECKS: tuple[Check, ...] = (
     Check("logprobs_bf16", "vllm", check_logprobs_bf16, 120, requires=("vllm",)),
     Check("sleep_wake", "vllm", check_sleep_wake, 60, requires=("vllm",)),
     Check("weight_ipc", "vllm", check_weight_ipc, 120),  # into the bf16 engine sleep_wake woke
+    Check("broadcast_frames", "frames", check_broadcast_frames, 60),
     Check("trainer_offload", "offload", check_trainer_offload, 60),
     Check("fsdp_step", "fsdp", check_fsdp_step, 90, quick=False),
     Check("megatron_step", "megatron", check_megatron_step, 120, quick=False, requires=("megatron.core",)),

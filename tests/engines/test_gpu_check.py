@@ -1,7 +1,8 @@
 """`make gpu-check` (bench/gpu_check.py): its CPU-side part runs here and its table holds real figures.
 
 The quick set (what `make test` runs: the model, vLLM's log-probs against the torch trainer in fp32 and
-bf16, sleep/wake, the ``cuda_ipc`` class sharing weights into a running vLLM engine, trainer offload)
+bf16, sleep/wake, the ``cuda_ipc`` class sharing weights into a running vLLM engine, the NCCL broadcast's
+device frames packed and verified, trainer offload)
 runs on CPU in its own processes; the FSDP and Megatron steps and the GRPO run of the full CPU set
 are marked ``long`` (their engines have their own tests in `make test`). On GPUs the script is run by
 hand (`make gpu-check`): docs/engines.md, "GPU check"."""
@@ -17,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpu_check.py"
-QUICK = ["model", "logprobs_fp32", "logprobs_bf16", "sleep_wake", "weight_ipc", "trainer_offload"]
+QUICK = ["model", "logprobs_fp32", "logprobs_bf16", "sleep_wake", "weight_ipc", "broadcast_frames", "trainer_offload"]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,8 @@ def test_cpu_side_runs_every_quick_check_and_asserts_its_figures(tmp_path):
     ipc = rows["weight_ipc"]["figures"]
     assert ipc["sharing"] == "cpu" and ipc["engine"] == "vllm" and ipc["tensors"] > 0
     assert ipc["gap_after"] < 0.5 * ipc["gap_before"]  # vLLM now computes with the weights it was sent
+    frames = rows["broadcast_frames"]["figures"]
+    assert frames["tensors"] == ipc["tensors"] and frames["frames"] >= 1 and frames["gb"] > 0
     off = rows["trainer_offload"]["figures"]
     assert off["checksums_equal"] is True and off["offloaded_gb"] > 0
     assert rows["model"]["figures"]["params"] > 100_000
