@@ -485,12 +485,13 @@ class TorchTrainEngine:
         moved = 0
         with torch.no_grad():
             for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:
-                home = homes.get(name)
-                if home is None or (home.shape, home.dtype, home.device) != (tensor.shape, tensor.dtype, tensor.device):
+                place = homes.get(name)
+                if place is None or (place.shape, place.dtype, place.device) != (tensor.shape, tensor.dtype,
+                                                                                 tensor.device):
                     continue
-                if home.data_ptr() != tensor.data_ptr():
-                    home.copy_(tensor)
-                    tensor.data = home
+                if place.data_ptr() != tensor.data_ptr():
+                    place.copy_(tensor)
+                    tensor.data = place
                 moved += 1
         return moved
 

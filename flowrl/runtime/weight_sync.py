@@ -230,8 +230,8 @@ class BucketPacker:
       :meth:`release` (call it once the bucket is sent) and packs a later bucket. A
       fresh buffer page-faults on every 4 KiB page when first written: copying into
       one ran at 0.2 GB/s here, against 3.7 GB/s into memory already touched. The
-      ring grows to the buckets in flight at once (three with a background packer:
-      one packed, one queued, one on the wire) and never blocks; a bucket never
+      ring grows to the buckets in flight at once (four for a broadcast with a background
+      packer: one packing, one queued, two on the wire) and never blocks; a bucket never
       released is simply garbage-collected.
     * ``ring=False`` (:func:`iter_buckets`): every bucket owns an exactly sized buffer.
     """
@@ -425,7 +425,8 @@ class WeightHome:
         self.buffer = _huge_pages(torch.empty(end, dtype=torch.uint8)).zero_()
         """The memory, one CPU uint8 tensor (zeros: padding stays zero). torch's own, so a trainer's
         offload can still shrink and regrow it (:mod:`flowrl.engines.offload`)."""
-        self._frames = {p.index: (start, p.nbytes + room(len(p.tensors)), _where(p)) for p, start in zip(planned, starts)}
+        self._frames = {p.index: (start, p.nbytes + room(len(p.tensors)), _where(p))
+                        for p, start in zip(planned, starts)}
         self.views: dict[str, torch.Tensor] = {}
         """Weight name -> its tensor in :attr:`buffer` (same dtype and shape, the value copied in)."""
         with torch.no_grad():

@@ -44,7 +44,8 @@ def test_a_frame_round_trips_through_its_trailer_and_unpacks_to_the_same_tensors
         received = b._replace(frame=frame, sums=tuple(zip(sums[0::2], sums[1::2])))
         pairs += device_frames.unpack(received, ProtocolStats())
     assert [n for n, _ in pairs] == [n for n, _ in _weights()]
-    assert all(raw(t) == raw(w) and t.dtype == w.dtype and t.shape == w.shape for (_, t), (_, w) in zip(pairs, _weights()))
+    assert all(raw(t) == raw(w) and t.dtype == w.dtype and t.shape == w.shape
+               for (_, t), (_, w) in zip(pairs, _weights()))
 
 
 def after_padding(meta) -> int:

@@ -28,10 +28,14 @@ bucket is **one** message of exactly the size the layout announced: its data fol
 a trailer ``int64[5 + tensors] = (BUCKET, version, index, bucket CRC, 0, tensor CRCs...)``.
 One message per bucket instead of header + metadata + data: on a machine whose cores the
 wire already keeps busy, every extra round trip waited for a core (measured: 3 ms per
-bucket on 2 cores). If packing fails before the layout is sent, the header is ``(ABORT,
+bucket on 2 cores). Each end keeps the next bucket's message on the wire while it waits for
+one (:data:`IN_FLIGHT`). If packing fails before the layout is sent, the header is ``(ABORT,
 version, 0, message bytes)`` followed by the sender's error; if it fails later, the next
 bucket's message carries an ``ABORT`` trailer whose fifth field is the length of the
-error message that follows, so receivers never wait for buckets that will not come.
+error message, which travels in the messages receivers already posted (at their announced
+sizes) or, after the last bucket, in one of its own: receivers never wait for buckets that
+will not come. (Device frames, over NCCL: the same with word sums,
+:mod:`~flowrl.runtime.sync.device_frames`.)
 
 Homed weights: :meth:`BroadcastSync.home` lays a CPU trainer's weights out as the frames
 (:class:`~flowrl.runtime.weight_sync.WeightHome`); the trainer's parameters then live there and
@@ -41,8 +45,8 @@ after each bucket).
 Overlap: with ``overlap=True`` a background thread packs bucket i+1 (copy + CRC,
 both release the GIL) while bucket i is on the wire, and on the receiver a thread
 receives bucket i+1 while bucket i is verified and loaded. Buffers are reused
-(:mod:`flowrl.runtime.sync.packing`): the sender keeps about three buckets, a
-receiver one model's worth, between syncs.
+(:mod:`flowrl.runtime.sync.packing`): the sender keeps about four buckets (one packing, one
+queued, two on the wire), a receiver one model's worth, between syncs.
 """
 
 from __future__ import annotations
@@ -420,7 +424,7 @@ class BroadcastSync:
                       else self._packer.fill(p, stats, trailer_bytes(len(p.tensors))) for p in planned)
             source = _Prefetch(filled) if self.overlap else None  # bucket i+1 is packed while i is on the wire
             sent = 0
-            flight: list[tuple[Any, torch.Tensor, Bucket]] = []  # frames on the wire, oldest first
+            flight: list[tuple] = []  # (work, wire tensor, bucket) of each frame on the wire, oldest first
             try:
                 layout = _layout_of(planned)
                 stats.wire_bytes += self._send_ints([START, version, len(planned), len(layout)])
@@ -451,7 +455,7 @@ class BroadcastSync:
         self.version = version
         return stats
 
-    def _land(self, flying: tuple[Any, torch.Tensor, Bucket]) -> None:
+    def _land(self, flying: tuple) -> None:
         """Wait until a frame is sent, then give its buffer back to the packer."""
         try:
             self._wait(flying[0])
@@ -462,7 +466,7 @@ class BroadcastSync:
         if isinstance(bucket, Bucket):  # a device frame is simply dropped
             self._packer.release(bucket)
 
-    def _settle(self, flight: list[tuple[Any, torch.Tensor, Bucket]]) -> None:
+    def _settle(self, flight: list[tuple]) -> None:
         """After an error: let the frames already on the wire finish (a broken wire ends them too)."""
         while flight:
             try:
@@ -536,7 +540,8 @@ class BroadcastSync:
         message = self._message(error)
         frame = np.zeros(self._frame_bytes(planned[index]), np.uint8)
         room = self._room(planned[index].nbytes)
-        frame[room: room + 8 * TRAILER_LEN] = np.array([ABORT, version, index, 0, len(message)], np.int64).view(np.uint8)
+        head = np.array([ABORT, version, index, 0, len(message)], np.int64)
+        frame[room: room + head.nbytes] = head.view(np.uint8)
         carriers = [np.zeros(self._frame_bytes(p), np.uint8) for p in planned[index + 1: index + 1 + IN_FLIGHT]]
         if carriers:
             text = message[: carriers[0].nbytes]

@@ -14,8 +14,8 @@ tensors] = (kind, version, index, bucket s1, message bytes, bucket s2, s1, s2 of
 tensor...)``; the header and the layout are as for host frames. The bucket's sums cover every
 byte of its data room, padding included, and follow from the tensors' without a second pass
 (the sums are linear: a tensor ``k`` words in adds ``s1`` and ``s2 + k s1``), so a receiver
-checks one pair per bucket and the tensors' only to name a damaged one. The same code runs on the CPU (over gloo), which is how it is
-tested on machines without a GPU.
+checks one pair per bucket and the tensors' only to name a damaged one. The same code runs on
+the CPU (over gloo), which is how it is tested on machines without a GPU.
 """
 
 from __future__ import annotations

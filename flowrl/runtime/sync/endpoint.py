@@ -269,5 +269,5 @@ def _break_hook(transport: WeightSync, how: str) -> Callable[[BroadcastSync], No
     return BREAKS[how]
 
 
-__all__ = ["open_end", "home_weights", "HOMES", "rendezvous_of", "send_weights", "receive_weights", "flip_byte", "FAULTS", "LOSSES",
-           "BREAKS"]
+__all__ = ["open_end", "home_weights", "HOMES", "rendezvous_of", "send_weights", "receive_weights", "flip_byte",
+           "FAULTS", "LOSSES", "BREAKS"]
