@@ -16,6 +16,7 @@ Protocols; which adapter backs an engine name is the engine's catalogue record
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Protocol, Union, runtime_checkable
 
@@ -159,11 +160,26 @@ class OffloadingEngine(Protocol):
         ...
 
 
+DEVICE_ENV = "FLOWRL_DEVICE"
+"""Environment variable naming the device every engine of this process computes on, set by the
+runtime for a plan's actors (``cpu`` for a plan on the ``cpu`` platform: on a machine with GPUs,
+Ray's logical GPU slots name real GPUs, which the plan did not plan for)."""
+
+DEVICES = ("cpu", "cuda")
+"""What :data:`DEVICE_ENV` may say."""
+
+
 def accelerator() -> str:
-    """The device of an engine built without one: ``cuda`` where this process sees a GPU (under Ray,
-    the one its placement-group bundle gave it; a forked rank, its host's), else ``cpu``. The torch
-    engines default to it, as the FSDP and Megatron ranks pick theirs, so a plan on GPUs trains and
-    generates on them without a device in the flow."""
+    """The device of an engine built without one: what :data:`DEVICE_ENV` says where the runtime set it,
+    else ``cuda`` where this process sees a GPU (under Ray, the one its placement-group bundle gave
+    it; a forked rank, its host's), else ``cpu``. The torch engines default to it, as the FSDP and
+    Megatron ranks pick theirs, so a plan on GPUs trains and generates on them without a device in
+    the flow, and a plan on the CPU stays there."""
+    told = os.environ.get(DEVICE_ENV)
+    if told:
+        if told not in DEVICES:
+            raise EngineConfigError(f"{DEVICE_ENV}={told!r}; hint: one of {', '.join(DEVICES)}, or unset it")
+        return told
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

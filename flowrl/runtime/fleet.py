@@ -32,13 +32,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from flowrl.engines.base import DEVICE_ENV
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
 from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.observe import SETUP_STEP
 from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, no_gpu_warning, node_of,
-                                      node_targets, processes_per_node, rank_actors, rank_placement, slot_resource,
-                                      wait_placed)
+                                      node_targets, on_gpus, processes_per_node, rank_actors, rank_placement,
+                                      slot_resource, wait_placed)
 from flowrl.runtime.step import op_seed
 from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
     died_cause
@@ -46,6 +47,17 @@ from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog
 ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
              "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
 """Environment variables a run passes on to its Ray actors."""
+
+
+def actor_env(plan: ExecutionPlan) -> dict[str, str]:
+    """The environment a run's engine actors get (their rank actors inherit it): this process's
+    :data:`ACTOR_ENV`, and for a plan not on GPUs :data:`~flowrl.engines.base.DEVICE_ENV` = ``cpu``,
+    so that on a machine with GPUs the engines compute on the CPU the plan was made for (Ray gives
+    each a logical GPU slot whose id names a real GPU)."""
+    env = {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}
+    if not on_gpus(plan):
+        env[DEVICE_ENV] = "cpu"
+    return env
 
 
 @dataclass
@@ -318,7 +330,7 @@ class Fleet:
             num_cpus=share if self.slot == "CPU" else 0,
             num_gpus=share if self.slot == "GPU" else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=gpu % self.gpus_per_node),
-            runtime_env={"env_vars": {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}})
+            runtime_env={"env_vars": actor_env(self.plan)})
         return remote.remote(*args, **kwargs)
 
     def _start_workers(self, model_paths: dict[str, Path]) -> None:
@@ -846,4 +858,5 @@ def sampling_temperatures(plan: ExecutionPlan) -> dict[str, float]:
     return temps
 
 
-__all__ = ["Faults", "SyncEnds", "ModelEngines", "MemoryTurns", "Fleet", "sampling_temperatures", "ACTOR_ENV"]
+__all__ = ["Faults", "SyncEnds", "ModelEngines", "MemoryTurns", "Fleet", "sampling_temperatures", "ACTOR_ENV",
+           "actor_env"]

@@ -110,3 +110,28 @@ def test_a_plan_on_gpus_whose_engines_see_none_is_warned_about_naming_them():
     assert "policy.rollout" not in warning and 'gpu = "cpu"' in warning
     assert no_gpu_warning(plan("H100"), [{**r, "device": "cuda"} for r in rows]) is None
     assert no_gpu_warning(plan("cpu"), rows) is None  # logical GPUs: the CPU is the plan
+
+
+def test_a_cpu_plans_actors_are_told_to_compute_on_the_cpu(monkeypatch):
+    """On a machine with GPUs, Ray's logical GPU slots name real GPUs: the engines of a plan on the `cpu`
+    platform are told to stay on the CPU (``FLOWRL_DEVICE``), a plan on GPUs' engines take the GPU they see."""
+    import torch
+
+    from flowrl.engines.base import DEVICE_ENV, EngineConfigError, accelerator
+    from flowrl.runtime.fleet import actor_env
+
+    monkeypatch.setenv("FLOWRL_CACHE", "/somewhere")
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    assert actor_env(plan("cpu")) == {"FLOWRL_CACHE": "/somewhere", DEVICE_ENV: "cpu"}
+    assert actor_env(plan("H100")) == {"FLOWRL_CACHE": "/somewhere"}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU in sight
+    assert accelerator() == "cuda"
+    monkeypatch.setenv(DEVICE_ENV, actor_env(plan("cpu"))[DEVICE_ENV])  # as in the plan's actors
+    assert accelerator() == "cpu"
+    from flowrl.engines.ranks import server_preload
+    assert "flowrl.engines.ranks" in server_preload(["megatron.core"]) and "megatron.core" in server_preload(
+        ["megatron.core"])  # no CUDA in those processes: the fork server may preload the engine again
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    with pytest.raises(EngineConfigError, match="FLOWRL_DEVICE='tpu'; hint: one of cpu, cuda"):
+        accelerator()
