@@ -118,10 +118,11 @@ def test_a_cpu_plans_actors_are_told_to_compute_on_the_cpu(monkeypatch):
     import torch
 
     from flowrl.engines.base import DEVICE_ENV, EngineConfigError, accelerator
-    from flowrl.runtime.fleet import actor_env
+    from flowrl.runtime.fleet import ACTOR_ENV, actor_env
 
+    for name in (*ACTOR_ENV, DEVICE_ENV):  # whatever earlier tests in this process set
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLOWRL_CACHE", "/somewhere")
-    monkeypatch.delenv(DEVICE_ENV, raising=False)
     assert actor_env(plan("cpu")) == {"FLOWRL_CACHE": "/somewhere", DEVICE_ENV: "cpu"}
     assert actor_env(plan("H100")) == {"FLOWRL_CACHE": "/somewhere"}
 
