@@ -352,7 +352,7 @@ def check_broadcast_frames(ctx: Ctx) -> dict:
 
     device = torch.device(ctx.device)
     weights = perturbed_weights(ctx.model_dir, ctx.device)
-    sent, received = ProtocolStats(), ProtocolStats()
+    sent, got = ProtocolStats(), ProtocolStats()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
@@ -365,11 +365,8 @@ def check_broadcast_frames(ctx: Ctx) -> dict:
     t0 = time.perf_counter()
     pairs = []
     for layout, frame in zip(plan_buckets(weights, 512 << 20), arrived):
-        trailer = device_frames.trailer_of(frame, layout.nbytes)
-        sums = trailer[6:]
-        bucket = device_frames.DeviceBucket(trailer[2], frame, layout.tensors, tuple(zip(sums[0::2], sums[1::2])),
-                                            (trailer[3], trailer[5]))
-        pairs += device_frames.unpack(bucket, received)
+        bucket = device_frames.received(frame, layout.tensors, device_frames.trailer_of(frame, layout.nbytes))
+        pairs += device_frames.unpack(bucket, got)
     sync()
     t_verify = time.perf_counter() - t0
     same = all(torch.equal(p, w) and p.device == w.device for (_, p), (_, w) in zip(pairs, weights))

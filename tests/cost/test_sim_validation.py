@@ -76,8 +76,11 @@ def test_with_workload_replaces_sizes_and_measured_seconds():
 def test_resync_pays_one_engine_call_its_ends_go_together():
     """Send and receives are submitted at once (``Fleet.push_weights``): one dispatch overhead, whatever
     the protocol and however many replicas."""
+    from flowrl.catalog.protocols import PROTOCOLS
+
     hw = replace(CPU_FALLBACK, op_overhead_s=0.02)
-    for protocol in ("inplace", "broadcast", "checkpoint"):
+    assert len({spec.cost for spec in PROTOCOLS.values()}) > 1  # every way a record says its bytes move
+    for protocol in PROTOCOLS:
         base = cm.transfer_s(1e6, replace(hw, op_overhead_s=0.0), protocol=protocol, route="local", buckets=1)
         assert cm.transfer_s(1e6, hw, protocol=protocol, route="local", buckets=1) == pytest.approx(base + 0.02)
 

@@ -108,8 +108,8 @@ def broadcast_receiver(rendezvous, rank: int, syncs: int, overlap: bool, default
         try:
             pairs = list(sync.receive())
             outcomes.append(("ok", sync.version, digest(pairs), sync.stats.buckets))
-            if backend == "nccl" or frames == "device":  # each tensor on the wire's device, as sent
-                assert {t.device.type for _, t in pairs} == {"cuda" if backend == "nccl" else "cpu"}
+            if sync.on_device:  # device frames: each tensor arrives on the wire's device
+                assert {t.device for _, t in pairs} == {sync.wire_device}
         except WeightSyncError as error:
             outcomes.append(("error", str(error)))
     sync.close()

@@ -87,19 +87,25 @@ def test_each_bucket_is_one_message_of_the_size_the_layout_announced(frames):
     (host frames: CRC-32s after the data; device frames: word sums after the data rounded up to 8 bytes)."""
     sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=60, frames=frames)
     procs, q = start_children(broadcast_receiver, [(sender.rendezvous, 1, 1, True, None, "gloo", frames)])
-    sizes = []
-    post = sender._post  # every message goes out through it
-    sender._post = lambda tensor: sizes.append(tensor.nbytes) or post(tensor)
+    sizes, events = [], []
+    post, wait = sender._post, sender._wait  # every message goes out through the one, is waited for by the other
+    sender._post = lambda tensor: sizes.append(tensor.nbytes) or events.append(("post", len(sizes))) or post(tensor)
+    sender._wait = lambda work: events.append(("wait", id(work))) or wait(work)
     stats = sender.send(model_weights(1), 1)
     sender.close()
     (outcomes, _), = collect(procs, q)
     buckets, _ = pack_buckets(model_weights(1), BUCKET)
     assert outcomes[0][:3] == ("ok", 1, digest(model_weights(1)))
-    frame = (lambda b: b.data.nbytes + trailer_bytes(len(b.tensors))) if frames == "host" else \
-        (lambda b: device_frames.frame_bytes(b.data.nbytes, len(b.tensors)))
+    frame = (lambda b: device_frames.frame_bytes(b.data.nbytes, len(b.tensors))) if sender.on_device else \
+        (lambda b: b.data.nbytes + trailer_bytes(len(b.tensors)))
     assert sizes[0] == 8 * HEADER_LEN and sizes[2:] == [frame(b) for b in buckets]  # sizes[1]: the layout
     assert stats.wire_bytes == sum(sizes)
     assert stats.copied_bytes == sum(m.nbytes for b in buckets for m in b.tensors)
+    # The header and the layout are waited for one by one; then each bucket's frame goes on the wire before
+    # the one before it is waited for (IN_FLIGHT), so the wire never idles between frames.
+    kinds = [kind for kind, _ in events]
+    assert kinds[:4] == ["post", "wait", "post", "wait"] and kinds[4:7] == ["post", "post", "wait"]
+    assert kinds.count("post") == kinds.count("wait") == len(sizes)
 
 
 @pytest.mark.parametrize("breaks", ["kill", "close"])

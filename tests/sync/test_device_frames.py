@@ -26,8 +26,7 @@ def test_the_bucket_checksum_follows_from_the_tensors_and_covers_the_whole_data_
     buckets, stats = _packed()
     assert len(buckets) > 1 and stats.copied_bytes == sum(t.numel() * t.element_size() for _, t in _weights())
     for b in buckets:
-        last = b.tensors[-1]
-        room = device_frames.data_room(last.offset + last.nbytes)
+        room = device_frames.data_room(device_frames.data_bytes(b.tensors))
         assert room % 8 == 0 and b.frame.nbytes == room + device_frames.trailer_bytes(len(b.tensors))
         assert word_checksum(b.frame[:room]) == b.checksum  # derived, never computed over the room by the sender
 
@@ -37,11 +36,10 @@ def test_a_frame_round_trips_through_its_trailer_and_unpacks_to_the_same_tensors
     pairs = []
     for b in buckets:
         frame = device_frames.write_trailer(b, 2, 7).clone()  # what a receiver's buffer holds
-        last = b.tensors[-1]
-        trailer = device_frames.trailer_of(frame, last.offset + last.nbytes)
+        trailer = device_frames.trailer_of(frame, device_frames.data_bytes(b.tensors))
         assert trailer[:6] == [2, 7, b.index, b.checksum[0], 0, b.checksum[1]]
-        sums = trailer[6:]
-        received = b._replace(frame=frame, sums=tuple(zip(sums[0::2], sums[1::2])))
+        received = device_frames.received(frame, b.tensors, trailer)
+        assert (received.index, received.sums, received.checksum) == (b.index, b.sums, b.checksum)
         pairs += device_frames.unpack(received, ProtocolStats())
     assert [n for n, _ in pairs] == [n for n, _ in _weights()]
     assert all(raw(t) == raw(w) and t.dtype == w.dtype and t.shape == w.shape

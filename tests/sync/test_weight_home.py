@@ -115,14 +115,14 @@ def test_broadcast_sends_homed_weights_without_copying_and_a_tampered_frame_spar
 
 
 def test_only_a_senders_cpu_weights_are_homed():
-    receiver_like = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=5)
+    sender = BroadcastSync("sender", world_size=2, bucket_bytes=BUCKET, timeout_s=5)
     try:
-        assert receiver_like.home([("w", torch.ones(3, device="meta"))]) == {}
-        assert receiver_like._packer.home is None
-        assert set(receiver_like.home(model_weights(1))) == {n for n, _ in model_weights(1)}
-        assert receiver_like.home([]) == {} and receiver_like._packer.home is None  # dropped again
+        assert sender.home([("w", torch.ones(3, device="meta"))]) == {}
+        assert sender._packer.home is None
+        assert set(sender.home(model_weights(1))) == {n for n, _ in model_weights(1)}
+        assert sender.home([]) == {} and sender._packer.home is None  # dropped again
     finally:
-        receiver_like.close()
+        sender.close()
 
 
 @pytest.mark.parametrize("where, frames", [("first", "host"), ("last", "host"), ("last", "device")])

@@ -140,6 +140,9 @@ def _nccl_group(store: dist.Store, rank: int, world: int, timeout: datetime.time
 
 
 BACKENDS: dict[str, Callable] = {dist.Backend.GLOO: _gloo_group, dist.Backend.NCCL: _nccl_group}
+
+DEVICE_WIRE: dict[str, bool] = {dist.Backend.GLOO: False, dist.Backend.NCCL: True}
+"""Backend -> whether its wire is the accelerator's memory (then ``frames="auto"`` means device frames)."""
 """Backend name -> ``(store, rank, world, timeout) -> (process group backend, wire device)``."""
 
 
@@ -263,7 +266,7 @@ class BroadcastSync:
                                   "has neither; hint: use backend='gloo' (protocol `gloo`) on CPU")
         if frames not in FRAMES:
             raise WeightSyncError(f"broadcast: frames={frames!r}; hint: one of {', '.join(FRAMES)}")
-        self.on_device = frames == "device" or (frames == "auto" and self.backend == dist.Backend.NCCL)
+        self.on_device = frames == "device" or (frames == "auto" and DEVICE_WIRE[self.backend])
         """Whether frames are packed, sent and verified on the wire's device (else in host memory)."""
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.tamper = tamper
@@ -355,6 +358,12 @@ class BroadcastSync:
         self._broken = f"broadcast failed: {transport_reason(error)}"
         raise TransportBroken(f"broadcast: transport failed on rank {self.rank}: {self._broken}; hint: a peer "
                               "died or timed out; close() every rank and set up a new rendezvous") from None
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where the group's messages live (the CPU for gloo, this process's GPU for NCCL); known once
+        the group formed (the first send or receive)."""
+        return self._device
 
     def _post_blob(self, blob: np.ndarray) -> tuple[Any, torch.Tensor]:
         """Start sending ``blob``; returns (work, the tensor on the wire, kept alive until the work is done)."""
@@ -608,13 +617,10 @@ class BroadcastSync:
                 raise WeightSyncError(f"broadcast: rank {self.rank} expected bucket {index} of version {version}, "
                                       f"got trailer {trailer[:TRAILER_LEN]}; hint: the ranks are out of step, "
                                       "close() every rank and set up a new rendezvous")
-            sums = trailer[TRAILER_LEN:]
-            if self.on_device:  # the bucket's s2, then each tensor's pair
-                pairs = tuple(zip(sums[1::2], sums[2::2]))
-                bucket = device_frames.DeviceBucket(index, frame, metas, pairs, (checksum, sums[0]))
-                yield _Frame(BUCKET, version, bucket)
+            if self.on_device:
+                yield _Frame(BUCKET, version, device_frames.received(frame, metas, trailer))
                 continue
-            tensors = tuple(m._replace(checksum=c) for m, c in zip(metas, sums))
+            tensors = tuple(m._replace(checksum=c) for m, c in zip(metas, trailer[TRAILER_LEN:]))
             yield _Frame(BUCKET, version, Bucket(index, frame[:data_bytes], tensors, checksum))
 
     @staticmethod
@@ -649,8 +655,7 @@ class BroadcastSync:
                     pairs = self._unpack(frame.payload, stats)  # WeightSyncError names the bad tensor
                     stats.buckets += 1
                     stats.tensors += len(pairs)
-                    last = frame.payload.tensors[-1]
-                    stats.bytes += last.offset + last.nbytes  # the bucket's data, padding included
+                    stats.bytes += device_frames.data_bytes(frame.payload.tensors)  # padding included
                     yield from pairs
                 finished = True
             finally:

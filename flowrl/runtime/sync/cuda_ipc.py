@@ -106,7 +106,7 @@ class IpcHandoff(NamedTuple):
     """Buckets sent: a receiver that finds fewer (or others) loads nothing (``LostWeights``)."""
 
 
-def _words(nbytes: int) -> int:
+def word_bytes(nbytes: int) -> int:
     """``nbytes`` rounded up to whole int32 words."""
     return -(-nbytes // 4) * 4
 
@@ -219,7 +219,7 @@ class CudaIpcSync:
             flat = tensor.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8)
             buf[offset:offset + flat.numel()].copy_(flat)
             metas.append(IpcTensor(name, dtype, tuple(tensor.shape), offset, flat.numel(),
-                                   word_checksum(buf[offset:offset + _words(flat.numel())])))
+                                   word_checksum(buf[offset:offset + word_bytes(flat.numel())])))
             stats.tensors += 1
             stats.bytes += flat.numel()
             stats.copied_bytes += flat.numel()
@@ -262,7 +262,7 @@ class CudaIpcSync:
                                        "were shared; hint: resend the sync")
             pairs = []
             for t in bucket.tensors:
-                got_sum = word_checksum(buf[t.offset:t.offset + _words(t.nbytes)])
+                got_sum = word_checksum(buf[t.offset:t.offset + word_bytes(t.nbytes)])
                 if got_sum != t.checksum:
                     raise CorruptedWeights(f"cuda_ipc: tensor {t.name!r} (buffer {bucket.index}) arrived with checksum "
                                            f"{got_sum}, {t.checksum} was sent; hint: the shared memory was changed "

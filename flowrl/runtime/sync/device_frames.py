@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from flowrl.runtime.sync.base import ProtocolStats
-from flowrl.runtime.sync.cuda_ipc import word_checksum
+from flowrl.runtime.sync.cuda_ipc import word_bytes, word_checksum
 from flowrl.runtime.weight_sync import DTYPES, Bucket, CorruptedWeights, PlannedBucket, TensorMeta
 
 TRAILER_HEAD = 6
@@ -64,10 +64,6 @@ def frame_bytes(nbytes: int, tensors: int) -> int:
     return data_room(nbytes) + trailer_bytes(tensors)
 
 
-def _words(nbytes: int) -> int:
-    return -(-nbytes // 4) * 4
-
-
 def pack(planned: PlannedBucket, device: torch.device, stats: ProtocolStats) -> DeviceBucket:
     """Copy ``planned``'s tensors into one zeroed buffer on ``device`` and checksum each there."""
     started = time.perf_counter()
@@ -76,7 +72,7 @@ def pack(planned: PlannedBucket, device: torch.device, stats: ProtocolStats) -> 
     for meta, source in zip(planned.tensors, planned.sources):
         flat = source.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
         frame[meta.offset: meta.offset + meta.nbytes].copy_(flat)
-        sums.append(word_checksum(frame[meta.offset: meta.offset + _words(meta.nbytes)]))
+        sums.append(word_checksum(frame[meta.offset: meta.offset + word_bytes(meta.nbytes)]))
         stats.copied_bytes += meta.nbytes
     stats.pack_seconds += time.perf_counter() - started
     stats.bytes += planned.nbytes
@@ -101,19 +97,20 @@ def write_trailer(bucket: DeviceBucket, kind: int, version: int) -> torch.Tensor
     """The bucket's frame with its trailer written after the data room (the message to send)."""
     trailer = [kind, version, bucket.index, bucket.checksum[0], 0, bucket.checksum[1]]
     trailer += [s for pair in bucket.sums for s in pair]
-    room = data_room(_data_bytes(bucket))
+    room = data_room(data_bytes(bucket.tensors))
     bucket.frame[room:].copy_(torch.tensor(trailer, dtype=torch.int64).view(torch.uint8))
     return bucket.frame
 
 
-def _data_bytes(bucket: DeviceBucket) -> int:
-    last = bucket.tensors[-1]
+def data_bytes(tensors: tuple[TensorMeta, ...]) -> int:
+    """Bytes of a bucket's data, its padding included: where its last tensor ends."""
+    last = tensors[-1]
     return last.offset + last.nbytes
 
 
 def as_host_bucket(bucket: DeviceBucket) -> Bucket:
     """A host copy of the bucket's data (for a fault-injection hook written against host buckets)."""
-    return Bucket(bucket.index, bucket.frame[: _data_bytes(bucket)].cpu().numpy().copy(), bucket.tensors, 0)
+    return Bucket(bucket.index, bucket.frame[: data_bytes(bucket.tensors)].cpu().numpy().copy(), bucket.tensors, 0)
 
 
 def with_data(bucket: DeviceBucket, data: np.ndarray) -> DeviceBucket:
@@ -128,6 +125,14 @@ def trailer_of(frame: torch.Tensor, nbytes: int) -> list[int]:
     return frame[data_room(nbytes):].cpu().clone().view(torch.int64).tolist()
 
 
+def received(frame: torch.Tensor, tensors: tuple[TensorMeta, ...], trailer: list[int]) -> DeviceBucket:
+    """The bucket a received frame holds, its checksums read from its ``trailer`` (:func:`trailer_of`):
+    the bucket's ``s1`` in the head's checksum field, its ``s2`` after the head, then each tensor's pair."""
+    sums = trailer[TRAILER_HEAD:]
+    return DeviceBucket(trailer[2], frame, tensors, tuple(zip(sums[0::2], sums[1::2])),
+                        (trailer[3], trailer[TRAILER_HEAD - 1]))
+
+
 def unpack(bucket: DeviceBucket, stats: ProtocolStats) -> list[tuple[str, torch.Tensor]]:
     """Verify the bucket's checksum on the device (one pass over its data room); ``(name, tensor)``
     views of the frame, in order.
@@ -136,7 +141,7 @@ def unpack(bucket: DeviceBucket, stats: ProtocolStats) -> list[tuple[str, torch.
         CorruptedWeights: naming the first tensor whose checksum differs, or the padding.
     """
     started = time.perf_counter()
-    got = word_checksum(bucket.frame[: data_room(_data_bytes(bucket))])
+    got = word_checksum(bucket.frame[: data_room(data_bytes(bucket.tensors))])
     if got != tuple(bucket.checksum):
         _raise_corruption(bucket, got)
     pairs = []
@@ -149,7 +154,7 @@ def unpack(bucket: DeviceBucket, stats: ProtocolStats) -> list[tuple[str, torch.
 
 def _raise_corruption(bucket: DeviceBucket, got: tuple[int, int]) -> None:
     for meta, sent in zip(bucket.tensors, bucket.sums):
-        mine = word_checksum(bucket.frame[meta.offset: meta.offset + _words(meta.nbytes)])
+        mine = word_checksum(bucket.frame[meta.offset: meta.offset + word_bytes(meta.nbytes)])
         if mine != tuple(sent):
             raise CorruptedWeights(f"weight sync: tensor {meta.name!r} in bucket {bucket.index} is corrupted: word "
                                    f"sums {mine}, expected {tuple(sent)}; hint: the transfer damaged the frame, "
@@ -159,6 +164,5 @@ def _raise_corruption(bucket: DeviceBucket, got: tuple[int, int]) -> None:
                            "damaged")
 
 
-__all__ = ["DeviceBucket", "data_room", "trailer_bytes", "frame_bytes", "pack", "bucket_sums", "write_trailer",
-           "as_host_bucket",
-           "with_data", "trailer_of", "unpack"]
+__all__ = ["DeviceBucket", "data_room", "data_bytes", "trailer_bytes", "frame_bytes", "pack", "bucket_sums",
+           "write_trailer", "as_host_bucket", "with_data", "trailer_of", "received", "unpack"]
