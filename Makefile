@@ -64,7 +64,7 @@ $(STAMP): pyproject.toml Makefile $(CPU_SHIMS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# --no-compile: pip byte-compiles the ~36,000 installed modules one at a time (about 3 minutes of
 	# one core); they are byte-compiled on all cores at the end of this recipe.
-	$(BIN)/python -m pip install -q --no-compile -e ".[cpu,dev,track]"
+	$(BIN)/python -m pip install -q --no-compile -e ".[cpu,dev,track,bench]"
 	# megatron-core >= 0.17 declares Requires-Python >= 3.12, so on 3.11 pip would pick 0.16.1;
 	# 0.19.2 is what the megatron engine is written and tested against (its deps are installed above).
 	$(BIN)/python -m pip install -q --no-compile --no-deps --ignore-requires-python $(MEGATRON_CORE)

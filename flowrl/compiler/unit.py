@@ -3,7 +3,7 @@
 Files are parsed once and cached by resolved path. Import resolution:
 
 * ``import "x.flow"``: relative to the importing file's directory;
-* ``import stdlib.grpo``: ``<stdlib>/grpo.flow`` (the repo's ``stdlib/`` directory, or
+* ``import stdlib.grpo``: ``<stdlib>/grpo.flow`` (the package's ``flowrl/stdlib/``, or
   ``$FLOWRL_STDLIB``).
 
 An imported file's flows are visible by name, or as ``alias.name`` with ``as alias``.
@@ -51,8 +51,10 @@ def read_source(path: str | Path, shown: str | None = None) -> bytes:
 
 
 def stdlib_dir() -> Path:
+    """``$FLOWRL_STDLIB``, else the ``.flow`` files shipped inside the package (``flowrl/stdlib/``: package
+    data, so an installed wheel has them; the repository's ``stdlib/`` is a link to it)."""
     env = os.environ.get("FLOWRL_STDLIB")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "stdlib"
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "stdlib"
 
 
 @dataclass
