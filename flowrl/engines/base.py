@@ -183,6 +183,19 @@ def accelerator() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def load_tensors_file(file: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """What ``torch.save`` wrote to ``file`` (an engine's checkpoint state), read with
+    ``weights_only=True``: tensors, numbers, strings and containers only, so a file someone replaced
+    (a pickle with code in it) runs nothing; such a file is an :class:`EngineError` naming it."""
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as e:  # UnpicklingError (a forbidden global), a truncated or foreign file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise EngineError(f"{os.fspath(file)} is not an engine checkpoint this flowrl wrote ({type(e).__name__}: "
+                          f"{first[:300]}); it was not loaded; hint: it was damaged or replaced: resume from "
+                          f"another checkpoint (`--resume-step`), or start a new run") from None
+
+
 def check_sampling_spec(spec: SamplingSpec, *, routes: bool = False) -> None:
     """Raise :class:`EngineConfigError` naming the first out-of-range field of ``spec``, or its
     ``routes`` when the engine cannot return routed experts (``routes=False``)."""

@@ -23,7 +23,7 @@ from torch import nn
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
 from flowrl.engines import batching
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn, accelerator
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn, accelerator, load_tensors_file
 from flowrl.engines.route_replay import replayed_routes
 from flowrl.engines.types import ROUTES, TokenBatch
 
@@ -514,7 +514,7 @@ class TorchTrainEngine:
         file = os.path.join(path, STATE_FILE)
         if not os.path.isfile(file):
             raise EngineError(f"no train-engine checkpoint at {file!r}; pass a directory written by save()")
-        state = torch.load(file, map_location=self.device, weights_only=True)
+        state = load_tensors_file(file, map_location=self.device)
         if state["role"] != self.role:
             raise EngineConfigError(
                 f"checkpoint {path!r} holds a {state['role']} engine, this engine is a {self.role}; "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import sys
 import time
@@ -35,7 +34,26 @@ from flowrl.runtime.observe import SETUP_STEP, startup_report
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
 from flowrl.runtime.preemption import Preempted, SigtermGuard
+from flowrl.runtime.statefile import StateFileError, read_state, refuse_unsafe_files, write_state
 from flowrl.runtime.step import Services, StepContext
+
+INFLIGHT = "inflight.json"
+"""A checkpoint's in-flight producer steps (staleness > 1): ``[(step, values, metrics)]``, a state file
+(:mod:`flowrl.runtime.statefile`: JSON, and ``inflight.safetensors`` for its tensors)."""
+PARTIAL = "partial.json"
+"""A checkpoint's partial-rollout buffers: ``{generate op id: state}``, a state file."""
+
+
+def driver_state(ckpt: Path) -> dict:
+    """A checkpoint's ``driver.json`` (step, versions, samplers); not JSON of that shape: a clear error."""
+    try:
+        state = json.loads((ckpt / "driver.json").read_bytes().decode("utf-8"))
+        int(state["step"]), state["samplers"], dict(state["train_version"]), dict(state["rollout_version"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StateFileError(f"{ckpt / 'driver.json'} is not a checkpoint state this flowrl wrote "
+                             f"({type(e).__name__}: {str(e)[:200]}); hint: it was damaged or replaced: resume "
+                             f"from another checkpoint (`--resume-step`), or start a new run") from None
+    return state
 
 
 def check_executable(plan: ExecutionPlan, *, external: bool = False) -> None:
@@ -245,11 +263,10 @@ class Runtime:
             state = {"step": step, **self.fleet.versions(), "samplers": self.data.state_dict()}
             (tmp / "driver.json").write_text(json.dumps(state, indent=1, sort_keys=True))
             # Rollouts already generated for later steps (staleness > 1): part of the run's state.
-            with open(tmp / "inflight.pkl", "wb") as f:
-                pickle.dump([(c.step, c.values, c.metrics) for c in inflight or ()], f)
+            # JSON + safetensors, never a pickle: a checkpoint someone hands you must not run code on --resume.
+            write_state(tmp / INFLIGHT, [(c.step, c.values, c.metrics) for c in inflight or ()])
             # Partial rollout's carried groups (tokens so far, versions): the next steps continue them.
-            with open(tmp / "partial.pkl", "wb") as f:
-                pickle.dump({op_id: b.state_dict() for op_id, b in self.partial.items()}, f)
+            write_state(tmp / PARTIAL, {op_id: b.state_dict() for op_id, b in self.partial.items()})
             if self.faults.in_checkpoint is not None:
                 self.faults.in_checkpoint(step, tmp)
 
@@ -257,18 +274,22 @@ class Runtime:
 
     def restore(self, ckpt: Path) -> tuple[int, list]:
         """Load a checkpoint; returns (next step, producer contexts that were in flight)."""
-        state = json.loads((ckpt / "driver.json").read_text())
+        refuse_unsafe_files(ckpt)  # an older flowrl's pickles: refused, never loaded
+        state = driver_state(ckpt)
+        # read (and so checked) before any engine loads its state
+        partial, inflight = read_state(ckpt / PARTIAL), read_state(ckpt / INFLIGHT)
         self.data.load_state_dict(state["samplers"])
         self.fleet.restore(ckpt, state, int(state["step"]))
-        if (ckpt / "partial.pkl").is_file():
-            with open(ckpt / "partial.pkl", "rb") as f:
-                for op_id, saved in pickle.load(f).items():
-                    self.partial[op_id].load_state_dict(saved)
-        inflight = []
-        if (ckpt / "inflight.pkl").is_file():
-            with open(ckpt / "inflight.pkl", "rb") as f:
-                inflight = [StepContext(step, self.services, values, metrics) for step, values, metrics in pickle.load(f)]
-        return int(state["step"]), inflight
+        try:
+            for op_id, saved in partial.items():
+                self.partial[op_id].load_state_dict(saved)
+            contexts = [StepContext(int(step), self.services, dict(values), dict(metrics))
+                        for step, values, metrics in inflight]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateFileError(f"checkpoint {ckpt}: {PARTIAL} or {INFLIGHT} does not match this run's plan "
+                                 f"({type(e).__name__}: {e}); hint: resume with the run's own plan.json, or "
+                                 f"start a new run") from None
+        return int(state["step"]), contexts
 
     def shutdown(self) -> None:
         for r in self.rewards.values():
@@ -317,6 +338,8 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
         try:
             trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
             ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
+            if ckpt is not None:
+                refuse_unsafe_files(ckpt)  # before any engine starts: an older flowrl's pickles are never loaded
             t_setup = time.time()
             rt.setup()
             guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once

@@ -161,7 +161,7 @@ def test_partial_rollout_over_provisions_and_keeps_the_bound(partial):
 def test_partial_rollout_resume_reproduces_metrics(cluster, partial):
     _, uninterrupted = partial
     tmp, address, _ = cluster
-    assert (uninterrupted.out / "checkpoints" / "step_000002" / "partial.pkl").is_file()  # the carried groups
+    assert (uninterrupted.out / "checkpoints" / "step_000002" / "partial.json").is_file()  # the carried groups
     resumed = resume_copy(uninterrupted.out, tmp / "partial_resumed", 2, ray_address=address)
     assert stable(resumed.rows) == stable(uninterrupted.rows)
 

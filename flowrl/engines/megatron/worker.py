@@ -34,7 +34,7 @@ import torch
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
 from flowrl.engines.ranks import dp_slices, local_device_index
-from flowrl.engines.base import Denominator, EngineConfigError, EngineError, accelerator
+from flowrl.engines.base import Denominator, EngineConfigError, EngineError, accelerator, load_tensors_file
 from flowrl.engines.megatron.context_parallel import cp_layer_spec, cp_token_index, gather_sequence, padded_width
 from flowrl.engines.megatron.convert import (
     Layout,
@@ -687,7 +687,7 @@ class MegatronRank:
         file = self.checkpoint_file(path)
         if not os.path.isfile(file):
             raise EngineError(f"no Megatron checkpoint file {file!r}; was {path!r} written by this engine's save()?")
-        state = torch.load(file, map_location="cpu", weights_only=False)
+        state = load_tensors_file(file, map_location="cpu")
         layout = self._layout()
         if state["layout"] != layout or state["role"] != self.options.role:
             raise EngineConfigError(
