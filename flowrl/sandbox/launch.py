@@ -10,9 +10,11 @@ Layers, outermost first (each one holds even if a later one is missing):
 3. the worker's own unprivileged uid (``setgroups([])``, ``setresgid``, ``setresuid``) when
    the worker runs as root;
 4. bubblewrap: new user/pid/ipc/uts/cgroup/mount namespaces, a read-only ``/usr`` and
-   nothing else of the host, a size-capped tmpfs ``/sandbox`` (also ``$HOME`` and ``/tmp``),
-   a read-only ``/dev`` with a small ``/dev/shm``, its own ``/proc``, a cleared environment;
-   it dies with the worker;
+   nothing else of the host, the run's tmpfs as ``/sandbox`` (also ``$HOME``, ``/tmp`` and
+   ``/dev/shm``), a read-only ``/dev``, its own ``/proc``, a cleared environment; it dies
+   with the worker. The tmpfs is mounted by the worker in its own mount namespace, capped
+   in bytes and in files (``nr_inodes``); without bubblewrap it is the program's working
+   directory and is bound over the host's world-writable directories in that namespace;
 5. the seccomp filter (bubblewrap's ``--seccomp FD``, else ``prctl`` here).
 """
 
@@ -51,19 +53,25 @@ def rlimits(limits: Limits, nproc_base: int) -> dict[int, int]:
 
 
 def bwrap_argv(cfg: WorkerConfig, lang: Language, job: Job, fds: dict[str, int], seccomp_fd: int | None,
-               *, share_net: bool) -> list[str]:
+               *, share_net: bool, scratch: str | None = None) -> list[str]:
     """bubblewrap's command line: the view described in the module docstring, then the program.
 
     ``fds``: file name -> readable fd of its content (copied into the tmpfs by ``--file``);
-    ``share_net``: stay in the worker's own (private) network namespace rather than make one.
+    ``share_net``: stay in the worker's own (private) network namespace rather than make one;
+    ``scratch``: the worker's own tmpfs for this run (capped in size and files, holding the
+    files already), bound as the scratch directory and ``/dev/shm``; None: bubblewrap makes
+    size-capped tmpfs mounts (their file count is not capped).
     """
-    size = str(job.limits.scratch_mb * MIB)
+    if scratch is None:
+        writable = ["--size", str(4 * MIB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                    "--size", str(job.limits.scratch_mb * MIB), "--tmpfs", SCRATCH]
+    else:
+        writable = ["--bind", scratch, "/dev/shm", "--remount-ro", "/dev", "--bind", scratch, SCRATCH]
     argv = [cfg.bwrap, "--unshare-all", *(["--share-net"] if share_net else []), "--unshare-user",
             "--disable-userns", "--die-with-parent", "--new-session", "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-            "--proc", "/proc", "--dev", "/dev", "--size", str(4 * MIB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--size", size, "--tmpfs", SCRATCH, "--symlink", SCRATCH, "/tmp"]
+            "--proc", "/proc", "--dev", "/dev", *writable, "--symlink", SCRATCH, "/tmp"]
     for name in sorted({os.path.dirname(n) for n in fds} - {""}):
         argv += ["--dir", f"{SCRATCH}/{name}"]
     for name, fd in fds.items():

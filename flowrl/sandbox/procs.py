@@ -22,6 +22,10 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+MNT_DETACH = 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -38,6 +42,18 @@ def prctl(option: int, arg: int) -> None:
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """``mount(2)``; OSError with the kernel's words on failure."""
+    enc = (lambda v: None if v is None else v.encode())
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount({source!r}, {target!r}, {fstype!r}, {data!r})")
+
+
+def umount(target: str) -> None:
+    """Detach the mount at ``target`` (``umount2(MNT_DETACH)``)."""
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount2({target!r})")
 
 
 def children(pid: int) -> list[int]:

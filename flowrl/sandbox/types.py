@@ -16,6 +16,15 @@ sandbox's read-only filesystem view only holds ``/usr``."""
 SCRATCH = "/sandbox"
 """The program's working directory inside the bubblewrap view (also its ``$HOME`` and ``/tmp``)."""
 
+SCRATCH_MOUNT = "/tmp"
+"""Where a worker with a mount namespace of its own mounts each run's scratch tmpfs (in that
+namespace only: the host's ``/tmp`` is untouched): the program's working directory without
+bubblewrap, bound to :data:`SCRATCH` with it."""
+
+SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
+"""The host's other world-writable directories; without bubblewrap, the run's scratch tmpfs is
+bound over each (in the worker's mount namespace), so the program's writes land in its own capped space."""
+
 
 @dataclass(frozen=True)
 class Language:
@@ -49,8 +58,13 @@ class Limits:
     file_size_mb: int = 16
     """Largest file the program may write (RLIMIT_FSIZE), MiB."""
     scratch_mb: int = 64
-    """Size of the scratch directory (a tmpfs under bubblewrap; unbounded beyond ``file_size_mb``
-    per file without it), MiB."""
+    """Size of the program's writable space, MiB: its scratch directory, a tmpfs of its own (with
+    or without bubblewrap) that is also its ``/tmp``, ``/var/tmp`` and ``/dev/shm``; where the
+    worker cannot mount one (no mount namespace) only ``file_size_mb`` per file binds."""
+    scratch_files: int = 4096
+    """Files, directories and links the program may create in its writable space (the tmpfs's
+    ``nr_inodes``): each costs kernel memory whatever its size, so a loop creating empty
+    directories stops here with ENOSPC (``SandboxResult.files_exceeded``)."""
     open_files: int = 128
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     output_bytes: int = 1 << 20
@@ -60,7 +74,7 @@ class Limits:
     def check(self) -> "Limits":
         """``self``, or ValueError naming the first limit out of range."""
         bounds = {"timeout_s": (0.01, 3600), "memory_mb": (32, 1 << 20), "processes": (4, 1 << 16),
-                  "file_size_mb": (1, 1 << 20), "scratch_mb": (1, 1 << 20), "open_files": (16, 1 << 20),
+                  "file_size_mb": (1, 1 << 20), "scratch_mb": (1, 1 << 20), "scratch_files": (16, 1 << 24), "open_files": (16, 1 << 20),
                   "output_bytes": (1, 1 << 30)}
         for name, (lo, hi) in bounds.items():
             value = getattr(self, name)
@@ -102,6 +116,14 @@ class SandboxResult:
     """Seconds from start to the end of the program's process tree."""
     truncated: bool = False
     """stdout or stderr passed ``Limits.output_bytes``: the program was stopped there."""
+    files_limit: int | None = None
+    """How many files/directories the program could create in its writable space
+    (``Limits.scratch_files``), or None where that cap is not in force (the worker has no mount
+    namespace: see the ``files`` layer of the self-check)."""
+    files_exceeded: bool = False
+    """The program used up ``files_limit``: its next create failed with ENOSPC."""
+    scratch_full: bool = False
+    """The program filled its writable space's ``Limits.scratch_mb`` (ENOSPC)."""
 
     @property
     def ok(self) -> bool:

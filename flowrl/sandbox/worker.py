@@ -31,7 +31,8 @@ from functools import partial
 
 from flowrl.sandbox import launch, procs
 from flowrl.sandbox.seccomp import load_filter
-from flowrl.sandbox.types import LANGUAGES, Job, Layer, Limits, SandboxResult, WorkerConfig
+from flowrl.sandbox.types import (LANGUAGES, SCRATCH_MOUNT, SHARED_WRITABLE, Job, Layer, Limits, SandboxResult,
+                                  WorkerConfig)
 from flowrl.sandbox.wire import recv, send
 
 # ---- one run ----------------------------------------------------------------------------
@@ -62,6 +63,78 @@ def _scratch(files: dict[str, bytes], uid: int | None) -> str:
                 os.chown(os.path.join(root, n), uid, uid)
         os.chown(path, uid, uid)
     return path
+
+
+def private_mounts() -> str | None:
+    """Move this worker into a mount namespace of its own (root: ``CLONE_NEWNS``; otherwise a
+    user namespace too, mapping its own uid), where it can mount each run's scratch tmpfs
+    without the host seeing it. None on success, else why not (the kernel's words)."""
+    try:
+        if os.geteuid() == 0:
+            procs.unshare(procs.CLONE_NEWNS)
+        else:
+            uid, gid = os.geteuid(), os.getegid()
+            procs.unshare(procs.CLONE_NEWUSER | procs.CLONE_NEWNS)
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        procs.mount("none", "/", None, procs.MS_REC | procs.MS_PRIVATE)  # nothing propagates to the host
+        procs.mount("flowrl-probe", SCRATCH_MOUNT, "tmpfs", procs.MS_NOSUID | procs.MS_NODEV, "size=4096,nr_inodes=16")
+        procs.umount(SCRATCH_MOUNT)
+    except OSError as e:
+        return str(e)
+    return None
+
+
+class _Scratch:
+    """One run's writable space: a tmpfs at :data:`SCRATCH_MOUNT` (in the worker's own mount
+    namespace) capped at ``scratch_mb`` and ``scratch_files``, holding the run's files; without
+    bubblewrap also bound over the host's world-writable directories (``binds``)."""
+
+    def __init__(self, files: dict[str, bytes], limits: Limits, uid: int | None, *, bind_shared: bool) -> None:
+        dirs = {d for name in files for d in _parents(name)}
+        own = 1 + len(dirs) + len(files)  # the root, and what is written here before the program starts
+        opts = f"size={limits.scratch_mb * launch.MIB},nr_inodes={limits.scratch_files + own},mode=0700"
+        if uid is not None:
+            opts += f",uid={uid},gid={uid}"
+        procs.mount("flowrl-sandbox", SCRATCH_MOUNT, "tmpfs", procs.MS_NOSUID | procs.MS_NODEV, opts)
+        self.path, self.limit, self.binds = SCRATCH_MOUNT, limits.scratch_files, []
+        try:
+            for d in sorted(dirs):
+                os.mkdir(os.path.join(self.path, d))
+            for name, data in files.items():
+                with open(os.path.join(self.path, name), "wb") as f:
+                    f.write(data)
+            if uid is not None:
+                for name in [*dirs, *files]:
+                    os.chown(os.path.join(self.path, name), uid, uid)
+            if bind_shared:
+                for d in dict.fromkeys(os.path.realpath(p) for p in SHARED_WRITABLE):
+                    if os.path.isdir(d) and d != self.path:
+                        procs.mount(self.path, d, None, procs.MS_BIND)
+                        self.binds.append(d)
+        except BaseException:
+            self.close()
+            raise
+
+    def usage(self) -> tuple[bool, bool]:
+        """(files used up, bytes used up)."""
+        st = os.statvfs(self.path)
+        return st.f_ffree == 0, st.f_bavail == 0
+
+    def close(self) -> None:
+        for d in reversed(self.binds):
+            procs.umount(d)
+        self.binds = []
+        procs.umount(self.path)
+
+
+def _parents(name: str) -> list[str]:
+    out, d = [], os.path.dirname(name)
+    while d:
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
 
 
 class _Run:
@@ -161,6 +234,9 @@ class Mode:
     """Without bubblewrap: ``unshare`` a network namespace in each program's pre-exec."""
     seccomp_per_run: bool = False
     """Without bubblewrap: load the seccomp filter in each program's pre-exec."""
+    private_mounts: bool = False
+    """The worker has a mount namespace of its own: each run gets a fresh tmpfs capped in bytes
+    and files (:class:`_Scratch`)."""
 
 
 def run_job(cfg: WorkerConfig, job: Job, mode: Mode) -> SandboxResult:
@@ -170,19 +246,22 @@ def run_job(cfg: WorkerConfig, job: Job, mode: Mode) -> SandboxResult:
     nproc_base = 0 if cfg.uid is not None else procs.tasks_of_uid(os.getuid())
     limits = launch.rlimits(job.limits, nproc_base)
     fds: list[int] = []
-    scratch = None
+    scratch = mounted = None
     try:
+        if mode.private_mounts:
+            mounted = _Scratch(files, job.limits, cfg.uid, bind_shared=not cfg.bwrap)
         if cfg.bwrap:
-            names = {name: _memfd(data) for name, data in files.items()}
+            names = {} if mounted else {name: _memfd(data) for name, data in files.items()}
             fds += names.values()
             seccomp_fd = _memfd(cfg.seccomp_bpf) if cfg.seccomp_bpf else None
             if seccomp_fd is not None:
                 fds.append(seccomp_fd)
-            argv = launch.bwrap_argv(cfg, lang, job, names, seccomp_fd, share_net=mode.worker_netns)
+            argv = launch.bwrap_argv(cfg, lang, job, names, seccomp_fd, share_net=mode.worker_netns,
+                                     scratch=mounted.path if mounted else None)
             cwd, env = "/", {"PATH": launch.ENV["PATH"]}
             setup = partial(launch.child_setup, cfg, limits, False, False)
         else:
-            scratch = _scratch(files, cfg.uid)
+            scratch = mounted.path if mounted else _scratch(files, cfg.uid)
             argv = [*lang.command, lang.filename]
             cwd, env = scratch, {**launch.ENV, "HOME": scratch, "TMPDIR": scratch}
             setup = partial(launch.child_setup, cfg, limits, mode.netns_per_run, mode.seccomp_per_run)
@@ -196,12 +275,16 @@ def run_job(cfg: WorkerConfig, job: Job, mode: Mode) -> SandboxResult:
             run.close()
             if not run.swept:  # an error cut the run short
                 procs.sweep(cfg.uid)
+        files_full, bytes_full = mounted.usage() if mounted else (False, False)
     finally:
         for fd in fds:
             os.close(fd)
-        if scratch is not None:
+        if mounted is not None:
+            mounted.close()
+        elif scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return _result(proc.returncode, run, wall, bubblewrap=bool(cfg.bwrap))
+    return replace(_result(proc.returncode, run, wall, bubblewrap=bool(cfg.bwrap)),
+                   files_limit=mounted.limit if mounted else None, files_exceeded=files_full, scratch_full=bytes_full)
 
 
 def _result(rc: int, run: _Run, wall: float, *, bubblewrap: bool) -> SandboxResult:
@@ -226,7 +309,7 @@ import json, os, resource, socket, sys
 paths = json.loads(sys.stdin.read())
 out = {"uid": os.getuid(), "pid": os.getpid(), "env": sorted(os.environ),
        "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "as": resource.getrlimit(resource.RLIMIT_AS)[0],
-       "visible": [p for p in paths if os.path.exists(p)]}
+       "visible": [p for p in paths if os.path.exists(p)], "files": os.statvfs(".").f_ffree}
 try:
     socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
     out["socket"] = "allowed"
@@ -289,7 +372,10 @@ def probe(cfg: WorkerConfig, subreaper: str | None) -> tuple[WorkerConfig, Mode,
             worker_netns = True
         except OSError as e:
             notes["network"] = f"unshare(CLONE_NEWNET) refused: {e}"
-    mode = Mode(worker_netns=worker_netns)
+    mounts_err = private_mounts()
+    if mounts_err:
+        notes["files"] = f"no mount namespace for the worker ({mounts_err})"
+    mode = Mode(worker_netns=worker_netns, private_mounts=mounts_err is None)
     if cfg.bwrap:
         seen, why = _probe_run(cfg, mode)
         if seen is None:
@@ -304,14 +390,15 @@ def probe(cfg: WorkerConfig, subreaper: str | None) -> tuple[WorkerConfig, Mode,
         if seccomp_err and cfg.seccomp_bpf is not None:
             notes["seccomp"] = f"prctl(PR_SET_SECCOMP) refused: {seccomp_err}"
         mode = Mode(worker_netns, netns_per_run=not worker_netns and netns_err is None,
-                    seccomp_per_run=seccomp_err is None)
+                    seccomp_per_run=seccomp_err is None, private_mounts=mode.private_mounts)
         seen, why = _probe_run(cfg, mode)
         if seen is None:
             raise RuntimeError(f"sandbox worker cannot run a trivial program: {why}")
-    return cfg, mode, _layers(cfg, seen, notes, subreaper)
+    return cfg, mode, _layers(cfg, mode, seen, notes, subreaper)
 
 
-def _layers(cfg: WorkerConfig, seen: dict, notes: dict[str, str], subreaper: str | None) -> tuple[Layer, ...]:
+def _layers(cfg: WorkerConfig, mode: Mode, seen: dict, notes: dict[str, str],
+            subreaper: str | None) -> tuple[Layer, ...]:
     default = Limits()
     uid_ok = cfg.uid is not None and seen["uid"] == cfg.uid
     rl_ok = seen["as"] == default.memory_mb * launch.MIB
@@ -339,7 +426,13 @@ def _layers(cfg: WorkerConfig, seen: dict, notes: dict[str, str], subreaper: str
               else f"bubblewrap runs, yet the program sees {seen['visible']} (root writable: "
                    f"{seen['root_writable']})" if cfg.bwrap
               else f"{cfg.no_bwrap_reason}: programs see the host filesystem as their uid does (visible: "
-                   f"{seen['visible']}); scratch is capped per file only"),
+                   f"{seen['visible']}); " + ("its writes land in its own tmpfs (see 'files')" if mode.private_mounts
+                                           else "scratch is capped per file only")),
+        Layer("files", mode.private_mounts and default.scratch_files <= seen["files"] <= default.scratch_files + 2,
+              f"each run writes only to a tmpfs of its own ({default.scratch_mb} MiB, {default.scratch_files} files "
+              "by default): scratch, /tmp" + (", /dev/shm" if cfg.bwrap else ", /var/tmp, /dev/shm, /run/lock")
+              if mode.private_mounts else why("files", f"the probe saw {seen['files']} free files")
+              + ": the number of files a program creates is not capped"),
         Layer("environment", env_ok, "scrubbed (PATH, HOME, TMPDIR, locale)" if env_ok
               else f"the program sees {seen['env']}"),
         Layer("process tree", subreaper is None, ", ".join(tree) + "; killed at the deadline"),

@@ -21,7 +21,7 @@ import pytest
 
 from flowrl.sandbox import Limits, SandboxError, SandboxPool, procs
 
-LIMITS = Limits(timeout_s=2.0, output_bytes=1 << 16, scratch_mb=8, file_size_mb=4, processes=32)
+LIMITS = Limits(timeout_s=2.0, output_bytes=1 << 16, scratch_mb=8, file_size_mb=4, processes=32, scratch_files=500)
 
 
 @pytest.fixture(scope="module", params=["bubblewrap", "no-bubblewrap"])
@@ -63,7 +63,8 @@ def contained(pool):
 
 def test_self_check_names_every_layer(pool):
     names = [layer.name for layer in pool.layers]
-    assert names == ["uid", "rlimits", "network", "seccomp", "filesystem", "environment", "process tree", "output"]
+    assert names == ["uid", "rlimits", "network", "seccomp", "filesystem", "files", "environment", "process tree",
+                     "output"]
     inactive = {layer.name for layer in pool.layers if not layer.active}
     expected = set()
     if os.geteuid() != 0:
@@ -192,12 +193,35 @@ def test_big_file_stops_at_the_file_size_limit(pool):
 
 
 def test_many_files_stop_at_the_scratch_size(pool, tmp_path):
-    need(pool, "filesystem")
+    need(pool, "files")
     src = ("import os\ni = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n    i += 1")
     res = pool.run(src, timeout_s=10.0)
     assert res.exit_code == 1 and "No space left on device" in res.stderr and not res.timed_out
+    assert res.scratch_full
     for d in ("/tmp", "/dev/shm"):  # the host's world-writable directories got nothing
         assert not any(name.startswith("f") and name[1:].isdigit() for name in os.listdir(d))
+    contained(pool)
+
+
+def test_empty_directories_stop_at_the_file_cap(pool):
+    """Each inode costs kernel memory whatever its size: a create loop stops at ``scratch_files``
+    (ENOSPC), in the scratch directory and in every world-writable directory it can reach, and
+    the result says so; nothing lands in the host's directories."""
+    need(pool, "files")
+    marker = f"flowrl-inode-{os.getpid()}-"
+    src = ("import errno, os, sys\nmarker = sys.stdin.read()\n"
+           "places = [d for d in ('.', '/tmp', '/var/tmp', '/dev/shm', '/run/lock') if os.path.isdir(d)]\n"
+           "n = 0\ntry:\n    while True:\n        os.mkdir(os.path.join(places[n % len(places)], marker + str(n)))\n"
+           "        n += 1\nexcept OSError as e:\n    print(n, errno.errorcode[e.errno])")
+    res = pool.run(src, stdin=marker, timeout_s=10.0)
+    count, err = res.stdout.split()
+    assert err == "ENOSPC" and 0 < int(count) <= LIMITS.scratch_files and res.exit_code == 0 and not res.timed_out
+    assert res.files_limit == LIMITS.scratch_files and res.files_exceeded and not res.scratch_full
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        if os.path.isdir(d):
+            assert not any(name.startswith(marker) for name in os.listdir(d)), d
+    ok = pool.run("open('a', 'w').write('x')")  # the next run starts with an empty scratch again
+    assert ok.ok and ok.files_limit == LIMITS.scratch_files and not ok.files_exceeded
     contained(pool)
 
 
