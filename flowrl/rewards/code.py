@@ -14,6 +14,14 @@ the tests, in one of these forms:
   passes when it exits with 0 and the token is its last line of output (so exiting early
   with status 0 does not pass);
 * a dict ``{"inputs": [...], "outputs": [...]}`` (the APPS / TACO layout) of input/output cases;
+* a dict ``{"fn_name": "f", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}`` (APPS / TACO
+  call-based tests): each input is the argument list of one call of the program's function
+  ``f`` (or of the method ``f`` of its class ``Solution``, LeetCode style), whose return value
+  must equal the output as a value (JSON's: tuples are lists; floats to a relative 1e-6; an
+  output wrapped in a one-item list, as APPS writes them, matches too). All calls run in one
+  sandboxed program: a harness reads the cases from stdin before the program's own code runs,
+  then calls the function and prints a fresh random token and the verdict as its last line
+  (what the program itself prints does not count);
 * any of these JSON-encoded in a string, or a string of assert statements.
 
 Lists may mix cases and asserts. The reward is 1.0 when every test passes, else 0.0 (a
@@ -66,6 +74,15 @@ class AssertCase:
     code: str
 
 
+@dataclass(frozen=True)
+class CallCase:
+    """Call the program's function ``fn_name`` with ``args``; it must return ``expected`` (as a value)."""
+
+    fn_name: str
+    args: tuple
+    expected: object
+
+
 def extract_code(completion: str) -> str:
     """The program in a completion (see the module docstring for the rule)."""
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(completion)]
@@ -81,7 +98,8 @@ def _show(value) -> str:
 
 
 _FORMS = ("a list of {'stdin': ..., 'stdout': ...} cases and/or assert strings, "
-          "{'inputs': [...], 'outputs': [...]}, or either as a JSON string")
+          "{'inputs': [...], 'outputs': [...]}, {'fn_name': 'f', 'inputs': [[args], ...], 'outputs': [...]}, "
+          "or any of these as a JSON string")
 
 
 def _case(item, where: str) -> IOCase | AssertCase:
@@ -96,7 +114,7 @@ def _case(item, where: str) -> IOCase | AssertCase:
                            f"'stdin' and 'stdout'; hint: give {_FORMS}")
 
 
-def parse_tests(value, where: str = "tests") -> list[IOCase | AssertCase]:
+def parse_tests(value, where: str = "tests") -> list[IOCase | AssertCase | CallCase]:
     """The test cases a ``tests`` value holds; ``where`` names it in errors."""
     if isinstance(value, str):
         try:
@@ -110,13 +128,85 @@ def parse_tests(value, where: str = "tests") -> list[IOCase | AssertCase]:
     elif isinstance(value, dict) and "inputs" in value and "outputs" in value:
         ins, outs = value["inputs"], value["outputs"]
         if "fn_name" in value:
-            raise TestsFormatError(f"{where}: call-based tests ('fn_name' {value['fn_name']!r}) are not supported; "
-                                   "hint: give them as assert strings, e.g. \"assert f(1) == 2\"")
+            return _calls(value["fn_name"], ins, outs, where)
         if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
             return [_case({"stdin": i, "stdout": o}, where) for i, o in zip(ins, outs)]
     elif isinstance(value, list) and value:
         return [_case(item, where) for item in value]
     raise TestsFormatError(f"{where}: no tests in {_show(value)}; hint: give {_FORMS}")
+
+
+def _calls(fn_name, ins, outs, where: str) -> list[CallCase]:
+    """The call-based cases of an APPS / TACO ``{"fn_name", "inputs", "outputs"}`` dict."""
+    if not (isinstance(fn_name, str) and fn_name.isidentifier()):
+        raise TestsFormatError(f"{where}: 'fn_name' {_show(fn_name)} is not a Python function name; "
+                               "hint: give the name of the function the program defines, e.g. \"fn_name\": \"add\"")
+    if not (isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins):
+        raise TestsFormatError(f"{where}: call-based tests of {fn_name!r} need 'inputs' and 'outputs' lists of the "
+                               f"same length, one argument list and one return value per call; got inputs "
+                               f"{_show(ins)} and outputs {_show(outs)}")
+    return [CallCase(fn_name, tuple(i) if isinstance(i, list) else (i,), o) for i, o in zip(ins, outs)]
+
+
+_HARNESS = r"""
+import json, math, os, sys
+_cases = json.loads(sys.stdin.read())  # before the program runs: it never sees the cases
+sys.stdin = open(os.devnull)
+_token = _cases.pop("token")
+
+
+def _norm(v):
+    return json.loads(json.dumps(v))
+
+
+def _same(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)             and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _verdict():
+    ns = {"__name__": "solution", "__builtins__": __builtins__}
+    with open("solution.py") as f:
+        exec(compile(f.read(), "solution.py", "exec"), ns)
+    fn = ns.get(_cases["fn_name"])
+    if not callable(fn) and isinstance(ns.get("Solution"), type):
+        fn = getattr(ns["Solution"](), _cases["fn_name"], None)
+    if not callable(fn):
+        return "no function " + _cases["fn_name"]
+    for i, (args, expected) in enumerate(_cases["calls"]):
+        got = fn(*args)
+        try:
+            got = _norm(got)
+        except (TypeError, ValueError):
+            return f"call {i}: the return value is not a JSON value"
+        if not (_same(got, expected) or _same([got], expected)):
+            return f"call {i}: wrong value"
+    return "pass"
+
+
+try:
+    _v = _verdict()
+except BaseException as e:  # noqa: BLE001 - the program's own exception (or SystemExit) fails it
+    _v = f"raised {type(e).__name__}"
+sys.stdout.flush()
+print()
+print(_token, _v)
+"""
+"""The program that runs a completion's program (``solution.py``) against call-based cases."""
+
+
+def _calls_pass(program: str, calls: list[CallCase], pool, limits: dict) -> bool:
+    """Whether ``program``'s function returns each case's value (one sandboxed run for all of them)."""
+    token = secrets.token_hex(16)
+    stdin = json.dumps({"token": token, "fn_name": calls[0].fn_name,
+                        "calls": [[list(c.args), c.expected] for c in calls]})
+    res = pool.run(_HARNESS, stdin=stdin, files={"solution.py": program}, **limits)
+    return res.ok and res.stdout.rstrip("\n").rsplit("\n", 1)[-1] == f"{token} pass"
 
 
 def outputs_match(got: str, expected: str) -> bool:
@@ -130,7 +220,7 @@ def outputs_match(got: str, expected: str) -> bool:
     return norm(got) == norm(expected)
 
 
-def passes(program: str, cases: list[IOCase | AssertCase], pool) -> bool:
+def passes(program: str, cases: list[IOCase | AssertCase | CallCase], pool) -> bool:
     """Whether ``program`` passes every case, run in ``pool`` (a :class:`~flowrl.sandbox.SandboxPool`)."""
     asserts = [c.code for c in cases if isinstance(c, AssertCase)]
     limits = {"timeout_s": CASE_TIMEOUT_S, "memory_mb": CASE_MEMORY_MB}
@@ -140,6 +230,13 @@ def passes(program: str, cases: list[IOCase | AssertCase], pool) -> bool:
         token = secrets.token_hex(16)
         res = pool.run(f"{program}\n\n" + "\n".join(asserts) + f"\nprint({token!r})\n", **limits)
         if not (res.ok and res.stdout.rstrip("\n").rsplit("\n", 1)[-1] == token):
+            return False
+    by_name: dict[str, list[CallCase]] = {}
+    for case in cases:
+        if isinstance(case, CallCase):
+            by_name.setdefault(case.fn_name, []).append(case)
+    for calls in by_name.values():
+        if not _calls_pass(program, calls, pool, limits):
             return False
     for case in cases:
         if isinstance(case, IOCase):

@@ -50,13 +50,54 @@ def test_parse_tests_forms():
         ([{"stdin": "1"}], r"test \{'stdin': '1'\} is neither an assert string nor a case"),
         ([3], r"test 3 is neither"),
         ({"inputs": ["1"], "outputs": []}, r"no tests in \{'inputs'"),
-        ({"inputs": ["1"], "outputs": ["2"], "fn_name": "f"}, r"call-based tests \('fn_name' 'f'\) are not supported"),
+        ({"inputs": [[1]], "outputs": [], "fn_name": "f"}, r"call-based tests of 'f' need 'inputs' and 'outputs' lists"),
+        ({"inputs": [[1]], "outputs": [2], "fn_name": "f(x)"}, r"'fn_name' 'f\(x\)' is not a Python function name"),
         (7, r"no tests in 7"),
     ],
 )
 def test_parse_tests_errors_show_the_value(value, pattern):
     with pytest.raises(C.TestsFormatError, match=pattern):
         C.parse_tests(value, "row 0 field 'tests'")
+
+
+def test_parse_call_based_tests():
+    assert C.parse_tests({"fn_name": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}) == [
+        C.CallCase("add", (1, 2), 3), C.CallCase("add", (3, 4), 7)]
+    assert C.parse_tests('{"fn_name": "neg", "inputs": [5], "outputs": [[-5]]}') == [C.CallCase("neg", (5,), [-5])]
+
+
+ADD_CALLS = {"fn_name": "add", "inputs": [[1, 2], [3, 4], [0.5, 0.25]], "outputs": [3, 7, 0.75]}
+
+
+def test_call_based_tests(monkeypatch):
+    """APPS / TACO ``fn_name`` tests: the function's return values compared as values, in the sandbox."""
+    monkeypatch.setattr(C, "CASE_TIMEOUT_S", 2.0)
+    completions = [
+        fenced("def add(a, b):\n    return a + b"),  # right
+        fenced("def add(a, b):\n    return a * b"),  # wrong values
+        fenced("print('3\\n7\\n0.75 pass')\ndef add(a, b):\n    print('garbage', a)\n    return a + b"),  # prints: fine
+        fenced("def add(a, b):\n    print(a + b)"),  # prints the answers, returns None
+        fenced("def add(a, b):\n    while True:\n        pass"),  # hangs: stopped at the deadline
+        fenced("class Solution:\n    def add(self, a, b):\n        return a + b"),  # LeetCode style
+        fenced("def plus(a, b):\n    return a + b"),  # no such function
+        fenced("import os\ndef add(a, b):\n    os._exit(0)"),  # exits before the verdict
+        fenced("def add(a, b):\n    return (a + b,)"),  # the list [3] is not 3
+        fenced("def add(a, b):\n    return a + b"),  # right, against APPS's outputs wrapped in lists
+    ]
+    rows = [{"tests": ADD_CALLS}] * (len(completions) - 1)
+    rows.append({"tests": {**ADD_CALLS, "outputs": [[out] for out in ADD_CALLS["outputs"]]}})
+    assert C.code_tests(completions, [""] * len(completions), rows=rows) == [1, 0, 1, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_stdin_stdout_tests_in_the_apps_layout(monkeypatch):
+    monkeypatch.setattr(C, "CASE_TIMEOUT_S", 2.0)
+    tests = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]}
+    completions = [fenced("a, b = map(int, input().split())\nprint(a + b)"),  # passes
+                   fenced("a, b = map(int, input().split())\nprint(a * b)"),  # fails
+                   fenced("print('garbage')"),  # prints garbage
+                   fenced("import time\ntime.sleep(60)")]  # hangs
+    rows = [{"tests": tests}] * 4
+    assert C.code_tests(completions, [""] * 4, rows=rows) == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_outputs_match_ignores_trailing_whitespace_only():
