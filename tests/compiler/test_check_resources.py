@@ -18,6 +18,7 @@ import pytest
 
 from flowrl.compiler.pipeline import check_file, compile_file, compile_text
 from flowrl.diagnostics import FlowError
+from model_dirs import EMPTY_SAFETENSORS, write_char_tokenizer, write_empty_weights, write_planned_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,6 +184,110 @@ def test_hf_needs_a_checkpoint_directory_or_a_known_model(tmp):
     assert "did you mean `Qwen/Qwen2.5-0.5B`" in d.hint
 
 
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 20,
+         "max_position_embeddings": 128}
+
+
+def _safetensors(tensors: dict[str, int], data_bytes: int) -> bytes:
+    """A safetensors file whose tensors (name -> bytes, F32) end where their sizes add up, with ``data_bytes``
+    of data after the header (fewer: a truncated file)."""
+    import struct
+
+    header, at = {}, 0
+    for name, size in tensors.items():
+        header[name] = {"dtype": "F32", "shape": [size // 4], "data_offsets": [at, at + size]}
+        at += size
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(data_bytes)
+
+
+def _ckpt_codes(tmp: Path, written: str = "ckpt") -> list:
+    head = 'reward r = verifier("exact")\ndataset d = jsonl("data/train.jsonl")\n'
+    return codes_of(flow(tmp, head + f'model policy = hf("{written}")'))
+
+
+def test_a_model_directory_needs_weights_and_a_tokenizer(tmp):
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(LLAMA))
+    d = _ckpt_codes(tmp)
+    assert [x.code for x in d] == ["E620", "E620"]
+    assert d[0].message == f'hf("ckpt") ({ckpt}): no weights: neither model.safetensors nor model.safetensors.index.json'
+    assert "save_pretrained(dir)" in d[0].hint
+    assert "no tokenizer" in d[1].message and "AutoTokenizer" in d[1].hint
+    assert (d[0].span.line, d[0].span.column) == (3, 19)  # the hf(...) argument as written
+    write_char_tokenizer(ckpt)
+    write_empty_weights(ckpt)
+    assert _ckpt_codes(tmp) == []
+    (ckpt / "tokenizer.json").unlink()
+    (ckpt / "vocab.json").write_text("{}")
+    assert "no tokenizer" in only(_ckpt_codes(tmp), "E620").message  # a BPE vocabulary needs its merges
+    (ckpt / "merges.txt").write_text("")
+    assert _ckpt_codes(tmp) == []
+
+
+def test_pickled_weights_are_refused_with_the_conversion(tmp):
+    ckpt = write_planned_checkpoint(tmp / "ckpt", LLAMA)
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(b"\x80\x04not read")
+    d = only(_ckpt_codes(tmp), "E620")
+    assert "pytorch_model.bin, a PyTorch pickle (loading one can run code)" in d.message
+    assert f"from_pretrained('{ckpt}').save_pretrained('{ckpt}')" in d.hint
+    assert "never reads a weight format that can execute code" in d.hint
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda f: f.write_bytes(f.read_bytes()[:-10]), "is truncated: its tensors end at byte 64 of the data, which holds 54"),
+    (lambda f: f.write_bytes(f.read_bytes()[:5]), "shorter than its header's length"),
+    (lambda f: f.write_bytes(b"\xff" * 8 + b"{}"), "is not a safetensors file or is truncated"),
+    (lambda f: f.write_bytes(EMPTY_SAFETENSORS[:8] + b"{not json"), "header is not JSON"),
+])
+def test_a_damaged_safetensors_file_is_caught_from_its_header(tmp, damage, words):
+    ckpt = write_planned_checkpoint(tmp / "ckpt", LLAMA)
+    f = ckpt / "model.safetensors"
+    f.write_bytes(_safetensors({"a": 32, "b": 32}, 64))
+    assert _ckpt_codes(tmp) == []
+    damage(f)
+    d = only(_ckpt_codes(tmp), "E620")
+    assert words in d.message and "model.safetensors" in d.message
+
+
+def test_every_shard_of_an_index_must_be_there_and_whole(tmp):
+    ckpt = write_planned_checkpoint(tmp / "ckpt", LLAMA)
+    (ckpt / "model.safetensors").unlink()
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    (ckpt / shards[0]).write_bytes(_safetensors({"a": 16}, 16))
+    d = only(_ckpt_codes(tmp), "E620")
+    assert f"names 2 shard(s), and {shards[1]} is missing" in d.message
+    (ckpt / shards[1]).write_bytes(_safetensors({"b": 16}, 8))
+    assert f"{shards[1]} is truncated" in only(_ckpt_codes(tmp), "E620").message
+    (ckpt / shards[1]).write_bytes(_safetensors({"b": 16}, 16))
+    assert _ckpt_codes(tmp) == []
+
+
+def test_config_of_an_architecture_flowrl_does_not_know(tmp):
+    write_planned_checkpoint(tmp / "ckpt", {**LLAMA, "architectures": ["FalconForCausalLM"], "model_type": "falcon"})
+    d = only(_ckpt_codes(tmp), "E603")
+    assert "names FalconForCausalLM, an architecture flowrl does not know" in d.message
+    assert "LlamaForCausalLM" in d.hint
+
+
+def test_a_partial_hub_download_is_refused_at_check(tmp, monkeypatch):
+    hub = tmp / "hub"
+    snapshot = hub / "models--acme--partial" / "snapshots" / ("0" * 40)
+    write_planned_checkpoint(snapshot, LLAMA)
+    (hub / "models--acme--partial" / "refs").mkdir()
+    (hub / "models--acme--partial" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert _ckpt_codes(tmp, "acme/partial") == []
+    (snapshot / "model.safetensors").unlink()
+    d = only(_ckpt_codes(tmp, "acme/partial"), "E620")
+    assert d.message.startswith('hf("acme/partial"), from the local Hugging Face cache (')
+    assert "hf download acme/partial" in d.hint
+
+
 # ---- user code -------------------------------------------------------------------------------------
 
 REWARD_SRC = '''
@@ -297,7 +402,7 @@ def test_call_and_python_env_are_checked_too(tmp):
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Path:
-    """A tiny GPT-2 checkpoint's config (n_positions = 64) and character-level tokenizer: no weights needed."""
+    """A tiny GPT-2 checkpoint's config (n_positions = 64) and character-level tokenizer; weights with no tensors."""
     from transformers import GPT2Config
 
     from flowrl.models.tiny import build_tokenizer
@@ -309,6 +414,7 @@ def gpt2(tmp_path_factory) -> Path:
     cfg.architectures = ["GPT2LMHeadModel"]
     cfg.save_pretrained(out)
     tok.save_pretrained(out)
+    write_empty_weights(out)
     assert "max_position_embeddings" not in json.loads((out / "config.json").read_text())
     return out
 
@@ -367,10 +473,12 @@ def test_longer_eval_prompt_counts(tmp, gpt2):
     assert "22 tokens in the first row of `data/test.jsonl`" in d.message
 
 
-def test_without_a_tokenizer_the_prompt_is_at_least_one_token(tmp, gpt2):
+def test_without_a_tokenizer_json_the_prompt_is_at_least_one_token(tmp, gpt2):
     bare = tmp / "bare"
     bare.mkdir()
     (bare / "config.json").write_text((gpt2 / "config.json").read_text())
+    write_empty_weights(bare)
+    (bare / "tokenizer.model").write_bytes(b"")  # a SentencePiece model: not counted at check
     assert codes_of(_gpt2_flow(tmp, bare, max_tokens=63)) == []
     assert "(at least 1 token)" in only(codes_of(_gpt2_flow(tmp, bare, max_tokens=64)), "E609").message
 

@@ -108,7 +108,9 @@ ROWS = [{"prompt": MESSAGES, "answer": "4"}, {"prompt": "What is 12 * 7?", "answ
 
 
 def _qwen_checkpoint(folder: Path, template: bool = True) -> Path:
-    """A tiny Qwen3 config with the Qwen-style tokenizer (no weights: check and plan read neither)."""
+    """A tiny Qwen3 config with the Qwen-style tokenizer, and weights with no tensors (check and plan read none)."""
+    from model_dirs import write_empty_weights
+
     from flowrl.models.families import family_config
 
     tok = build_family_tokenizer("qwen")
@@ -118,6 +120,7 @@ def _qwen_checkpoint(folder: Path, template: bool = True) -> Path:
                   max_position=128, pad_id=tok.pad_token_id, bos_id=tok.eos_token_id,
                   eos_id=tok.eos_token_id).save_pretrained(folder)
     tok.save_pretrained(folder)
+    write_empty_weights(folder)
     return folder
 
 

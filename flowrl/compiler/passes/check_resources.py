@@ -10,9 +10,13 @@ paths are resolved against the folder of the flow file that declares them):
   ``file_format``): a JSON-lines file's first row is an object with the ``prompt`` and
   ``answer`` fields and a string prompt; a Parquet file's footer lists those columns, the
   prompt's as strings, and at least one row (E601, E602);
-* model checkpoints (``facts_from`` is ``FactsFrom.CHECKPOINT``): a local directory holding a readable
-  decoder ``config.json``, a hub id in the local Hugging Face cache (:mod:`flowrl.hub`), or a
-  preset hub id (E603; a hub id that is neither names the command that downloads it);
+* model checkpoints (``facts_from`` is ``FactsFrom.CHECKPOINT``): a local directory, or a hub id in
+  the local Hugging Face cache (:mod:`flowrl.hub`), holding what the engines load, read as data by
+  :func:`flowrl.model_files.checkpoint_problems` (the runtime checks the same before it starts an
+  engine): a decoder ``config.json`` of an architecture of the catalogue (E603), safetensors weights
+  whose headers are whole (every shard of an index; a PyTorch pickle is refused with the command that
+  converts it) and a tokenizer (E620); else a preset hub id (E603; a hub id that is neither names the
+  command that downloads it);
 * user code (:attr:`~flowrl.catalog.ops.OpSpec.python_ref`): ``"module:attribute"`` names a
   module found in the flow file's folder, then ``PYTHONPATH``, then installed packages
   (:mod:`flowrl.pyrefs`), whose source defines the attribute at top level (E604-E606). The
@@ -39,7 +43,7 @@ import difflib
 import os
 from pathlib import Path
 
-from flowrl.catalog.models import PRESETS, ConfigError, from_config, preset
+from flowrl.catalog.models import PRESETS, preset
 from flowrl.catalog.ops import OPS, FactsFrom, OpSpec
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import shown_path
@@ -47,6 +51,7 @@ from flowrl.compiler.resources import checked, dataset_files, folder_of, read_he
 from flowrl.diagnostics import Collector
 from flowrl.hub import cached_snapshot, download_hint, is_hub_id
 from flowrl.ir.graph import Const, FlowGraph, Node
+from flowrl.model_files import FileProblem, checkpoint_problems
 from flowrl.pyrefs import RefError, defined_names, find_module, looked_in, split_ref
 
 
@@ -120,19 +125,18 @@ def _check_checkpoint(node: Node, errors: Collector) -> None:
     local = Path(shown_path(node, written))
     span = node.args[0].span
     if (local / "config.json").is_file():
-        try:
-            from_config(local)
-        except ConfigError as e:
-            errors.error("E603", f"hf(\"{written}\"): {e}", span,
-                         "point hf(...) at a directory written by a transformers model's `save_pretrained(dir)`")
+        for problem in checkpoint_problems(local):
+            _report_files(problem, f"hf(\"{written}\")" + (f" ({local})" if problem.what != "config" else ""),
+                          span, errors)
         return
     cached = cached_snapshot(written)
     if cached is not None:
-        try:
-            from_config(cached)
-        except ConfigError as e:
-            errors.error("E603", f"hf(\"{written}\"), from the local Hugging Face cache: {e}", span,
-                         "the cached download is damaged: " + download_hint(written, folder=False).replace("put it", "put it again", 1))
+        again = download_hint(written, folder=False).replace("put it", "put it again", 1)
+        for problem in checkpoint_problems(cached):
+            _report_files(FileProblem(problem.what, problem.reason, f"the cached download is damaged or partial: "
+                                                                    f"{again}"),
+                          f"hf(\"{written}\"), from the local Hugging Face cache" + (
+                              f" ({cached})" if problem.what != "config" else ""), span, errors)
         return
     if preset(written) is not None:
         return  # a public config flowrl knows: plans are made without the checkpoint (`run` needs it cached)
@@ -145,6 +149,13 @@ def _check_checkpoint(node: Node, errors: Collector) -> None:
                  + f"relative paths are resolved against the folder of the flow file, {shown_folder(node)}; "
                    "flowrl never downloads models: save one there with `save_pretrained(dir)`"
                  + (f", or, `{written}` being a hub id, {download_hint(written, folder=False)}" if hub else ""))
+
+
+def _report_files(problem: FileProblem, what: str, span, errors: Collector) -> None:
+    """A checkpoint's config problem is E603 (not a model flowrl knows); missing or damaged weights or
+    tokenizer, E620 (the engines would fail to load it)."""
+    code = "E603" if problem.what == "config" else "E620"
+    errors.error(code, f"{what}: {problem.reason}", span, problem.fix)
 
 
 def _check_ref(node: Node, spec: OpSpec, errors: Collector) -> None:
