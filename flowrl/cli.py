@@ -128,6 +128,106 @@ def write_atomic(path: str, text: str) -> None:
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+# ---- option values: one validator per kind (argparse ``type=``; a bad value is a usage error, exit 2,
+# "argument --OPTION: ..." naming the value and what is accepted) -----------------------------------
+
+
+def count(least: int, why: str = "") -> Callable[[str], int]:
+    """An integer option's type: ``least`` or more (``why``: what the bound means, said when it is broken)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give an integer >= {least}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}; give an integer >= {least}"
+                                             + (f" ({why})" if why else ""))
+        return value
+
+    parse.least = least  # what tests of every integer option read
+    return parse
+
+
+def real(*, above: float | None = None) -> Callable[[str], float]:
+    """A number option's type: finite (and ``> above`` where given)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"{text} must be > {above:g}")
+        return value
+
+    parse.above = above
+    return parse
+
+
+def counts(least: int) -> Callable[[str], tuple[int, ...]]:
+    """A comma-separated list of integers, each ``least`` or more (``--k 1,4,8``)."""
+    one = count(least)
+
+    def parse(text: str) -> tuple[int, ...]:
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,4,8")
+        try:
+            return tuple(one(t) for t in items)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+    parse.least = least
+    return parse
+
+
+def _writable_place(path: Path, what: str) -> None:
+    """ArgumentTypeError unless ``path`` can be created (or written) by this user: its nearest existing
+    ancestor must be a directory this user may write into, and no ancestor a file."""
+    probe = Path(os.path.abspath(path))
+    for parent in [probe, *probe.parents]:
+        if os.path.lexists(parent):
+            break
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: {parent} is a file, not a directory; {what} needs a directory "
+                                          "there")
+    if parent == probe:
+        return
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{path}: {parent} is not writable by you; choose another place")
+
+
+def out_dir(text: str) -> str:
+    """A run directory to write (``--out``): a directory there or creatable, writable by this user."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty path; give a directory, e.g. runs/a")
+    path = Path(text)
+    if os.path.lexists(path) and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory; choose another place for the run")
+    _writable_place(path, "a run")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the directory is not writable by you; choose another place")
+    return text
+
+
+def out_file(text: str) -> str:
+    """A file to write (``-o``, ``--gantt``): ``-`` (standard output, where accepted), or a path whose
+    directory exists or can be made, writable by this user."""
+    if text == "-":
+        return text
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty path; give a file name")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the file is not writable by you")
+    _writable_place(path, "the file")
+    return text
+
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -311,7 +411,7 @@ def _graph_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=GRAPH_FORMATS,
                    help="dot or mermaid (text), svg or png (need Graphviz `dot`); "
                         "default: from the -o suffix, else dot")
-    p.add_argument("-o", "--output", metavar="OUT", help="write here instead of standard output")
+    p.add_argument("-o", "--output", type=out_file, metavar="OUT", help="write here instead of standard output")
 
 
 def graph_format(fmt: str | None, output: str | None) -> str:
@@ -363,7 +463,8 @@ def _flow_args(p: argparse.ArgumentParser, file_required: bool = True) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter of the entry flow (or a run setting: steps, seed, eval_every, "
                         "save_every, log, log_samples)")
-    p.add_argument("--steps", type=int, help="number of RL steps")
+    p.add_argument("--steps", type=count(1, "a run trains at least one step; `flowrl eval FILE` measures a model "
+                                        "without training"), help="number of RL steps")
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
@@ -372,13 +473,13 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="also show what `schedule auto` searched: the winner, the runners-up, what it rejected")
     g = p.add_argument_group("Gantt chart of the simulated steps (docs/schedules.md)")
-    g.add_argument("--gantt", metavar="OUT.png", help="draw the simulated steps, one row per engine, to this PNG")
+    g.add_argument("--gantt", type=out_file, metavar="OUT.png", help="draw the simulated steps, one row per engine, to this PNG")
     g.add_argument("--measured", metavar="RUN_DIR",
                    help="with --gantt: draw a run of this flow (its trace.json) under the simulation, on the same "
                         "rows, and simulate with the run's measured workload")
-    g.add_argument("--gantt-trace", metavar="OUT.json",
+    g.add_argument("--gantt-trace", type=out_file, metavar="OUT.json",
                    help="with --gantt: also write the simulated steps as a Chrome/Perfetto trace")
-    g.add_argument("--gantt-steps", type=int, default=3, metavar="N", help="steps to draw (default 3)")
+    g.add_argument("--gantt-steps", type=count(1), default=3, metavar="N", help="steps to draw (default 3)")
 
 
 def run_plan_cmd(args: argparse.Namespace) -> int:
@@ -389,8 +490,6 @@ def run_plan_cmd(args: argparse.Namespace) -> int:
         raise UsageError("--json already holds the search report (`search`); drop --explain")
     if (args.measured or args.gantt_trace) and not args.gantt:
         raise UsageError("--measured and --gantt-trace go with --gantt OUT.png")
-    if args.gantt_steps < 1:
-        raise UsageError(f"--gantt-steps must be >= 1, got {args.gantt_steps}")
     try:
         autoprofile.use_auto_profile(cached_only=True)  # this machine's figures, if measured before
         sets = parse_sets(args.set)
@@ -441,12 +540,12 @@ register(Command(
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", metavar="FILE",
+    p.add_argument("-o", "--output", type=out_file, metavar="FILE",
                    help="where to write the profile (default: $FLOWRL_PROFILE, else ~/.cache/flowrl/profile.json)")
-    p.add_argument("--size", type=int, default=1024, metavar="N", help="matmul size N (N x N @ N x N, fp32)")
-    p.add_argument("--copy-mb", type=int, default=256, metavar="MB", help="memcpy size in MB")
-    p.add_argument("--allreduce-mb", type=int, default=64, metavar="MB", help="gloo allreduce size in MB")
-    p.add_argument("--repeat", type=int, default=3, metavar="K", help="best of K runs of each measurement")
+    p.add_argument("--size", type=count(1), default=1024, metavar="N", help="matmul size N (N x N @ N x N, fp32)")
+    p.add_argument("--copy-mb", type=count(1), default=256, metavar="MB", help="memcpy size in MB")
+    p.add_argument("--allreduce-mb", type=count(1), default=64, metavar="MB", help="gloo allreduce size in MB")
+    p.add_argument("--repeat", type=count(1), default=3, metavar="K", help="best of K runs of each measurement")
     p.add_argument("--no-allreduce", action="store_true", help="skip the 2-process gloo allreduce")
     p.add_argument("--calibrate", metavar="RUN_DIR", nargs="+",
                    help="instead of measuring: set what a matmul cannot show (engine dispatch, decode and "
@@ -486,10 +585,6 @@ def run_profile(args: argparse.Namespace) -> int:
         except (profiles.ProfileError, ValueError) as e:
             raise CliError(str(e)) from None
 
-    for name, value in (("--size", args.size), ("--copy-mb", args.copy_mb), ("--allreduce-mb", args.allreduce_mb),
-                        ("--repeat", args.repeat)):
-        if value < 1:
-            raise UsageError(f"{name} must be >= 1, got {value}")
     if not profiles.can_measure():
         from flowrl.launch import REQUIRED
 
@@ -522,23 +617,25 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     from flowrl.catalog.loggers import LOGGERS
 
     _flow_args(p, file_required=False)
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", type=out_dir, metavar="DIR",
                    help="run directory, new or empty (default: runs/<file>-<time>); an earlier run's needs --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace the earlier run in --out DIR")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a run from its latest checkpoint, with its own settings (FILE may be left out; "
                         "--steps and --save-every may change)")
-    p.add_argument("--resume-step", type=int, metavar="N",
+    p.add_argument("--resume-step", type=count(1, "checkpoints hold the state after a step, numbered from 1"),
+                   metavar="N",
                    help="with --resume: continue from step N's checkpoint rather than the newest (e.g. when "
                         "--resume reports the newest damaged)")
-    p.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps")
-    p.add_argument("--restarts", type=int, default=0, metavar="N",
+    p.add_argument("--save-every", type=count(0, "0: no checkpoint but the last"), metavar="N",
+                   help="checkpoint every N steps")
+    p.add_argument("--restarts", type=count(0, "0: never restart"), default=0, metavar="N",
                    help="when an engine dies, hangs or loses its node, restart the engines from the last "
                         "checkpoint, up to N times (default 0: stop and say how to resume)")
     p.add_argument("--log", metavar="NAMES",
                    help=f"experiment trackers, comma-separated: {', '.join(LOGGERS)} (default: the flow's `log` "
                         "setting, else none); each writes into the run directory, W&B offline")
-    p.add_argument("--log-samples", type=int, metavar="N",
+    p.add_argument("--log-samples", type=count(0, "0: never"), metavar="N",
                    help="every N steps, a table of sample completions (prompt, completion, reward, step) to "
                         "samples.jsonl and each tracker")
     p.add_argument("--ray", metavar="ADDRESS", help="join an existing Ray cluster (default: $RAY_ADDRESS or a local one)")
@@ -604,12 +701,12 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     _flow_args(p)
     p.add_argument("--from", dest="run_dir", metavar="RUN_DIR",
                    help="evaluate this run's checkpoint (default: the flow's model as the flow builds it)")
-    p.add_argument("--step", type=int, metavar="N", help="with --from: the checkpoint of step N (default: the latest)")
-    p.add_argument("--n", type=int, default=8, metavar="N",
+    p.add_argument("--step", type=count(1, "checkpoints hold the state after a step, numbered from 1"), metavar="N", help="with --from: the checkpoint of step N (default: the latest)")
+    p.add_argument("--n", type=count(0, "0: greedy only"), default=8, metavar="N",
                    help="completions sampled per prompt for pass@k (default 8; 0: greedy only)")
-    p.add_argument("--k", default="1", metavar="K,...", help="pass@k for these k <= n (default 1; e.g. 1,4,8)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature (default 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--k", type=counts(1), default=(1,), metavar="K,...", help="pass@k for these k <= n (default 1; e.g. 1,4,8)")
+    p.add_argument("--temperature", type=real(), default=1.0, metavar="T", help="sampling temperature (default 1.0)")
+    p.add_argument("--seed", type=count(0), default=0, help="sampling seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--ray", metavar="ADDRESS", help="join an existing Ray cluster (default: $RAY_ADDRESS or a local one)")
 
@@ -620,10 +717,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from flowrl.launch import eval_file, parse_sets
 
-    try:
-        ks = tuple(int(k) for k in args.k.split(",") if k.strip())
-    except ValueError:
-        raise UsageError(f"--k {args.k}: give integers separated by commas, e.g. --k 1,4,8") from None
+    ks = args.k
     if args.steps is not None:
         raise UsageError("`flowrl eval` trains nothing: drop --steps")
     try:
@@ -639,9 +733,15 @@ def run_eval(args: argparse.Namespace) -> int:
         raise failure from None
     data = result.to_dict()
     if args.run_dir:
+        from flowrl.runtime.rundir import own
+
         target = Path(args.run_dir) / "eval" / f"{Path(result.checkpoint).name}.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        try:
+            own(Path(args.run_dir), target)  # listed in the run's own list before it is written
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        except OSError as e:
+            raise CliError(f"cannot write {target}: {e.strerror or e}") from None
     out = _out()
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True), file=out)

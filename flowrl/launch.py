@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from flowrl.compiler.lower import RUN_PARAMS, lower
 from flowrl.compiler.pipeline import compile_file
 from flowrl.diagnostics import report_warnings
 from flowrl.plan import ExecutionPlan
+from flowrl.runtime import rundir
 from flowrl.runtime.checkpoints import CheckpointError, complete_checkpoints, step_of, verify_checkpoint
 from flowrl.runtime.errors import EngineFault
 from flowrl.runtime.preemption import Preempted
@@ -81,8 +81,13 @@ def lower_compiled(graph, *, settings: dict | None = None, steps: int | None = N
     report_warnings(graph.warnings, graph.sources, sys.stderr)
     settings = dict(settings or {})
     if steps is not None:
+        if steps < 1:  # what the CLI refuses, refused for every caller (the builder's too)
+            raise RunError(f"--steps {steps}: a run trains at least one step; "
+                           "`flowrl eval FILE` measures a model without training")
         settings["steps"] = steps
     if save_every is not None:
+        if save_every < 0:
+            raise RunError(f"--save-every {save_every}: give a number of steps >= 0 (0: no checkpoint but the last)")
         settings["save_every"] = save_every
     settings.update(run or {})
     return lower(graph, settings)
@@ -174,27 +179,51 @@ def default_out(path: str, now: float | None = None) -> Path:
 def claim_out_dir(out: Path, overwrite: bool) -> bool:
     """Make ``out`` ready for a new run; True if this call created it.
 
-    A new or empty directory is taken; an earlier run directory only with ``overwrite`` (its
-    contents are deleted); anything else (a file, a directory of other files) is refused,
-    ``overwrite`` or not: flowrl deletes only what it wrote.
+    A new or empty directory is taken; an earlier run directory only with ``overwrite``, and only
+    if everything in it is listed as flowrl's (:mod:`flowrl.runtime.rundir`): then what is listed is
+    deleted. Anything else (a file, a directory of other files, one with ``.git``, an old run
+    without a list) is refused naming what is in the way, ``overwrite`` or not, and nothing is deleted.
     """
     if not out.exists():
-        out.mkdir(parents=True)
+        try:
+            out.mkdir(parents=True)
+        except OSError as e:
+            raise RunError(f"--out {out}: cannot create the run directory ({e.strerror or e}); "
+                           "choose another --out") from None
+        _start_list(out)
         return True
     if not out.is_dir():
         raise RunError(f"--out {out}: a file is there, not a directory; choose another --out")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise RunError(f"--out {out}: the directory is not writable by you; choose another --out")
     entries = list(out.iterdir())
     if not entries:
+        _start_list(out)
         return False
-    if not (out / RUN_DIR_MARKER).is_file():
+    if (out / rundir.GIT).exists() or (out / rundir.GIT).is_symlink():
+        raise RunError(f"--out {out}: the directory holds {rundir.GIT}; flowrl never writes runs into (or deletes "
+                       "anything in) a directory with .git: choose another --out, e.g. runs/NAME")
+    if not ((out / RUN_DIR_MARKER).is_file() or rundir.is_listed(out)):
         raise RunError(f"--out {out}: the directory is not empty and holds no run ({RUN_DIR_MARKER}); "
                        "flowrl writes runs into new or empty directories: choose another --out")
     if not overwrite:
         raise RunError(f"--out {out}: a run directory is already there; pass --overwrite to replace it, "
                        f"`--resume {out}` to continue it, or choose another --out")
-    for entry in entries:
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    try:
+        rundir.check_replaceable(out)
+    except rundir.RunDirError as e:
+        raise RunError(f"--out {out} --overwrite: {e}") from None
+    rundir.remove_owned(out)
+    _start_list(out)
     return False
+
+
+def _start_list(out: Path) -> None:
+    try:
+        rundir.start(out)
+    except OSError as e:
+        raise RunError(f"--out {out}: cannot write into the run directory ({e.strerror or e}); "
+                       "choose another --out") from None
 
 
 def steps_done(out: Path) -> int:
@@ -277,7 +306,9 @@ def _summary(d: Path) -> dict:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` (a file of a run directory) through a temporary file, both listed as flowrl's."""
     tmp = path.with_name(f".{path.name}.tmp")
+    rundir.own(path.parent, path, tmp)
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -301,15 +332,15 @@ def check_loggers(names: tuple[str, ...]) -> None:
 
 
 def after_failed_run(out: Path, created: bool, steps: int, stream) -> None:
-    """After a fresh run failed or was interrupted: remove it if no step finished, else say what is kept."""
+    """After a fresh run failed or was interrupted: remove what it wrote if no step finished (only
+    what its list names: :func:`flowrl.runtime.rundir.remove_owned`; the directory too if this run
+    created it and nothing else is there), else say what is kept."""
     done = steps_done(out)
     if done == 0:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:  # an empty (or --overwrite) directory the user named: leave it empty
-            for entry in out.iterdir():
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()
-        print(f"flowrl: the run stopped before its first step finished; removed what it wrote in {out}",
+        kept = rundir.remove_owned(out, remove_dir=created)
+        extra = (f"; kept {len(kept)} entr{'y' if len(kept) == 1 else 'ies'} it did not write ({kept[0]}"
+                 f"{', ...' if len(kept) > 1 else ''})" if kept else "")
+        print(f"flowrl: the run stopped before its first step finished; removed what it wrote in {out}{extra}",
               file=stream)
         return
     ckpt = latest_checkpoint_step(out)
@@ -528,12 +559,36 @@ def checkpoint_of(run_dir: str, step: int | None) -> Path:
     return ckpt
 
 
+def run_plan_of(run_dir: str, *, path: str | None, flow: str | None, sets: dict | None) -> ExecutionPlan:
+    """The plan ``run_dir`` was trained with (its ``plan.json``: every ``--set`` it ran with), which
+    ``flowrl eval --from`` evaluates its checkpoint with; RunError where ``path``, ``flow`` or ``sets``
+    would ask for another (a checkpoint fits only the plan that wrote it)."""
+    plan_file = Path(run_dir) / RUN_DIR_MARKER
+    try:
+        plan = ExecutionPlan.from_json(plan_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RunError(f"--from {run_dir}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {e}); "
+                       "pass the run directory of an earlier run") from None
+    if path is not None and Path(path).resolve() != Path(plan.source).resolve():
+        raise RunError(f"--from {run_dir}: that run is of {plan.source}, not {path}; evaluate it with the run's "
+                       "own flow file")
+    if flow is not None and flow != plan.flow:
+        raise RunError(f"--from {run_dir}: that run is of flow `{plan.flow}`, not `{flow}`; drop --flow")
+    if sets:
+        raise RunError(f"--from {run_dir} evaluates the run with the settings it was trained with (its "
+                       f"{RUN_DIR_MARKER}); --set {' --set '.join(f'{k}={v}' for k, v in sets.items())} would change "
+                       "them: drop --set")
+    return plan
+
+
 def eval_file(path: str, *, run_dir: str | None = None, step: int | None = None, flow: str | None = None,
               sets: dict | None = None, n: int = 8, ks: tuple[int, ...] = (1,), temperature: float = 1.0,
               seed: int = 0, ray_address: str | None = None, stream=None):
     """``flowrl eval``: the held-out greedy accuracy and pass@k of ``path``'s trained policy, with the
-    weights of ``run_dir``'s checkpoint (default: its latest) or, without ``run_dir``, as the flow
-    builds them. No training step runs. Returns a :class:`flowrl.runtime.evaluate.EvalResult`."""
+    weights of ``run_dir``'s checkpoint (default: its latest) and the plan that run was made with (its
+    ``plan.json``, ``--set`` values included: :func:`run_plan_of`) or, without ``run_dir``, as the flow
+    builds them. ``n``, ``ks``, ``temperature`` and ``seed`` are eval's own. No training step runs.
+    Returns a :class:`flowrl.runtime.evaluate.EvalResult`."""
     stream = stream or sys.stderr
     if n < 0:
         raise RunError(f"--n {n}: give the completions to sample per prompt, >= 0 (0: greedy only)")
@@ -542,8 +597,11 @@ def eval_file(path: str, *, run_dir: str | None = None, step: int | None = None,
     bad = [k for k in ks if not 1 <= k <= max(n, 1)]
     if bad and n > 0:
         raise RunError(f"--k {','.join(map(str, ks))}: each k must be between 1 and --n {n}")
-    plan = build_plan(path, flow=flow, sets=sets, steps=1)
-    ckpt = checkpoint_of(run_dir, step) if run_dir else None
+    if run_dir:
+        ckpt = checkpoint_of(run_dir, step)
+        plan = run_plan_of(run_dir, path=path, flow=flow, sets=sets)
+    else:
+        plan, ckpt = build_plan(path, flow=flow, sets=sets, steps=1), None
     check_installed()
     quiet_environment()
     ray_auth_environment(ray_address)

@@ -16,6 +16,7 @@ A run directory holds ``plan.json``, ``metrics.jsonl``, ``trace.json``, ``curves
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ from flowrl.runtime.observe import SETUP_STEP, startup_report
 from flowrl.runtime.partial import partial_buffers, producer_depth
 from flowrl.runtime.pipeline import StepPipeline
 from flowrl.runtime.preemption import Preempted, SigtermGuard
+from flowrl.runtime.rundir import own, tmp_sibling
 from flowrl.runtime.statefile import StateFileError, read_state, refuse_unsafe_files, write_state
 from flowrl.runtime.step import Services, StepContext
 
@@ -54,6 +56,12 @@ def driver_state(ckpt: Path) -> dict:
                              f"({type(e).__name__}: {str(e)[:200]}); hint: it was damaged or replaced: resume "
                              f"from another checkpoint (`--resume-step`), or start a new run") from None
     return state
+
+
+RUN_FILES = ("plan.json", "events.log", "metrics.jsonl", "trace.json", "summary.json", "curves.png")
+"""The files the driver writes at the top of a run directory, listed as flowrl's before any is written."""
+ATOMIC_FILES = ("metrics.jsonl", "trace.json")
+"""Of those, the ones replaced through a temporary file (:func:`~flowrl.runtime.observe.atomic_write_text`)."""
 
 
 def check_executable(plan: ExecutionPlan, *, external: bool = False) -> None:
@@ -270,7 +278,9 @@ class Runtime:
             if self.faults.in_checkpoint is not None:
                 self.faults.in_checkpoint(step, tmp)
 
-        return write_checkpoint(checkpoint_dir(self.out, step), write)
+        final = checkpoint_dir(self.out, step)
+        own(self.out, final, *(final.with_name(final.name + end) for end in (".tmp", ".old")))  # before it is written
+        return write_checkpoint(final, write)
 
     def restore(self, ckpt: Path) -> tuple[int, list]:
         """Load a checkpoint; returns (next step, producer contexts that were in flight)."""
@@ -327,6 +337,8 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     from flowrl.runtime.tracking import Trackers, step_samples
 
     out.mkdir(parents=True, exist_ok=True)
+    own(out, *RUN_FILES, *(tmp_sibling(out / name) for name in ATOMIC_FILES))  # before any is written
+    earlier_trace = math.inf if resume else None  # the trace's steps kept from before: all, until restored
     if not resume:
         (out / "plan.json").write_text(plan.to_json())
     progress = Progress(plan.run.steps, stream=stream)
@@ -348,6 +360,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             inflight = []
             if ckpt is not None:
                 start, inflight = rt.restore(ckpt)
+                earlier_trace = start
                 trackers.resume_after(start)
                 progress.message(f"resumed from {ckpt} after step {start}")
             log = MetricsLog(out / "metrics.jsonl", resume_after_step=start if resume else None)
@@ -400,6 +413,8 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 if pipe is not None:
                     pipe.close()
                 rt.timeline.write(out / "trace.json")
+                if earlier_trace is not None:  # resumed (or restarted): the steps before stay in trace.json
+                    rt.timeline.keep_earlier(out / "trace.json", earlier_trace)
                 if trackers is not None:
                     trackers.close()
             finally:

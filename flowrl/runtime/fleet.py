@@ -40,6 +40,7 @@ from flowrl.runtime.observe import SETUP_STEP
 from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, no_gpu_warning, node_of,
                                       node_targets, on_gpus, processes_per_node, rank_actors, rank_placement,
                                       slot_resource, wait_placed)
+from flowrl.runtime.rundir import own, own_inside
 from flowrl.runtime.step import op_seed
 from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
     died_cause
@@ -408,6 +409,7 @@ class Fleet:
         if warning:
             self.log(warning)
         rows += self._rank_rows(bundle_nodes)
+        own(self.out, "placement.json")
         (self.out / "placement.json").write_text(json.dumps(rows, indent=1))
         return rows
 
@@ -445,6 +447,8 @@ class Fleet:
             rec = self.models[r.model]
             sender, receivers = rec.train, rec.rollout
             options = sync_options(r, self.out)
+            if options.get("directory"):  # `checkpoint` versions in the run directory: flowrl's (retention deletes them)
+                own_inside(self.out, options["directory"])
             together = collective(r, options)
             world = {"world_size": 1 + len(receivers), "port": 0} if together else {}
             rendezvous, = self._wait([(sender, sender.open_sync.remote(r.protocol, "sender", {**options, **world}),

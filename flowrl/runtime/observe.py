@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 from flowrl.runtime.metric_names import unowned_name
+from flowrl.runtime.rundir import tmp_sibling
 
 
 class ObserveError(ValueError):
@@ -80,7 +81,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash leaves either the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_sibling(path)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
@@ -201,7 +202,7 @@ class Timeline:
         with self._lock:
             events = list(self._events)
             lanes = dict(self._lanes)
-        origin = min([self._wall0] + [e[3] for e in events])
+        origin = self.origin()
         out: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": self.PID, "tid": 0, "args": {"name": self.process_name}}
         ]
@@ -227,11 +228,50 @@ class Timeline:
             })
         return out
 
+    def origin(self) -> float:
+        """The wall-clock second the written trace counts from (``otherData.origin_s`` in it)."""
+        with self._lock:
+            return min([self._wall0] + [e[3] for e in self._events])
+
+    def keep_earlier(self, path: str | os.PathLike, through_step: float) -> None:
+        """Add the events of an earlier attempt's trace at ``path`` (a run resumed or restarted) whose
+        step (as written: 0 = set-up) is ``<= through_step``, at their own wall-clock times (a trace
+        without ``origin_s`` is placed to end where this one starts). Later steps are dropped: they run
+        again. An unreadable file adds nothing; it is read as JSON only."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        lanes = {e.get("tid"): e.get("args", {}).get("name") for e in events
+                 if e.get("ph") == "M" and e.get("name") == "thread_name" and isinstance(e.get("args"), dict)}
+        spans = []
+        for e in events:
+            try:
+                args = dict(e.get("args") or {})
+                step = int(args.pop("step"))
+                if e.get("ph") != "X" or step > through_step or not isinstance(lanes.get(e.get("tid")), str):
+                    continue
+                spans.append((str(e["name"]), lanes[e["tid"]], step - 1, float(e["ts"]) / 1e6,
+                              float(e["ts"]) / 1e6 + float(e.get("dur", 0.0)) / 1e6, args))
+            except (KeyError, TypeError, ValueError):
+                continue
+        if not spans:
+            return
+        origin = (doc.get("otherData") or {}).get("origin_s") if isinstance(doc.get("otherData"), dict) else None
+        if not isinstance(origin, (int, float)) or not math.isfinite(origin):
+            origin = self._wall0 - max(end for *_, end, _args in spans)
+        with self._lock:
+            for name, lane, step, start, end, args in spans:
+                self._lanes.setdefault(lane, len(self._lanes) + 1)
+                self._events.append((name, lane, max(step, SETUP_STEP), origin + start, origin + end, args))
+
     def write(self, path: str | os.PathLike) -> None:
-        """Write ``{"traceEvents": [...], "displayTimeUnit": "ms"}`` to ``path`` atomically."""
+        """Write ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {"origin_s": ...}}``
+        to ``path`` atomically."""
         from flowrl.runtime.secrets import redact
 
-        doc = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
+        doc = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms", "otherData": {"origin_s": self.origin()}}
         atomic_write_text(Path(path), redact(json.dumps(doc, separators=(",", ":"))) + "\n")  # no tokens in traces
 
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from flowrl.catalog.loggers import LOGGERS
 from flowrl.catalog.ops import OpKind
 from flowrl.runtime.observe import atomic_write_text
+from flowrl.runtime.rundir import own, tmp_sibling
 
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
 """The columns of a samples table, in order."""
@@ -211,6 +212,8 @@ class Trackers:
         self.out = out
         self.samples_every = int(samples_every)
         self.trackers: list[Tracker] = []
+        # listed as flowrl's before they are written: the samples, and each tracker's folder (its library fills it)
+        own(out, "samples.jsonl", tmp_sibling(out / "samples.jsonl"), *(LOGGERS[n].folder for n in names if n in LOGGERS))
         try:
             for name in names:
                 self.trackers.append(build_tracker(name, out, run_name, config))

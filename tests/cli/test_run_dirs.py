@@ -16,6 +16,7 @@ import pytest
 
 from flowrl.cli import main
 from flowrl.launch import build_plan
+from flowrl.runtime import rundir
 from flowrl.runtime.checkpoints import write_checkpoint
 from flowrl.plan import ExecutionPlan
 
@@ -27,12 +28,21 @@ def fake_run(tmp_path: Path, *, steps: int = 3, done: int = 3, checkpoint: int |
     """A run directory as `flowrl run` leaves it: plan.json, summary.json, maybe a checkpoint."""
     d = tmp_path / "run"
     d.mkdir()
+    rundir.start(d)
+    rundir.own(d, "plan.json", "summary.json", "metrics.jsonl")
     (d / "plan.json").write_text(build_plan(DEFAULT, steps=steps).to_json())
     (d / "summary.json").write_text(json.dumps({"steps_done": done, "accuracy_before": 0.25,
                                                 "accuracy_after": 0.5 if done == steps else None}))
     if checkpoint is not None:
-        write_checkpoint(d / "checkpoints" / f"step_{checkpoint:06d}", lambda tmp: None)  # with its manifest
+        save(d, checkpoint)
     return d
+
+
+def save(out: Path, step: int) -> Path:
+    """A checkpoint (with its manifest) as the driver writes it: listed first."""
+    final = out / "checkpoints" / f"step_{step:06d}"
+    rundir.own(out, final, final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old"))
+    return write_checkpoint(final, lambda tmp: None)
 
 
 @pytest.fixture
@@ -149,6 +159,7 @@ def test_a_failed_start_leaves_nothing_behind(tmp_path, capsys, recorded):
     _, behaviour = recorded
 
     def fail(plan, out):
+        rundir.own(out, "plan.json", "trace.json")  # as the driver does, before writing them
         (out / "plan.json").write_text(plan.to_json())
         (out / "trace.json").write_text("{}")
         from flowrl.runtime.errors import RuntimeFlowError
@@ -171,9 +182,10 @@ def test_a_run_stopped_after_some_steps_keeps_them_and_says_how_to_resume(tmp_pa
     _, behaviour = recorded
 
     def interrupted(plan, out):
+        rundir.own(out, "plan.json", "summary.json")
         (out / "plan.json").write_text(plan.to_json())
         (out / "summary.json").write_text(json.dumps({"steps_done": 4}))
-        write_checkpoint(out / "checkpoints" / "step_000004", lambda tmp: None)
+        save(out, 4)
         raise KeyboardInterrupt
 
     behaviour["do"] = interrupted
@@ -188,9 +200,8 @@ def test_a_run_stopped_after_some_steps_keeps_them_and_says_how_to_resume(tmp_pa
 # ---- bad numbers -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps 0: a run trains at least one step; `flowrl eval FILE` measures a model"),
     (["--set", "steps=0"], "--set steps=0: steps must be >= 1"),
-    (["--log-samples", "-1"], "--log-samples -1: give a number of steps >= 0"),
+    (["--set", "save_every=-3"], "--set save_every=-3: save_every must be >= 0"),
     (["--log", "tensorbord"], "--log tensorbord: unknown logger `tensorbord`: the known loggers are "
                               "tensorboard, wandb, mlflow"),
     (["--set", "log=wandb,comet"], "--set log=wandb,comet: unknown logger `comet`"),
@@ -217,7 +228,7 @@ def test_eval_needs_a_checkpoint_and_names_the_steps_there(tmp_path, capsys):
     d = fake_run(tmp_path, steps=3, done=1)
     assert main(["eval", DEFAULT, "--from", str(d)]) == 1
     assert "the run left no checkpoint" in capsys.readouterr().err
-    write_checkpoint(d / "checkpoints" / "step_000002", lambda tmp: None)
+    save(d, 2)
     assert main(["eval", DEFAULT, "--from", str(d), "--step", "3"]) == 1
     assert "no checkpoint of that step; there are: 2" in capsys.readouterr().err
     assert main(["eval", DEFAULT, "--steps", "3"]) == 2  # eval trains nothing
