@@ -412,9 +412,9 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             try:
                 if pipe is not None:
                     pipe.close()
-                rt.timeline.write(out / "trace.json")
                 if earlier_trace is not None:  # resumed (or restarted): the steps before stay in trace.json
                     rt.timeline.keep_earlier(out / "trace.json", earlier_trace)
+                rt.timeline.write(out / "trace.json")
                 if trackers is not None:
                     trackers.close()
             finally:
