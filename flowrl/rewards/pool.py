@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 import math
 import multiprocessing
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -233,6 +234,7 @@ def score_chunk(fn: RewardFn, chunk: _Chunk, error_reward: float) -> tuple[list[
 
 def _worker_main(conn, spec: str, folder: str | None) -> None:
     """Score the chunks sent on ``conn`` one sample at a time; one message per sample, in order."""
+    os.setsid()  # a session of its own: a signal to flowrl's process group (Ctrl-C) is flowrl's to handle
     try:
         fn = resolve_reward(spec, folder)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -263,7 +265,10 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, spec, folder), daemon=True,
                                 name="flowrl-reward")
-        self.proc.start()
+        from flowrl.runtime.environment import environ_for
+
+        with environ_for("reward"):  # the scrubbed environment (flowrl.runtime.environment), no secrets
+            self.proc.start()
         child.close()
         self.chunk: _Chunk | None = None
         self.index = 0

@@ -35,6 +35,7 @@ import numpy as np
 from flowrl.engines.base import DEVICE_ENV
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
+from flowrl.runtime.environment import ACTOR_ENV, keeps, local_ray_pids, local_ray_processes, stop_processes
 from flowrl.runtime.errors import RuntimeFlowError, user_error
 from flowrl.runtime.observe import SETUP_STEP
 from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, no_gpu_warning, node_of,
@@ -45,17 +46,13 @@ from flowrl.runtime.step import op_seed
 from flowrl.runtime.watchdog import EngineDied, EngineHung, SyncBroken, Watchdog, WatchdogSettings, actor_died, \
     died_cause
 
-ACTOR_ENV = ("FLOWRL_THREADS", "FLOWRL_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
-             "TQDM_DISABLE", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")
-"""Environment variables a run passes on to its Ray actors."""
-
-
 def actor_env(plan: ExecutionPlan) -> dict[str, str]:
-    """The environment a run's engine actors get (their rank actors inherit it): this process's
-    :data:`ACTOR_ENV`, and for a plan not on GPUs :data:`~flowrl.engines.base.DEVICE_ENV` = ``cpu``,
-    so that on a machine with GPUs the engines compute on the CPU the plan was made for (Ray gives
-    each a logical GPU slot whose id names a real GPU)."""
-    env = {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}
+    """What a run's engine actors get in their ``runtime_env`` (their rank actors inherit it) on top of
+    the scrubbed environment of Ray's processes (:mod:`flowrl.runtime.environment`, the one policy): this
+    process's :data:`~flowrl.runtime.environment.ACTOR_ENV` (never a secret), and for a plan not on GPUs
+    :data:`~flowrl.engines.base.DEVICE_ENV` = ``cpu``, so that on a machine with GPUs the engines compute
+    on the CPU the plan was made for (Ray gives each a logical GPU slot whose id names a real GPU)."""
+    env = {k: os.environ[k] for k in ACTOR_ENV if k in os.environ and keeps(k)}
     if not on_gpus(plan):
         env[DEVICE_ENV] = "cpu"
     return env
@@ -270,6 +267,9 @@ class Fleet:
         self.started_ray = False
         """This run called ``ray.init`` (shutdown disconnects again); a Ray session the caller had already
         started (a notebook's, a test's shared instance) is left running."""
+        self.ray_pids: list[int] = []
+        """The processes of the local Ray instance this run started (``gcs_server``, ``raylet``...): in a
+        session of their own, so shutdown stops them by process id (whatever ``ray.shutdown`` left)."""
 
     # ---- start -------------------------------------------------------------------------------
     def start(self, model_paths: dict[str, Path]) -> None:
@@ -301,8 +301,11 @@ class Fleet:
                 # Logical GPUs: on a CPU machine Ray schedules by them exactly as on a GPU cluster.
                 # address="local": a fresh instance of our own, even when `ray start` left one
                 # running here (plain ray.init() would join it and then refuse num_gpus).
-                ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus,
-                         include_dashboard=False, log_to_driver=False, configure_logging=False)
+                # Ray's processes: the scrubbed environment, a session of their own (environment.py)
+                with local_ray_processes():
+                    ray.init(address="local", num_cpus=max(os.cpu_count() or 2, 2), num_gpus=gpus,
+                             include_dashboard=False, log_to_driver=False, configure_logging=False)
+                self.ray_pids = local_ray_pids()
         # One placement group per node, one bundle per GPU: an engine rank planned on global
         # GPU g runs in bundle g % gpus_per_node of node g // gpus_per_node's group, so pools
         # (colocated or disaggregated, on one node or several) land where the plan put them.
@@ -748,11 +751,15 @@ class Fleet:
         session this run started is ended (a local instance stops; a cluster it joined goes on)."""
         import ray
 
-        if ray.is_initialized():
-            self._close_syncs()
-            self._release_placement()
-            if self.started_ray:
-                ray.shutdown()
+        try:
+            if ray.is_initialized():
+                self._close_syncs()
+                self._release_placement()
+                if self.started_ray:
+                    ray.shutdown()
+        finally:  # even when a second Ctrl-C cut the above short: no Ray process of this run outlives it
+            pids, self.ray_pids = self.ray_pids, []
+            stop_processes(pids)
 
     def _close_syncs(self) -> None:
         """Close every protocol end (process groups, stores); a failing or hung end is only logged."""

@@ -1,15 +1,20 @@
-"""Preemption: SIGTERM, as Slurm, Kubernetes and spot-instance reclaimers send it before they kill.
+"""Stopping a run by a signal: SIGTERM (as Slurm, Kubernetes, ``timeout`` and spot-instance reclaimers
+send it before they kill) and SIGINT (Ctrl-C) mean the same, whether they reach flowrl alone or its
+whole process group (a local Ray instance runs in a session of its own and never sees them:
+:mod:`flowrl.runtime.environment`).
 
-The first SIGTERM asks the run to stop at the next step boundary: the step in flight finishes, a
-checkpoint of it is written (with the rollouts already generated for later steps, as every
-checkpoint holds them), and the run ends with :class:`Preempted`, which ``flowrl run`` reports
-with the command that continues it and exit status 0. A second SIGTERM (or Ctrl-C) abandons the
-step at once: the run stops as after Ctrl-C, and the last checkpoint written stays the one to
-resume from. Without this, Python's default for SIGTERM ends the process on the spot: no
-checkpoint, no summary, and a local Ray instance left running.
+The first signal asks the run to stop at the next step boundary: the step in flight finishes, a
+checkpoint of it is written (with or without ``--save-every``, with the rollouts already generated
+for later steps, as every checkpoint holds them), and the run ends with :class:`Preempted`, which
+``flowrl run`` reports with the command that continues it and exit status 0; summary.json,
+curves.png and trace.json are written as after any stop. A second signal (either) abandons the
+step at once: ``KeyboardInterrupt`` ends the run, ``flowrl run`` says "interrupted" and exits 130,
+and the last checkpoint written stays the one to resume from. Without this, Python's defaults end
+the process on the spot (SIGTERM) or raise ``KeyboardInterrupt`` wherever the main thread is
+(SIGINT, inside a Ray call as likely as not): no checkpoint.
 
 Only the process's main thread can install signal handlers; elsewhere (a run started from a
-thread) the guard installs nothing and SIGTERM keeps its previous meaning.
+thread) the guard installs nothing and the signals keep their previous meaning.
 
 >>> import os, signal
 >>> with SigtermGuard(note=print) as guard:
@@ -26,53 +31,67 @@ import threading
 from collections.abc import Callable
 
 
-class Preempted(Exception):
-    """The run stopped at a step boundary after SIGTERM; ``step`` is the last step done (0: none)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that stop a run at a step boundary (the first) or at once (the second)."""
 
-    def __init__(self, out, step: int, steps: int, checkpoint: bool):
+
+class Preempted(Exception):
+    """The run stopped at a step boundary after a signal (``signal``: its name); ``step`` is the last
+    step done (0: none)."""
+
+    def __init__(self, out, step: int, steps: int, checkpoint: bool, signal: str = "SIGTERM"):
         self.out, self.step, self.steps, self.checkpoint = out, int(step), int(steps), bool(checkpoint)
+        self.signal = signal
         if checkpoint:
             how = f"its checkpoint of step {step} is written; `flowrl run --resume {out}` continues it"
         elif step:
             how = f"`flowrl run --resume {out}` continues it from its last checkpoint"
         else:
             how = "no step had finished, so there is nothing to resume: run it again"
-        super().__init__(f"preempted (SIGTERM) after step {step} of {steps}; {how}")
+        super().__init__(f"preempted ({signal}) after step {step} of {steps}; {how}")
 
 
 class SigtermGuard:
-    """A context manager: while inside, SIGTERM sets :attr:`requested` (the first) or raises
-    ``KeyboardInterrupt`` (the second); the previous handler is restored on exit."""
+    """A context manager: while inside, SIGTERM and SIGINT set :attr:`requested` (the first; its name in
+    :attr:`signal_name`) or raise ``KeyboardInterrupt`` (the second); the previous handlers are restored
+    on exit."""
 
     def __init__(self, note: Callable[[str], None]):
         self.note = note
         self.requested = False
-        self._previous = None
+        self.signal_name = ""
+        """The first signal's name (``SIGTERM``, ``SIGINT``), once :attr:`requested`."""
+        self._previous: dict = {}
         self._installed = False
 
     def __enter__(self) -> SigtermGuard:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
             self._installed = True
         return self
 
     def reclaim(self) -> None:
-        """Take SIGTERM back from whoever replaced the handler since :meth:`__enter__` (``ray.init``
-        installs one that exits at once); on exit the handler from before :meth:`__enter__` returns."""
-        if self._installed and signal.getsignal(signal.SIGTERM) != self._on_sigterm:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        """Take the signals back from whoever replaced a handler since :meth:`__enter__` (``ray.init``
+        installs a SIGTERM handler that exits at once; engine libraries install SIGINT ones); on exit the
+        handlers from before :meth:`__enter__` return."""
+        if self._installed:
+            for s in STOP_SIGNALS:
+                if signal.getsignal(s) != self._on_signal:
+                    signal.signal(s, self._on_signal)
 
     def __exit__(self, *exc) -> None:
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
+            for s, previous in self._previous.items():
+                signal.signal(s, previous)
             self._installed = False
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
         if self.requested:
-            raise KeyboardInterrupt("a second SIGTERM")
-        self.requested = True
-        self.note("SIGTERM: finishing the step in flight, then writing a checkpoint and stopping "
-                  "(SIGTERM again: stop at once)")
+            raise KeyboardInterrupt(f"a second signal ({self.signal_name}, then {name})")
+        self.requested, self.signal_name = True, name
+        self.note(f"{name}: finishing the step in flight, then writing a checkpoint and stopping "
+                  f"({name} again: stop at once)")
 
 
-__all__ = ["Preempted", "SigtermGuard"]
+__all__ = ["STOP_SIGNALS", "Preempted", "SigtermGuard"]

@@ -98,7 +98,8 @@ class _Worker:
         self.cfg = cfg
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _PROJECT, "PYTHONDONTWRITEBYTECODE": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "flowrl.sandbox.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, cwd="/")
+                                     stdout=subprocess.PIPE, env=env, cwd="/",
+                                     start_new_session=True)  # flowrl's group signals are flowrl's to handle
         try:
             send(self.proc.stdin, cfg)
             reply = self._reply(120.0)
