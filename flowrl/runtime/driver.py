@@ -345,7 +345,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     rt = Runtime(plan, out, ray_address=ray_address, faults=faults, log=progress.message)
     rt.timeline = Timeline(plan.flow)
     start, before, pipe, log, trackers, finished, startup = 0, None, None, None, None, False, None
-    # preemption: the first SIGTERM stops the run at a step boundary (also while it cleans up)
+    # preemption: the first SIGTERM or SIGINT stops the run at a step boundary (also while it cleans up)
     with SigtermGuard(note=lambda message: rt.log(message)) as guard:
         try:
             trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
@@ -380,8 +380,9 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             pipe.start(start, inflight)
             for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
                 number = step + 1
-                if guard.requested:  # SIGTERM before this process finished a step: the checkpoint it began from stays
-                    raise Preempted(out, step, plan.run.steps, checkpoint=False)
+                guard.reclaim()  # a library the step started (a reward's, an engine client's) may have taken one
+                if guard.requested:  # a signal before this process finished a step: the checkpoint it began from stays
+                    raise Preempted(out, step, plan.run.steps, checkpoint=False, signal=guard.signal_name)
                 ctx = _run_step(rt, pipe, step, plan.run.steps)
                 if rt.data.rows_skipped:
                     ctx.metrics["data/rows_skipped"] = rt.data.rows_skipped
@@ -398,7 +399,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 if saved or (guard.requested and number < plan.run.steps):
                     rt.save(number, pipe.completed_inflight())
                 if guard.requested and number < plan.run.steps:
-                    raise Preempted(out, number, plan.run.steps, checkpoint=True)
+                    raise Preempted(out, number, plan.run.steps, checkpoint=True, signal=guard.signal_name)
                 if faults is not None and faults.stop_after_step == step:
                     raise SystemExit(f"fault injection: stopped after step {step}")
             if start < plan.run.steps and not (plan.run.save_every and plan.run.steps % plan.run.save_every == 0):
