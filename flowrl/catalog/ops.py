@@ -316,6 +316,9 @@ class VerifierCost:
     """CPU seconds of one reward worker per completion."""
     integer_seconds_per_item: float | None = None
     """Where every reference answer is an integer: the verifier's fast path (None: no such path)."""
+    row_fields: tuple[str, ...] = ()
+    """Fields of each dataset row it reads besides the answer (every dataset must have the answer):
+    ``flowrl check`` refuses a dataset it scores whose first rows lack one (E621)."""
 
 
 VERIFIER_COSTS = {
@@ -323,7 +326,9 @@ VERIFIER_COSTS = {
     # numbers first (flowrl.rewards.verifiers.math_equivalence): 0.6 us measured
     "math": VerifierCost(2e-3, integer_seconds_per_item=1e-6),
     "exact": VerifierCost(1e-6),  # a string comparison: 0.1 us measured
-    "code": VerifierCost(0.1),  # one sandboxed process per completion: 56-180 ms measured (bench/sandbox.py)
+    # one sandboxed process per completion: 56-180 ms measured (bench/sandbox.py); its row's tests
+    # (flowrl.rewards.code.TESTS_FIELD)
+    "code": VerifierCost(0.1, row_fields=("tests",)),
     "final": VerifierCost(3e-6),  # a regex over the completion: 1.3 us measured
 }
 """The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)

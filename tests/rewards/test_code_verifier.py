@@ -161,3 +161,10 @@ def test_without_rows_the_error_says_what_is_missing():
     with pytest.raises(ValueError, match=r"verifier 'code' scores each completion against its dataset row's 'tests' "
                                          r"field, but no rows were passed"):
         get_verifier("code")(["print(1)"], [""])
+
+
+def test_the_catalogue_names_the_field_the_code_verifier_reads():
+    """`flowrl check` refuses datasets without it (E621) from the catalogue's record of what it reads."""
+    from flowrl.catalog.ops import VERIFIER_COSTS
+
+    assert VERIFIER_COSTS["code"].row_fields == (C.TESTS_FIELD,)

@@ -17,6 +17,11 @@ paths are resolved against the folder of the flow file that declares them):
   whose headers are whole (every shard of an index; a PyTorch pickle is refused with the command that
   converts it) and a tokenizer (E620); else a preset hub id (E603; a hub id that is neither names the
   command that downloads it);
+* row fields a reward reads (:attr:`~flowrl.catalog.ops.VerifierCost.row_fields`, e.g.
+  ``verifier("code")``'s ``tests``): every dataset it scores (the prompts of its ``score``,
+  followed back to their datasets; the ``eval`` split unless the dataset names another
+  ``eval_reward``) has the field in its first rows (a JSON-lines file's first 64 rows, a
+  Parquet file's columns); else E621 at the reward, naming the dataset, its file and the field;
 * user code (:attr:`~flowrl.catalog.ops.OpSpec.python_ref`): ``"module:attribute"`` names a
   module found in the flow file's folder, then ``PYTHONPATH``, then installed packages
   (:mod:`flowrl.pyrefs`), whose source defines the attribute at top level (E604-E606). The
@@ -44,13 +49,14 @@ import os
 from pathlib import Path
 
 from flowrl.catalog.models import PRESETS, preset
-from flowrl.catalog.ops import OPS, FactsFrom, OpSpec
+from flowrl.catalog.ops import OPS, VERIFIER_COSTS, FactsFrom, OpKind, OpSpec
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import shown_path
-from flowrl.compiler.resources import checked, dataset_files, folder_of, read_head, shown_folder
+from flowrl.compiler.resources import (DatasetFile, checked, dataset_files, folder_of, prompt_datasets, read_head,
+                                       shown_folder, text_option)
 from flowrl.diagnostics import Collector
 from flowrl.hub import cached_snapshot, download_hint, is_hub_id
-from flowrl.ir.graph import Const, FlowGraph, Node
+from flowrl.ir.graph import Const, FlowGraph, Node, Ref
 from flowrl.model_files import FileProblem, checkpoint_problems
 from flowrl.pyrefs import RefError, defined_names, find_module, looked_in, split_ref
 
@@ -71,8 +77,97 @@ def check_resources(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             if key not in seen_refs:  # one report per reference, however many calls name it
                 seen_refs.add(key)
                 _check_ref(node, spec, errors)
+    _check_row_fields(graph, ctx, errors)
     errors.raise_if_any()
     return graph
+
+
+ROW_FIELD_ROWS = 64
+"""How many of a JSON-lines dataset's first rows E621 reads."""
+
+
+def _check_row_fields(graph: FlowGraph, ctx: CompileContext, errors: Collector) -> None:
+    """E621: a reward reads a row field (``verifier("code")``: ``tests``) the dataset it scores lacks."""
+    wanted: dict[tuple[str, str], tuple[Node, Node, tuple[str, ...]]] = {}
+    for node in graph.nodes():
+        if node.kind == OpKind.SCORE:  # what it scores: its other arguments, back to their prompts' datasets
+            datasets = [ds for a in node.args if isinstance(a, Ref) and a.target in graph
+                        and graph.node(a.target).kind != OpKind.REWARD_FN
+                        for ds in prompt_datasets(graph, graph.node(a.target))]
+            for reward in _rewards(graph, node):
+                fields = _row_fields(reward)
+                for ds in datasets if fields else ():
+                    wanted.setdefault((reward.id, ds.id), (reward, ds, fields))
+    for reward, ds, fields in wanted.values():
+        if checked(ds, ctx):
+            eval_by_other = text_option(ds, "eval_reward") is not None
+            for f in dataset_files(ds, OPS[ds.op]):
+                if not (f.option == "eval" and eval_by_other):
+                    _missing_fields(reward, reward.span, ds, f, fields, errors)
+    for ds in graph.nodes():  # an eval split scored by a named verifier (`eval_reward = "code"`)
+        name = text_option(ds, "eval_reward") if ds.kind == OpKind.DATASET else None
+        if name in VERIFIER_COSTS and VERIFIER_COSTS[name].row_fields and checked(ds, ctx):
+            for f in dataset_files(ds, OPS[ds.op]):
+                if f.option == "eval":
+                    _missing_fields(None, ds.attr("eval_reward").span, ds, f, VERIFIER_COSTS[name].row_fields,
+                                    errors, f"`eval_reward = \"{name}\"`")
+
+
+def _rewards(graph: FlowGraph, node: Node) -> list[Node]:
+    """The reward functions ``node`` reads, and those they combine (``weighted_sum``), transitively."""
+    out, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        for a in n.args:
+            if isinstance(a, Ref) and a.target in graph and a.target not in seen:
+                seen.add(a.target)
+                target = graph.node(a.target)
+                if target.kind == OpKind.REWARD_FN:
+                    out.append(target)
+                    todo.append(target)
+    return out
+
+
+def _row_fields(reward: Node) -> tuple[str, ...]:
+    """The row fields a reward reads, from its catalogue record (a built-in verifier's ``row_fields``)."""
+    spec = OPS.get(reward.op)
+    if spec is None or not spec.costs_by_name or not reward.args or not isinstance(reward.args[0], Const):
+        return ()
+    cost = spec.costs_by_name.get(reward.args[0].value)
+    return cost.row_fields if cost is not None else ()
+
+
+def _missing_fields(reward: Node | None, span, ds: Node, f: DatasetFile, fields: tuple[str, ...],
+                    errors: Collector, what: str | None = None) -> None:
+    from flowrl.data.datasets import head_rows
+    from flowrl.data.parquet_footer import ParquetFooterError, read_footer
+
+    if not f.path.is_file():
+        return  # E601 says so
+    what = what or f"`{reward.op}(\"{reward.args[0].value}\")`"
+    split = "eval split" if f.option == "eval" else "file"
+    for field in fields:
+        if OPS[ds.op].file_format == ".parquet":
+            try:
+                columns = read_footer(f.path).columns
+            except (ParquetFooterError, OSError):
+                return  # E602 says so
+            if field in columns:
+                continue
+            found = f"it has no column `{field}` (its columns: {', '.join(sorted(columns))})"
+        else:
+            prompt = text_option(ds, "prompt") or "prompt"
+            rows = head_rows(f.path, prompt_field=prompt, fields=(field,), format=OPS[ds.op].file_format,
+                             rows=ROW_FIELD_ROWS)
+            lacking = [i for i, (_, values) in enumerate(rows, start=1) if values[0] is None]
+            if not lacking:
+                continue
+            found = (f"{len(lacking)} of its first {len(rows)} rows have no `{field}` field (the first: row "
+                     f"{lacking[0]})")
+        errors.error("E621", f"{what} reads each row's `{field}` field, but dataset `{ds.id}` ({split} "
+                             f"`{f.written}`) lacks it: {found}; every sample would score as an error", span,
+                     f"add `{field}` to every row of `{f.written}` (docs/rewards.md shows its forms), "
+                     "or score this dataset with another reward")
 
 
 def _check_dataset(node: Node, spec: OpSpec, errors: Collector) -> None:
