@@ -249,3 +249,43 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(8, 2, 1) == pytest.approx(0.25)  # pass@1 is the share correct
     with pytest.raises(ValueError, match="1 <= k <= n"):
         pass_at_k(4, 1, 5)
+
+
+# ---- flowrl eval --from: the run's own plan ------------------------------------------------------
+
+def test_eval_from_a_run_made_with_set_evaluates_with_the_runs_plan(tmp_path, capsys, monkeypatch):
+    """`run --set batch=8` then `eval --from RUN`: eval reads RUN/plan.json (batch 8), its own --n/--k/
+    --temperature/--seed apply, a --set (or another flow) is refused, and its result is listed."""
+    import flowrl.runtime.evaluate as evaluate_mod
+    from flowrl.runtime import rundir
+    from flowrl.runtime.evaluate import EvalResult
+
+    d = tmp_path / "run"
+    d.mkdir()
+    rundir.start(d)
+    rundir.own(d, "plan.json")
+    trained = build_plan(DEFAULT, sets={"batch": "8"}, steps=2)
+    (d / "plan.json").write_text(trained.to_json())
+    save(d, 2)
+    seen = []
+
+    def evaluate(plan, checkpoint, *, n, ks, temperature, seed, **kw):
+        seen.append((plan, checkpoint, n, ks, temperature, seed))
+        return EvalResult(4, 0.5, 0.5, n, temperature, {1: 0.5}, 0.5, checkpoint=str(checkpoint), dataset="t.jsonl")
+
+    monkeypatch.setattr(evaluate_mod, "evaluate", evaluate)
+    assert main(["eval", DEFAULT, "--from", str(d), "--n", "4", "--k", "1,2", "--temperature", "0.7",
+                 "--seed", "3"]) == 0, capsys.readouterr().err
+    (plan, ckpt, n, ks, temperature, seed), = seen
+    assert plan == trained and plan.to_json() == trained.to_json()
+    assert ckpt == d / "checkpoints" / "step_000002" and (n, ks, temperature, seed) == (4, (1, 2), 0.7, 3)
+    assert "eval/step_000002.json" in rundir.listed(d) and rundir.first_foreign(d) is None
+    capsys.readouterr()
+    for argv, message in [(["--set", "batch=8"], "evaluates the run with the settings it was trained with"),
+                          (["--flow", "other"], "that run is of flow `main`, not `other`")]:
+        assert main(["eval", DEFAULT, "--from", str(d), *argv]) == 1
+        assert message in capsys.readouterr().err
+    other = str(ROOT / "flows" / "arith_rloo.flow")
+    assert main(["eval", other, "--from", str(d)]) == 1
+    assert f"that run is of {DEFAULT}, not {other}" in capsys.readouterr().err
+    assert len(seen) == 1
