@@ -565,9 +565,9 @@ def run_plan_of(run_dir: str, *, path: str | None, flow: str | None, sets: dict 
     would ask for another (a checkpoint fits only the plan that wrote it)."""
     plan_file = Path(run_dir) / RUN_DIR_MARKER
     try:
-        plan = ExecutionPlan.from_json(plan_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise RunError(f"--from {run_dir}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {e}); "
+        plan = ExecutionPlan.from_json(plan_file.read_bytes().decode("utf-8"))  # JSON only: nothing runs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunError(f"--from {run_dir}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
                        "pass the run directory of an earlier run") from None
     if path is not None and Path(path).resolve() != Path(plan.source).resolve():
         raise RunError(f"--from {run_dir}: that run is of {plan.source}, not {path}; evaluate it with the run's "
