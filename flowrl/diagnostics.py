@@ -57,6 +57,13 @@ class Diagnostic:
         return self.severity == "error"
 
 
+def quotable(path: str) -> bool:
+    """Whether a diagnostic may quote the lines of the source at ``path``: a ``.flow`` file, or a
+    text given in memory (``<stdin>``, ``<input>``). The parser records no other file's text,
+    so no file named by a flow (``import "/etc/shadow"``) is ever shown."""
+    return path.endswith(".flow") or (path.startswith("<") and path.endswith(">"))
+
+
 class SourceMap:
     """The texts of every file a compilation read, so diagnostics can quote them."""
 

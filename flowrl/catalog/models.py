@@ -16,7 +16,10 @@ the table of public configs (:data:`PRESETS`), or from a ``tiny(...)`` model's o
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,8 +249,10 @@ def from_config(path: str | Path) -> ModelFacts:
             max_len=max_positions(cfg) or DEFAULT_MAX_LEN, positions_key=positions_key(cfg),
             architecture=str(archs[0]) if archs else "", gated_mlp=record is None or record.gated_mlp,
             unconvertible=conversion_issue(cfg), window=sliding_window(cfg), **_expert_facts(cfg, layers))
-    except (KeyError, TypeError, ValueError) as e:
+    except KeyError as e:  # the key is ours (CONFIG_KEYS), not the file's text
         raise ConfigError(f"{p}: not a decoder config ({e})") from None
+    except (TypeError, ValueError, OverflowError):  # the message would quote the file's value: say what, not that
+        raise ConfigError(f"{p}: not a decoder config (a size, count or length is not a whole number)") from None
 
 
 def _expert_facts(cfg: dict, layers: int) -> dict:
@@ -285,12 +290,31 @@ CONTEXT_CAP = 4096
 only reserves more KV-cache memory per sequence (vLLM sizes its scheduler by it)."""
 
 
+CONFIG_MAX_BYTES = 16 * 1024 * 1024
+"""The largest ``config.json`` read (real ones are a few KB): no file a flow names makes a check large."""
+
+
+def _open_regular(path, flags: int) -> int:
+    """An ``opener`` that never blocks on a FIFO and refuses anything but a regular file."""
+    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 def read_config(path: str | Path) -> dict:
     """The JSON object of a ``config.json`` (:class:`ConfigError` if it cannot be read as one)."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+        with open(p, "rb", opener=_open_regular) as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+        if len(data) > CONFIG_MAX_BYTES:
+            raise ConfigError(f"{p}: larger than {CONFIG_MAX_BYTES:,} bytes, too large for a config.json")
+        cfg = json.loads(data)
+    except OSError as e:
+        raise ConfigError(f"cannot read {p}: {e.strerror or type(e).__name__}") from None
+    except ValueError as e:  # JSON's messages give positions, never the text; UTF-8's, one byte
         raise ConfigError(f"cannot read {p}: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{p}: not a decoder config (a JSON object is expected)")

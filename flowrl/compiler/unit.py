@@ -12,6 +12,7 @@ An imported file's flows are visible by name, or as ``alias.name`` with ``as ali
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,26 +21,65 @@ from flowrl.syntax import ast
 from flowrl.syntax.parser import MAX_BYTES, parse
 
 
-def read_source(path: str | Path, shown: str | None = None) -> bytes:
+SOURCE_SUFFIX = ".flow"
+"""The only files the compiler opens as sources: an entry file and every import name one.
+Diagnostics quote the lines of these alone (:meth:`flowrl.diagnostics.SourceMap.add`), so a
+flow that names ``/etc/shadow`` or ``/proc/self/environ`` learns nothing of them."""
+
+
+def source_problem(path: str | Path) -> str | None:
+    """Why ``path`` may not be opened as a flow source, or None when it may.
+
+    Decided without opening anything: the name must end in ``.flow`` and so must the file a
+    link leads to; what the name reaches must be a regular file (not a directory, a device, a
+    FIFO, a socket: reading one could block forever, never end, or be a secret).
+    """
+    p = Path(path)
+    try:
+        real = os.path.realpath(p)
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None  # the caller's "no such file" says it better, once the name is right
+    except (OSError, ValueError):
+        return "not a readable path"
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "a directory, not a .flow file"
+    if not p.name.endswith(SOURCE_SUFFIX):
+        return "not a .flow file"
+    if not real.endswith(SOURCE_SUFFIX):
+        return "a link to a file that is not a .flow file"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    return None
+
+
+def read_source(path: str | Path, shown: str | None = None, at: Span | None = None) -> bytes:
     """The bytes of a source file, read with a bound; FlowError E124 if it cannot be read.
 
-    Only regular files are read (a FIFO or ``/dev/zero`` would block or never end), and
-    at most 4 bytes per allowed character: anything longer is too large whatever its
-    encoding, so it is rejected (E003) without being read whole.
+    Only a regular file whose name (and, through links, whose target's name) ends in ``.flow``
+    is opened (:func:`source_problem`); it is opened without blocking and checked again once
+    open, so a FIFO or device swapped in meanwhile is refused too. At most 4 bytes per allowed
+    character are read: anything longer is too large whatever its encoding, so it is rejected
+    (E003) without being read whole. ``at``: where the error points (an import), else the file.
     """
     shown = shown or str(path)
-    p = Path(path)
-    span = Span.point(shown, 1, 1)
+    span = at or Span.point(shown, 1, 1)
+    problem = source_problem(path)
+    if problem is not None:
+        raise FlowError([Diagnostic("E124", f"{shown} is {problem}", span,
+                                    "flowrl reads flow sources only: pass a .flow file")])
     try:
-        if p.is_dir():
-            raise FlowError([Diagnostic("E124", f"{shown} is a directory, not a .flow file", span,
-                                        "pass a .flow file")])
-        if p.exists() and not p.is_file():
-            raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span, "pass a .flow file")])
-        with p.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span,
+                                            "flowrl reads flow sources only: pass a .flow file")])
             data = f.read(4 * MAX_BYTES + 1)
     except FileNotFoundError:
         raise FlowError([Diagnostic("E124", f"no such file: {shown}", span, "check the path")]) from None
+    except IsADirectoryError:
+        raise FlowError([Diagnostic("E124", f"{shown} is a directory, not a .flow file", span,
+                                    "pass a .flow file")]) from None
     except OSError as e:
         raise FlowError([Diagnostic("E124", f"cannot read {shown}: {e.strerror}", span,
                                     "check the file's permissions")]) from None
@@ -80,10 +120,10 @@ class Unit:
         self.modules[path] = module
         return module
 
-    def load(self, path: Path, display: str) -> ast.Module:
+    def load(self, path: Path, display: str, at: Span | None = None) -> ast.Module:
         key = display
         if key not in self.modules:
-            self.modules[key] = parse(read_source(path, display), display, self.sources)
+            self.modules[key] = parse(read_source(path, display, at), display, self.sources)
         return self.modules[key]
 
     def visible(self, module: ast.Module) -> Visible:
@@ -140,6 +180,12 @@ class Unit:
                 return
             path = self.stdlib / f"{parts[1]}.flow"
             display = f"stdlib/{parts[1]}.flow"
+        problem = source_problem(path) if imp.is_path else None
+        if problem is not None:  # decided by name and file type: nothing is opened
+            errors.error("E131", f"cannot import `{imp.target}`: {display} is {problem}", imp.span,
+                         "`import` names a flow module: a .flow file (`import \"lib/x.flow\"`) or a "
+                         "standard-library flow (`import stdlib.grpo`)")
+            return
         if not path.is_file():
             hint = (f"the standard library has: {', '.join(sorted(p.stem for p in self.stdlib.glob('*.flow')))}"
                     if not imp.is_path else "the path is relative to the importing file")
@@ -150,7 +196,7 @@ class Unit:
                          "move the shared flows into a third file that both import")
             return
         try:
-            sub = self.load(path, display)
+            sub = self.load(path, display, imp.span)
             sub_vis = self.visible(sub)
         except FlowError as e:
             errors.items.extend(e.diagnostics)

@@ -14,6 +14,8 @@ flow names, so a run never starts on a file the runtime would refuse.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,11 +26,33 @@ class DatasetError(ValueError):
     """A dataset that cannot be loaded; the message names file, line and field."""
 
 
+HEAD_BYTES = 16 * 1024 * 1024
+"""What a check reads of a JSON-lines file at most (:func:`check_head`, :func:`head_rows`): a
+compile stays small whatever file a flow names."""
+
+
+def open_data(path: Path):
+    """``path`` opened for binary reading, if it is a regular file; else :class:`DatasetError`.
+
+    Opened without blocking and checked once open: a FIFO would block the reader forever, a
+    device (``/dev/zero``) never end.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a directory, not a dataset file; hint: name the file itself") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise DatasetError(f"{path}: not a regular file (a pipe, a device or a socket); hint: name a dataset file")
+    return f
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
     """``(line number, parsed object)`` for every non-blank line; a line that is not UTF-8 or not JSON
     comes as a :class:`DatasetError` in place of its object (:func:`load_rows` applies the policy)."""
     out: list[tuple[int, Any]] = []
-    with path.open("rb") as f:
+    with open_data(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -148,8 +172,13 @@ def check_head(
         _check_footer(p, prompt_field, fields, chat)
         return None
     try:
-        with p.open("rb") as f:
-            for lineno, raw in enumerate(f, start=1):
+        with open_data(p) as f:
+            left = HEAD_BYTES
+            for lineno, raw in enumerate(iter(lambda: f.readline(left + 1), b""), start=1):
+                left -= len(raw)
+                if left < 0:  # a row (or the bad rows before the first good one) past what a check reads
+                    raise DatasetError(f"{p}:{lineno}: no complete good row in the first {HEAD_BYTES:,} bytes; "
+                                       "hint: a .jsonl file holds one JSON object per line")
                 try:
                     line = raw.decode("utf-8")
                     if not line.strip():
@@ -187,9 +216,11 @@ def head_rows(path: str | Path, *, prompt_field: str = "prompt", fields: tuple[s
         return []
     out: list[tuple[str, tuple]] = []
     try:
-        with p.open("rb") as f:
-            for raw in f:
-                if len(out) >= rows:
+        with open_data(p) as f:
+            left = HEAD_BYTES
+            for raw in iter(lambda: f.readline(left + 1), b""):
+                left -= len(raw)
+                if len(out) >= rows or left < 0:
                     break
                 try:
                     row = json.loads(raw.decode("utf-8"))
@@ -199,7 +230,7 @@ def head_rows(path: str | Path, *, prompt_field: str = "prompt", fields: tuple[s
                 if (isinstance(prompt, str) and prompt.strip()) or (isinstance(prompt, list) and prompt
                                                                     and message_problem(prompt) is None):
                     out.append((prompt_words(prompt), tuple(row.get(k) for k in fields)))
-    except OSError:
+    except (OSError, DatasetError):
         return []
     return out
 
@@ -224,6 +255,8 @@ def _reader(p: Path, format: str | None) -> Callable[[Path], list[tuple[int, Any
 def _check_exists(p: Path, relative_to: str | Path | None) -> None:
     if p.is_dir():
         raise DatasetError(f"{p}: is a directory, not a dataset file; hint: name the file itself")
+    if p.exists() and not p.is_file():
+        raise DatasetError(f"{p}: not a regular file (a pipe, a device or a socket); hint: name a dataset file")
     if not p.is_file():
         raise DatasetError(f"{p}: dataset file not found; hint: {not_found_hint(p, relative_to)}")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from flowrl.diagnostics import PYTHON_VALUES, Collector, Diagnostic, FlowError, SourceMap, Span
+from flowrl.diagnostics import PYTHON_VALUES, Collector, Diagnostic, FlowError, SourceMap, Span, quotable
 from flowrl.syntax import ast
 
 MAX_BYTES = 4 * 1024 * 1024
@@ -39,7 +39,8 @@ def parse(text: str | bytes, path: str = "<input>", sources: SourceMap | None = 
     """Parse one ``.flow`` file. Raises FlowError (never anything else) on bad input."""
     sources = sources if sources is not None else SourceMap()
     text = _decode(text, path, sources).removeprefix("\ufeff")  # editors may write a UTF-8 byte-order mark
-    sources.add(path, _printable(text))
+    if quotable(path):  # never the lines of a file that is not a flow source
+        sources.add(path, _printable(text))
     _check_limits(text, path, sources)
     comments: list[Token] = []
     try:
@@ -120,7 +121,8 @@ def _decode(text: str | bytes, path: str, sources: SourceMap) -> str:
         before = text[: e.start].decode("utf-8", errors="replace")
         line = before.count("\n") + 1
         col = len(before) - (before.rfind("\n") + 1) + 1
-        sources.add(path, _printable(text.decode("utf-8", errors="replace")))
+        if quotable(path):
+            sources.add(path, _printable(text.decode("utf-8", errors="replace")))
         raise FlowError([Diagnostic(
             "E002", f"file is not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})",
             Span.point(path, line, col), "a .flow file is UTF-8 text; is this the right file?")],
