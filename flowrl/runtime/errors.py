@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -26,6 +27,48 @@ class EngineFault(RuntimeFlowError):
         if self.fields.get("op"):
             return self
         return type(self)(**{**self.fields, "op": f"`{op.id}` ({op.origin})"})
+
+
+class ModelLoadError(RuntimeFlowError):
+    """An engine could not load its model at start-up (the files passed ``flowrl check``'s reading of them as
+    data, and still the engine's loader refused them: tensors of the wrong shape, a config its code rejects):
+    the model, its directory, the engine and the loader's own reason, in one line."""
+
+    def __init__(self, origin: str, model: str, who: str, path: str, cause: BaseException):
+        self.cause_text = innermost(cause)
+        super().__init__(
+            f"{origin}: model `{model}` could not be loaded from {path} by its engine {who}: {self.cause_text}; "
+            "hint: the directory must be a whole transformers checkpoint of the model its config.json describes "
+            "(write it with `save_pretrained(dir)`); `flowrl run --traceback` shows the engine's traceback")
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault)): (.+)$")
+"""The last line of a Python traceback: ``RuntimeError: what went wrong``."""
+
+
+def innermost(error: BaseException) -> str:
+    """The exception at the bottom of Ray's wrapping, as ``Type: first line``: ``RayTaskError.cause``,
+    ``__cause__``; an actor whose constructor raised (``ActorDiedError``) keeps only the text of the remote
+    traceback, whose last ``Type: message`` line is read.
+
+    >>> innermost(RuntimeError("The actor died because of an error raised in its creation task\\n"
+    ...                        "Traceback (most recent call last):\\n  File x\\nOSError: no file named model.safetensors"))
+    'OSError: no file named model.safetensors'
+    """
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "cause", None)
+        inner = inner if isinstance(inner, BaseException) else error.__cause__
+        if inner is None:
+            break
+        error = inner
+    lines = [line.rstrip() for line in str(error).splitlines()]
+    raised = [m for m in map(_RAISED.match, lines) if m]
+    if raised:
+        return f"{raised[-1].group(1).rsplit('.', 1)[-1]}: {raised[-1].group(2)}"
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _user_error_types() -> tuple[type, ...]:

@@ -36,7 +36,7 @@ from flowrl.engines.base import DEVICE_ENV
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
 from flowrl.runtime.environment import ACTOR_ENV, keeps, local_ray_pids, local_ray_processes, stop_processes
-from flowrl.runtime.errors import RuntimeFlowError, user_error
+from flowrl.runtime.errors import ModelLoadError, RuntimeFlowError, user_error
 from flowrl.runtime.observe import SETUP_STEP
 from flowrl.runtime.placement import (COORDINATOR_SHARE, actor_location, check_cluster_fits, no_gpu_warning, node_of,
                                       node_targets, on_gpus, processes_per_node, rank_actors, rank_placement,
@@ -369,7 +369,13 @@ class Fleet:
                                for r in range(e.dp)]
                 pending += [(a, a.ready.remote(), f"{m.id}.rollout replica {r}") for r, a in enumerate(rec.rollout)]
         t0 = time.time()
-        started = self._wait(pending, "every engine", "start", 0)
+        try:
+            started = self._wait(pending, "every engine", "start", 0)
+        except Exception as error:
+            failed = self._load_failure(pending, model_paths, error)
+            if failed is None:
+                raise
+            raise failed from error
         for (_, _, who), times in zip(pending, started):  # each actor's start-up (RolloutWorker.ready)
             lane = who.replace(" replica ", "")  # the lanes the steps' calls use: policy.train, policy.rollout0
             self.timeline.add("start:process", lane, SETUP_STEP, times["process"], max(times["process"], times["init"]))
@@ -377,6 +383,28 @@ class Fleet:
         self.log(f"engines ready in {time.time() - t0:.1f}s: "
                  + ", ".join(f"{m.id}({'/'.join(e.kind for e in (m.train_engine, m.rollout_engine) if e)})"
                              for m in self.plan.models if m.train_engine or m.rollout_engine))
+
+    def _load_failure(self, pending: list, model_paths: dict[str, Path], error: BaseException) -> ModelLoadError | None:
+        """An engine whose constructor raised at start-up (Ray: ``actor_init_failed``; it loads the model
+        there) as a :class:`ModelLoadError` naming the model, its directory, the engine and the constructor's
+        exception (Ray keeps only the text of its traceback); None for any other failure."""
+        import ray
+
+        if not getattr(error, "actor_init_failed", False) or user_error(error) is not None:
+            return None
+        for _, ref, who in pending:
+            done, _ = ray.wait([ref], timeout=0)
+            try:
+                if done:
+                    ray.get(done[0], timeout=0)
+                    continue
+            except Exception:  # noqa: BLE001 - this actor's constructor is the one that raised
+                pass
+            else:
+                continue
+            model = self.models[who.split(".")[0]].plan
+            return ModelLoadError(model.origin, model.id, f"`{who}`", str(model_paths[model.id]), error)
+        return None
 
     def record_placement(self) -> list[dict]:
         """Where every engine actor landed, next to where the plan put it; written to ``placement.json``.

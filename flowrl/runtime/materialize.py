@@ -53,12 +53,24 @@ def hf(m: ModelPlan, paths: dict[str, Path], log, seed: int) -> Path:
         except HubError as e:
             raise RuntimeFlowError(f"{m.origin}: hf(\"{m.args['hub_id']}\"): {e}") from None
         log(f"model `{m.id}`: `{m.args['hub_id']}` from the local Hugging Face cache: {found}")
-        return found
+        return _loadable(m, found, f"hf(\"{m.args['hub_id']}\"), from the local Hugging Face cache, ")
     if not (p / "config.json").is_file():
         raise RuntimeFlowError(f"{m.origin}: hf(\"{m.args['path']}\") is not a local transformers checkpoint "
                                "(no config.json); flowrl never downloads models: save one with "
                                "`save_pretrained(dir)` and point hf(...) at that directory")
-    return p
+    return _loadable(m, p)
+
+
+def _loadable(m: ModelPlan, folder: Path, what: str = "") -> Path:
+    """``folder``, if it holds what the engines load (:func:`flowrl.model_files.checkpoint_problems`, the rule
+    ``flowrl check`` applies: the files may have changed since); else the first problem, as a user error."""
+    from flowrl.model_files import checkpoint_problems
+
+    problems = checkpoint_problems(folder)
+    if problems:
+        raise RuntimeFlowError(f"{m.origin}: model `{m.id}`: {what}{folder} cannot be loaded: "
+                               + "; ".join(p.reason for p in problems) + f"; hint: {problems[0].fix}")
+    return folder
 
 
 def _tiny_config(a: dict):
