@@ -27,7 +27,7 @@ from flowrl.runtime.driver import Faults  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-BODY = "grpo(policy, prompts, sevens, batch = 4, group = 4, max_tokens = 6, lr = 3e-3, kl = 0.0, seed = 1)"
+BODY = "grpo(policy, prompts, sevens, batch = b, group = 4, max_tokens = 6, lr = 3e-3, kl = 0.0, seed = 1)"
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +37,15 @@ def stopped_run(tmp_path_factory):
     work = make_workdir(tmp_path_factory.mktemp("cli_e2e"), rows=40, train=32)
     text = flow_text(BODY, steps=3).replace(
         "flow main(steps: int = 3, eval_every: int = 0)",
-        'flow main(steps: int = 3, eval_every: int = 3, log: str = "tensorboard,wandb,mlflow", log_samples: int = 2)')
+        'flow main(steps: int = 3, eval_every: int = 3, log: str = "tensorboard,wandb,mlflow", log_samples: int = 2, '
+        'b: int = 2)')
     flow = work / "e2e.flow"
     flow.write_text(text)
     out = work / "run"
     progress = io.StringIO()
     with pytest.raises(SystemExit):
         run_file(str(flow), out=str(out), save_every=1, faults=Faults(stop_after_step=1), stream=progress,
-                 ray_address=shared_ray())
+                 ray_address=shared_ray(), sets={"b": "4"})  # batch 4: `eval --from` must read it from plan.json
     return flow, out, progress.getvalue()
 
 
@@ -124,3 +125,32 @@ def test_resume_finishes_the_run_and_every_tracker_has_every_step(resumed):
 def test_resuming_a_finished_run_only_says_so(resumed, capsys):
     assert main(["run", "--resume", str(resumed)]) == 0
     assert f"run directory {resumed} already finished its 3 steps; nothing to do" in capsys.readouterr().out
+
+
+def test_everything_the_run_wrote_is_listed(resumed):
+    """Every file and folder a real run (two processes, three trackers, checkpoints) left is in its list."""
+    from flowrl.runtime import rundir
+
+    assert rundir.first_foreign(resumed) is None
+    rundir.check_replaceable(resumed)  # `--overwrite` would take it (nothing is deleted here)
+    listed = rundir.listed(resumed)
+    assert {"plan.json", "metrics.jsonl", "trace.json", "summary.json", "curves.png", "events.log", "placement.json",
+            "samples.jsonl", "checkpoints/step_000003", "tensorboard", "wandb", "mlruns"} <= set(listed)
+
+
+def test_the_resumed_trace_keeps_the_steps_before_and_draws(resumed, stopped_run, tmp_path, capsys):
+    flow, out, _ = stopped_run
+    trace = json.loads((out / "trace.json").read_text())
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert steps == {0, 1, 2, 3}  # the stopped process's set-up and steps 1, 2, and the resumed one's step 3
+    png = tmp_path / "cmp.png"
+    assert main(["plan", str(flow), "--set", "b=4", "--gantt", str(png), "--measured", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert png.stat().st_size > 0
+
+
+def test_eval_from_a_run_made_with_set_uses_the_runs_plan(resumed, stopped_run, capsys):
+    flow, out, _ = stopped_run
+    assert main(["eval", str(flow), "--from", str(out), "--n", "0", "--json"]) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["checkpoint"].endswith("step_000003") and result["prompts"] > 0
