@@ -96,4 +96,4 @@ def test_profile_measures_a_gloo_allreduce(capsys, tmp_path):
 
 def test_profile_rejects_bad_sizes(capsys):
     assert main(["profile", "--size", "0"]) == 2
-    assert "--size must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --size: 0 is less than 1; give an integer >= 1" in capsys.readouterr().err
