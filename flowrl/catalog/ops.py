@@ -360,13 +360,21 @@ _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval
            kwargs=_DATASET_KWARGS,
            doc="A local parquet dataset with a prompt column and an answer column."))
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
-           kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0)},
+           kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0),
+                   "timeout": KwSpec("float", 5.0, min=0.1, max=3600,
+                                     doc="seconds one completion's check may take: `code` runs each of its "
+                                         "programs under this deadline (in the sandbox), `math` parses and "
+                                         "compares under it; past it the completion scores `wrong`")},
            costs_by_name=VERIFIER_COSTS,
            doc="A named rule verifier: \"math\" (math-verify), \"exact\", \"code\" (runs the "
                "completion's program against its dataset row's `tests` in the sandbox), or \"final\" (the "
                "digits after the completion's last `=` equal the answer)."))
 _op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_ref="function",
-           kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0)},
+           kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0),
+                   "timeout": KwSpec("float", 60.0, min=0.1, max=86400,
+                                     doc="seconds the function may take to score one completion; past it the "
+                                         "sample scores `on_error`, its worker is replaced, and the error (with "
+                                         "what the function printed) is in events.log")},
            seconds_per_item=1e-3,  # a Python call per completion
            doc="A Python reward function given as \"module:function\"."))
 _op(OpSpec("reward_model", OpKind.REWARD_FN, (_a("model", "model"),), serves_model="reward",

@@ -220,10 +220,11 @@ def outputs_match(got: str, expected: str) -> bool:
     return norm(got) == norm(expected)
 
 
-def passes(program: str, cases: list[IOCase | AssertCase | CallCase], pool) -> bool:
-    """Whether ``program`` passes every case, run in ``pool`` (a :class:`~flowrl.sandbox.SandboxPool`)."""
+def passes(program: str, cases: list[IOCase | AssertCase | CallCase], pool, timeout_s: float | None = None) -> bool:
+    """Whether ``program`` passes every case, run in ``pool`` (a :class:`~flowrl.sandbox.SandboxPool`),
+    each run under ``timeout_s`` (default ``CASE_TIMEOUT_S``)."""
     asserts = [c.code for c in cases if isinstance(c, AssertCase)]
-    limits = {"timeout_s": CASE_TIMEOUT_S, "memory_mb": CASE_MEMORY_MB}
+    limits = {"timeout_s": CASE_TIMEOUT_S if timeout_s is None else timeout_s, "memory_mb": CASE_MEMORY_MB}
     if asserts:
         # A program that exits early (sys.exit(0), os._exit(0)) must not pass: the asserts
         # count only if the line after them ran, which prints a fresh random token.
@@ -246,8 +247,10 @@ def passes(program: str, cases: list[IOCase | AssertCase | CallCase], pool) -> b
     return True
 
 
-def code_tests(completions: list[str], answers: list[str], *, rows: list[dict] | None = None) -> list[float]:
+def code_tests(completions: list[str], answers: list[str], *, rows: list[dict] | None = None,
+               timeout_s: float | None = None) -> list[float]:
     """1.0 where the completion's program passes every test of its row's ``tests`` field, else 0.0.
+    ``timeout_s``: each run's deadline (a flow's ``verifier("code", timeout = S)``; default ``CASE_TIMEOUT_S``).
 
     Shapes: ``[N]`` completions and answers (answers are not used), ``[N]`` rows. Raises
     ValueError for missing rows or tests (the reward pool pins it to the sample).
@@ -267,5 +270,5 @@ def code_tests(completions: list[str], answers: list[str], *, rows: list[dict] |
 
     pool = default_pool()
     with ThreadPoolExecutor(max(1, 2 * len(pool.worker_pids()))) as ex:
-        ok = list(ex.map(lambda c: passes(extract_code(c[0]), c[1], pool), zip(completions, cases)))
+        ok = list(ex.map(lambda c: passes(extract_code(c[0]), c[1], pool, timeout_s), zip(completions, cases)))
     return [float(x) for x in ok]

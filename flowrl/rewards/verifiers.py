@@ -41,18 +41,19 @@ def exact_match(completions: list[str], answers: list[str]) -> list[float]:
     return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answers)]
 
 
-def math_equivalence(completions: list[str], answers: list[str]) -> list[float]:
+def math_equivalence(completions: list[str], answers: list[str], *, timeout_s: float = 5.0) -> list[float]:
     """1.0 where ``math_verify`` finds the completion's final answer equal to the reference.
 
     Uses ``math_verify.parse`` on both sides (LaTeX or plain expressions, e.g. ``"1/2"``
     equals ``"0.5"``) and ``math_verify.verify(gold, prediction)``. A completion with no
     parseable answer scores 0.0. ``math_verify`` guards each parse with ``signal.alarm``,
     which only works on a process's main thread; elsewhere its timeouts are disabled.
+    ``timeout_s``: that limit (whole seconds, at least 1; a flow's ``verifier("math", timeout = S)``).
     """
     _check_lengths("math", completions, answers)
     from math_verify import parse, verify  # heavy import (sympy): only when used
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    timeout = max(1, round(timeout_s)) if threading.current_thread() is threading.main_thread() else None
     if timeout is None:
         # math_verify warns once that its timeouts are off; off-main-thread that is by
         # design here, and the warning would land in the middle of the progress line.

@@ -172,6 +172,8 @@ def score(op: OpPlan, ctx: StepContext) -> StepValue:
     if result.errors:
         stats["reward/errors"] = len(result.errors)
         ctx.services.events.reward_errors(op, ctx.step, result.errors)
+    if result.output:  # what the reward function printed: to events.log, redacted, never the terminal
+        ctx.services.events.reward_output(op, ctx.step, result.output)
     if result.recovered:  # a worker died under them and a fresh one scored them: nothing lost, said
         stats["reward/recovered"] = len(result.recovered)
         ctx.services.events.reward_recovered(op, ctx.step, result.recovered)

@@ -348,7 +348,11 @@ class MetricsLog:
     def _read_existing(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = self.path.read_bytes().decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:  # json.dumps writes ASCII: not a file this log wrote
+            raise ObserveError(f"{self.path}: not a metrics log ({e.reason} at byte {e.start}); hint: it was "
+                               "damaged or replaced: start a new run") from None
         rows = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -527,9 +531,16 @@ class Progress:
         self._marks: list[tuple[float, int]] = []
         self._done = start_step
         self._shown = ""  # the line drawn in place (live mode), to redraw under messages
+        self._line = ""  # the last step's line, which a status note follows
+        self._last_status = -math.inf
         self._closed = False
+        self._lock = threading.Lock()  # a status may come from the thread that scores a step
 
     def _print(self, text: str) -> None:
+        with self._lock:
+            self._print_locked(text)
+
+    def _print_locked(self, text: str) -> None:
         if self.live and self._shown:
             self.stream.write("\r\x1b[K")  # the message takes the progress line's place ...
         self.stream.write(text + "\n")
@@ -539,11 +550,33 @@ class Progress:
 
     def _draw(self, line: str) -> None:
         if self.live:
-            self._shown = line
-            self.stream.write("\r\x1b[K" + line)
-            self.stream.flush()
+            with self._lock:
+                self._shown = line
+                self.stream.write("\r\x1b[K" + line)
+                self.stream.flush()
         else:
             self._print(line)
+
+    STATUS_EVERY_S = 10.0
+    """Off a terminal, the least time between two status lines."""
+
+    def status(self, text: str) -> None:
+        """A note on what the step in progress waits for (e.g. ``waiting on rewards (12/512)``),
+        secrets redacted: on a terminal it follows the last step's line, redrawn in place (the
+        next update replaces it); elsewhere it is printed as a line, at most every
+        :data:`STATUS_EVERY_S` seconds."""
+        from flowrl.runtime.secrets import redact
+
+        if self._closed:
+            return
+        base = self._line or f"step {self._done}/{self.total}"
+        line = f"{base} | step {self._done + 1}: {redact(str(text))}"
+        line = line if len(line) <= self.width else line[: self.width - 1] + "…"
+        if self.live:
+            self._draw(line)
+        elif self._clock() - self._last_status >= self.STATUS_EVERY_S:
+            self._last_status = self._clock()
+            self._print(f"step {self._done + 1}/{self.total}: {redact(str(text))}")
 
     def _seconds_per_step(self) -> float | None:
         """Mean wall seconds per step, from the first update on (else from construction)."""
@@ -588,7 +621,8 @@ class Progress:
         done = _check_step(step, "Progress.update")
         self._marks.append((self._clock(), done))
         self._done = max(self._done, done)
-        self._draw(self.format_line(step, metrics))
+        self._line = self.format_line(step, metrics)
+        self._draw(self._line)
 
     def message(self, text: str) -> None:
         """Print a free-form line (checkpoint saved, eval started, ...) above the progress line

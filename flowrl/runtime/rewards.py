@@ -82,7 +82,9 @@ class WeightedSum:
         n = len(results[0].rewards)
         total = [sum(w * res.rewards[i] for (_, _, w), res in zip(self.parts, results)) for i in range(n)]
         errors = sorted((e for res in results for e in res.errors), key=lambda e: e.index)
-        return RewardResult(total, errors, {name: list(res.rewards) for (name, _, _), res in zip(self.parts, results)})
+        return RewardResult(total, errors, {name: list(res.rewards) for (name, _, _), res in zip(self.parts, results)},
+                            recovered=sorted((e for res in results for e in res.recovered), key=lambda e: e.index),
+                            output=sorted(o for res in results for o in res.output))
 
     def score_job(self, job: ScoreJob):
         return self._combine([score_rollouts(p, job) for _, p, _ in self.parts])
@@ -98,7 +100,7 @@ def verifier(r: RewardPlan, plan: ExecutionPlan, built: dict):
     """A named rule verifier; cheap, so it scores in the driver process (no pool start-up)."""
     from flowrl.rewards.pool import RewardPool
 
-    pool = RewardPool(str(r.options["target"]), workers=0)
+    pool = RewardPool(str(r.options["target"]), workers=0, fn_kwargs={"timeout_s": float(r.options.get("timeout", 5.0))})
     return _Scaled(pool, float(r.options.get("correct", 1.0)), float(r.options.get("wrong", 0.0)))
 
 
@@ -116,7 +118,7 @@ def python_reward(r: RewardPlan, plan: ExecutionPlan, built: dict):
     from flowrl.rewards.pool import RewardPool
 
     return RewardPool(str(r.options["target"]), workers=int(r.options.get("workers", 2)),
-                      error_reward=float(r.options.get("on_error", 0.0)),
+                      error_reward=float(r.options.get("on_error", 0.0)), timeout_s=float(r.options.get("timeout", 60.0)),
                       folder=folder_of(r.origin))  # the flow file's folder first, as `flowrl check` looks
 
 

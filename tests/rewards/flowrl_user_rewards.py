@@ -87,3 +87,26 @@ def killed_once(completions, answers):
             open(c[len("killed:"):], "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
     return [1.0 for _ in completions]
+
+
+def prints_and_fails(completions, answers):
+    """1.0 per sample, printing as it goes; "loud" writes to stderr and from a subprocess too; "boom" raises."""
+    import subprocess
+    import sys
+
+    for c in completions:
+        print("scoring", c)
+        if c == "loud":
+            print("to stderr", file=sys.stderr)
+            sys.stderr.flush()
+            subprocess.run(["echo", "from a subprocess"], check=True)
+        if c == "boom":
+            raise ValueError(f"cannot score {c!r}")
+    return [1.0 for _ in completions]
+
+
+def prints_a_lot(completions, answers):
+    import sys
+
+    sys.stdout.write("y" * 10 ** 6)
+    return [1.0 for _ in completions]

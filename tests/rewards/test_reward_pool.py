@@ -99,7 +99,7 @@ def test_each_sample_has_its_own_deadline():
         res = pool.score(completions, [""] * 6, prompts=[f"p{i}" for i in range(6)])
         assert res.rewards == [1.0, -1.0, 1.0, 1.0, -1.0, 1.0]
         assert [(e.index, e.prompt, e.completion) for e in res.errors] == [(1, "p1", "sleep"), (4, "p4", "sleep")]
-        assert all("did not finish within 1.0 s" in e.message for e in res.errors)
+        assert all("did not finish within its timeout of 1 s" in e.message for e in res.errors)
         assert pool.restarts == 2
         assert pool.score(["x"] * 4, [""] * 4).rewards == [1.0] * 4
 
@@ -167,6 +167,48 @@ def _write_module(folder, name, value):
     (folder / f"{name}.py").write_text(f"def reward(completions, answers):\n    return [{value}] * len(completions)\n")
 
 
+def test_what_a_reward_prints_is_captured_per_sample_never_the_terminal(capfd):
+    """print, stderr and a subprocess's writes alike: each sample's output comes back with its result."""
+    completions = ["a", "loud", "boom", "b"]
+    with RewardPool(f"{MOD}:prints_and_fails", workers=1, chunk_size=4, error_reward=-1.0) as pool:
+        res = pool.score(completions, [""] * 4)
+        again = pool.score(["quiet"], [""])
+    assert res.rewards == [1.0, 1.0, -1.0, 1.0]
+    assert res.output == [(0, "scoring a\n"), (1, "scoring loud\nto stderr\nfrom a subprocess\n"),
+                          (3, "scoring b\n")]
+    (err,) = res.errors
+    assert err.output == "scoring boom\n" and err.message == "ValueError: cannot score 'boom'"
+    assert "Traceback (most recent call last)" in err.traceback and "flowrl_user_rewards.py" in err.traceback
+    assert 'raise ValueError(f"cannot score {c!r}")' in err.traceback
+    assert again.output == [(0, "scoring quiet\n")] and again.errors == []  # the next batch: its own output only
+    seen = capfd.readouterr()
+    assert "scoring" not in seen.out + seen.err and "from a subprocess" not in seen.out + seen.err
+
+
+def test_a_flood_of_output_keeps_its_head():
+    from flowrl.rewards import pool as P
+
+    with RewardPool(f"{MOD}:prints_a_lot", workers=1) as pool:
+        res = pool.score(["x"], [""])
+    ((_, text),) = res.output
+    assert text.startswith("y" * 100) and text.endswith(f"[... {10 ** 6 - P.OUTPUT_KEEP} more bytes]")
+
+
+def test_in_process_errors_keep_their_traceback():
+    with RewardPool(f"{MOD}:fragile_reward", workers=0) as pool:
+        (err,) = pool.score(["boom"], ["1"]).errors
+    assert "Traceback" in err.traceback and "cannot score 'boom'" in err.traceback
+
+
+def test_a_pending_batch_reports_how_far_it_got():
+    seen = []
+    with RewardPool(f"{MOD}:sleeps_on_sleep", workers=1, chunk_size=1, timeout_s=3.0, error_reward=-1.0) as pool:
+        pool.on_wait = lambda done, total: seen.append((done, total))
+        res = pool.score(["a", "sleep", "b"], [""] * 3)
+    assert res.rewards == [1.0, -1.0, 1.0]
+    assert seen and all(total == 3 for _, total in seen) and (1, 3) in seen
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_module_next_to_the_flow_comes_before_pythonpath(tmp_path, monkeypatch, workers):
     name = f"flowrl_reward_here_{workers}"
@@ -202,3 +244,4 @@ def test_mismatched_lengths_are_a_caller_error():
     with RewardPool("exact", workers=0) as pool:
         with pytest.raises(ValueError, match="2 completions, 1 answers"):
             pool.score(["a", "b"], ["a"])
+
