@@ -114,21 +114,33 @@ def check_executable(plan: ExecutionPlan, *, external: bool = False) -> None:
 
 
 class EventFile:
-    """``events.log``: one JSON object per event (reward errors), plus a warning on the progress line.
-    Secrets from the environment are redacted from both (:mod:`flowrl.runtime.secrets`)."""
+    """``events.log``: one JSON object per event (every reward error with its traceback and what the
+    function printed, what reward functions printed), plus a warning on the progress line. Secrets
+    from the environment are redacted from both (:mod:`flowrl.runtime.secrets`)."""
 
     def __init__(self, path: Path, log):
         from flowrl.runtime.secrets import redact
 
         self.file = _Redacted(open(path, "a"), redact)
         self.log = log
+        self._printing: set[str] = set()
 
-    def _samples(self, kind: str, op: OpPlan, step: int, records: list[dict], warning: str) -> None:
-        """Up to three ``{kind: record}`` lines of ``op`` at ``step`` in events.log, then one warning."""
-        for record in records[:3]:
+    def _samples(self, kind: str, op: OpPlan, step: int, records: list[dict], warning: str | None) -> None:
+        """One ``{kind: record}`` line of ``op`` at ``step`` in events.log per record, then one warning."""
+        for record in records:
             self.file.write(json.dumps({"step": step, "op": op.id, kind: record}) + "\n")
         self.file.flush()
-        self.log(f"warning: step {step}: {warning} (details in events.log)")
+        if warning:
+            self.log(f"warning: step {step}: {warning} (details in events.log)")
+
+    def reward_output(self, op: OpPlan, step: int, output: list) -> None:
+        """What a reward function printed while scoring each sample (never shown on the terminal);
+        the first time for ``op``, a note saying where it went."""
+        self._samples("reward_output", op, step, [{"index": i, "output": text} for i, text in output], None)
+        if op.id not in self._printing:
+            self._printing.add(op.id)
+            self.log(f"note: the reward of `{op.id}` ({op.origin}) prints; its output is in events.log "
+                     "(secrets redacted), not here")
 
     def reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
         self._samples("reward_error", op, step, [asdict(e) for e in errors],
@@ -376,6 +388,9 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                     progress.message(f"held-out accuracy before RL: {100 * before:.1f}%")
             progress = Progress(plan.run.steps, stream=stream, start_step=start)
             rt.log = progress.message
+            for reward in rt.rewards.values():  # a reward scored by worker processes says how far it got
+                if hasattr(reward, "on_wait"):
+                    reward.on_wait = lambda done, total: progress.status(f"waiting on rewards ({done}/{total})")
             pipe = StepPipeline(plan, rt.context, depth=producer_depth(plan))
             pipe.start(start, inflight)
             for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
