@@ -60,13 +60,20 @@ def tmp_sibling(path: Path) -> Path:
 def start(out: Path) -> None:
     """Begin an empty list in ``out`` (a new or emptied run directory)."""
     with _lock:
-        (out / LIST).write_text("", encoding="utf-8")
+        try:
+            os.unlink(out / LIST)
+        except FileNotFoundError:
+            pass
+        os.close(os.open(out / LIST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
         _known.pop(_key(out), None)
 
 
 def is_listed(out: Path) -> bool:
-    """``out`` has a list (a run directory written since flowrl keeps one)."""
-    return (out / LIST).is_file()
+    """``out`` has a list (a run directory written since flowrl keeps one); a link there is none."""
+    try:
+        return stat.S_ISREG(os.lstat(out / LIST).st_mode)
+    except OSError:
+        return False
 
 
 def own(out: Path, *paths: str | Path, kind: str = PATH) -> None:
@@ -89,10 +96,14 @@ def own(out: Path, *paths: str | Path, kind: str = PATH) -> None:
                 continue
             known[rel] = PATH if PATH in (k, known.get(rel)) else DIR
             lines.append(json.dumps({"path": rel, "kind": known[rel]}) + "\n")
-        if lines:
-            with open(out / LIST, "a", encoding="utf-8") as f:
-                f.write("".join(lines))
-                f.flush()
+        if lines:  # appended, never through a link (a list replaced by one would write into its target)
+            fd = os.open(out / LIST, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                data = "".join(lines).encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
             _remember(out)
 
 
@@ -108,8 +119,12 @@ def own_inside(out: Path, path: str | Path, kind: str = PATH) -> None:
 def listed(out: Path) -> dict[str, str]:
     """The list of ``out`` as ``{relative posix path: kind}``; lines that do not parse, and paths
     that would leave ``out`` (absolute, ``..``, empty), are ignored."""
+    if not is_listed(out):
+        return {}
     try:
-        text = (out / LIST).read_text(encoding="utf-8", errors="replace")
+        fd = os.open(out / LIST, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         return {}
     found: dict[str, str] = {}

@@ -233,3 +233,19 @@ def test_a_resumed_trace_keeps_the_earlier_steps(tmp_path):
     path.write_text("{not json")
     third.keep_earlier(path, 5)
     assert third.trace_events()[1:] == []
+
+
+def test_a_list_replaced_by_a_link_is_not_followed(tmp_path):
+    victim = tmp_path / "bashrc"
+    victim.write_text("export PATH=/usr/bin\n")
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / rundir.LIST).symlink_to(victim)
+    (d / "plan.json").write_text("{}")
+    assert not rundir.is_listed(d) and rundir.listed(d) == {}
+    with pytest.raises(OSError):
+        rundir.own(d, "metrics.jsonl")  # never appended through the link
+    with pytest.raises(RunError, match="no list of what flowrl wrote"):
+        claim_out_dir(d, overwrite=True)
+    rundir.start(d)  # a fresh list replaces the link itself
+    assert not (d / rundir.LIST).is_symlink() and victim.read_text() == "export PATH=/usr/bin\n"
