@@ -569,7 +569,7 @@ def run_plan_of(run_dir: str, *, path: str | None, flow: str | None, sets: dict 
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise RunError(f"--from {run_dir}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
                        "pass the run directory of an earlier run") from None
-    if path is not None and Path(path).resolve() != Path(plan.source).resolve():
+    if path is not None and not _same_file(path, plan.source):
         raise RunError(f"--from {run_dir}: that run is of {plan.source}, not {path}; evaluate it with the run's "
                        "own flow file")
     if flow is not None and flow != plan.flow:
@@ -579,6 +579,14 @@ def run_plan_of(run_dir: str, *, path: str | None, flow: str | None, sets: dict 
                        f"{RUN_DIR_MARKER}); --set {' --set '.join(f'{k}={v}' for k, v in sets.items())} would change "
                        "them: drop --set")
     return plan
+
+
+def _same_file(path: str, source: str) -> bool:
+    """``path`` is the run's flow file: the same path, or a copy with the same bytes (the run moved)."""
+    try:
+        return Path(path).resolve() == Path(source).resolve() or Path(path).read_bytes() == Path(source).read_bytes()
+    except OSError:
+        return False
 
 
 def eval_file(path: str, *, run_dir: str | None = None, step: int | None = None, flow: str | None = None,

@@ -166,7 +166,7 @@ def remove_owned(out: Path, remove_dir: bool = False) -> list[str]:
     with ``.git`` is not touched at all (everything is kept). ``remove_dir``: also remove ``out``
     itself if it is then empty.
     """
-    if not out.is_dir() or out.is_symlink():
+    if not out.is_dir():
         return []
     if os.path.lexists(out / GIT):
         return sorted(e.name for e in os.scandir(out))
