@@ -108,12 +108,11 @@ def own(out: Path, *paths: str | Path, kind: str = PATH) -> None:
 
 
 def own_inside(out: Path, path: str | Path, kind: str = PATH) -> None:
-    """:func:`own` ``path`` if it lies inside ``out`` (a setting may point elsewhere); else nothing."""
-    try:
-        _relative(out, Path(path))
-    except ValueError:
-        return
-    own(out, path, kind=kind)
+    """:func:`own` ``path`` (relative to the working directory, as a setting is) if it lies inside
+    ``out``; else nothing (a setting may point elsewhere)."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(out))
+    if _safe(Path(rel).as_posix()):
+        own(out, rel, kind=kind)
 
 
 def listed(out: Path) -> dict[str, str]:

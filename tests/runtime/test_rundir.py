@@ -249,3 +249,14 @@ def test_a_list_replaced_by_a_link_is_not_followed(tmp_path):
         claim_out_dir(d, overwrite=True)
     rundir.start(d)  # a fresh list replaces the link itself
     assert not (d / rundir.LIST).is_symlink() and victim.read_text() == "export PATH=/usr/bin\n"
+
+
+def test_a_setting_pointing_inside_the_run_is_listed_and_one_pointing_elsewhere_is_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = Path("runs") / "a"
+    d.mkdir(parents=True)
+    rundir.start(d)
+    rundir.own_inside(d, d / "sync" / "policy")  # the `checkpoint` weight sync's default home
+    rundir.own_inside(d, "shared/sync")  # a `dir` the flow names, relative to where flowrl runs
+    rundir.own_inside(d, tmp_path / "runs" / "a" / "x")
+    assert rundir.listed(d) == {"sync": "dir", "sync/policy": "path", "x": "path"}
