@@ -227,7 +227,6 @@ def out_file(text: str) -> str:
     return text
 
 
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -473,7 +472,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="also show what `schedule auto` searched: the winner, the runners-up, what it rejected")
     g = p.add_argument_group("Gantt chart of the simulated steps (docs/schedules.md)")
-    g.add_argument("--gantt", type=out_file, metavar="OUT.png", help="draw the simulated steps, one row per engine, to this PNG")
+    g.add_argument("--gantt", type=out_file, metavar="OUT.png",
+                   help="draw the simulated steps, one row per engine, to this PNG")
     g.add_argument("--measured", metavar="RUN_DIR",
                    help="with --gantt: draw a run of this flow (its trace.json) under the simulation, on the same "
                         "rows, and simulate with the run's measured workload")
@@ -701,10 +701,12 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     _flow_args(p)
     p.add_argument("--from", dest="run_dir", metavar="RUN_DIR",
                    help="evaluate this run's checkpoint (default: the flow's model as the flow builds it)")
-    p.add_argument("--step", type=count(1, "checkpoints hold the state after a step, numbered from 1"), metavar="N", help="with --from: the checkpoint of step N (default: the latest)")
+    p.add_argument("--step", type=count(1, "checkpoints hold the state after a step, numbered from 1"), metavar="N",
+                   help="with --from: the checkpoint of step N (default: the latest)")
     p.add_argument("--n", type=count(0, "0: greedy only"), default=8, metavar="N",
                    help="completions sampled per prompt for pass@k (default 8; 0: greedy only)")
-    p.add_argument("--k", type=counts(1), default=(1,), metavar="K,...", help="pass@k for these k <= n (default 1; e.g. 1,4,8)")
+    p.add_argument("--k", type=counts(1), default=(1,), metavar="K,...",
+                   help="pass@k for these k <= n (default 1; e.g. 1,4,8)")
     p.add_argument("--temperature", type=real(), default=1.0, metavar="T", help="sampling temperature (default 1.0)")
     p.add_argument("--seed", type=count(0), default=0, help="sampling seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
