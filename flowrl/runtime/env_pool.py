@@ -20,12 +20,20 @@ Failures stay with their episode, as :class:`EnvOutcome` records with ``error`` 
   says so (``recovered``). An episode whose replay fails, or whose call kills the fresh worker
   too, ends with an error.
 
+What an environment prints (``print``, ``sys.stderr``) during a call is kept for that call (the
+worker's ``sys.stdout`` and ``sys.stderr`` route each thread's writes to the call it runs, its
+first ``OUTPUT_KEEP`` characters) and returned in :attr:`EnvOutcome.output`; the runtime writes it
+to ``events.log``, secrets redacted, never to the terminal.
+
 :data:`ENV_KINDS` maps an environment op's ``OpSpec.handler`` (``python_env``) to its builder.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -56,6 +64,51 @@ class EnvOutcome:
     recovered: str | None = None
     """Set when the episode's worker died during this call and the episode was replayed on a fresh
     worker, which then answered the call: what happened (reported, nothing lost)."""
+    output: str = ""
+    """What the environment printed during this call (see the module docstring)."""
+
+
+OUTPUT_KEEP = 4096
+"""Characters kept of what an environment prints during one call (the rest is counted)."""
+
+
+_CALLS = threading.local()
+"""The output buffer of the call each thread of an environment worker runs (``buf``; None between calls)."""
+
+
+class _CallOutput(io.TextIOBase):
+    """An environment worker's ``sys.stdout`` / ``sys.stderr``: a thread running a call writes into that
+    call's buffer (:meth:`EnvWorker._capture`); any other write goes where it went before."""
+
+    def __init__(self, before, calls: threading.local):
+        self._before, self._calls = before, calls
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._before, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._before.fileno()
+
+    def write(self, text: str) -> int:
+        buf = getattr(self._calls, "buf", None)
+        if buf is None:
+            return self._before.write(text) if self._before is not None else len(text)
+        room = OUTPUT_KEEP - buf[1]
+        buf[0].append(text[:room])
+        buf[1] += min(len(text), max(room, 0))
+        buf[2] += max(0, len(text) - max(room, 0))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._before is not None and getattr(self._calls, "buf", None) is None:
+            self._before.flush()
 
 
 class EnvWorker:
@@ -64,9 +117,20 @@ class EnvWorker:
     def __init__(self, target: str, folder: str | None):
         from flowrl.pyrefs import import_module_from, split_ref
 
+        self._calls = _CALLS
+        if not isinstance(sys.stdout, _CallOutput):  # once per process
+            sys.stdout, sys.stderr = _CallOutput(sys.stdout, _CALLS), _CallOutput(sys.stderr, _CALLS)
         module, attr = split_ref(target)
         self.cls = getattr(import_module_from(module, folder), attr)
         self.envs: dict[str, object] = {}
+
+    def _capture(self) -> None:
+        self._calls.buf = [[], 0, 0]  # pieces, characters kept, characters dropped
+
+    def _captured(self) -> str:
+        pieces, _, dropped = self._calls.buf
+        self._calls.buf = None
+        return "".join(pieces) + (f"\n[... {dropped} more characters]" if dropped else "")
 
     def ready(self) -> bool:
         return True
@@ -76,6 +140,7 @@ class EnvWorker:
         from flowrl.envs import coerce_result
 
         t0 = time.time()
+        self._capture()
         try:
             env = self.envs.get(key)
             if env is None:
@@ -88,10 +153,11 @@ class EnvWorker:
             if r.done:
                 self._close(key)
             return {"observation": r.observation, "reward": r.reward, "done": r.done, "info": r.info,
-                    "seconds": time.time() - t0}
+                    "seconds": time.time() - t0, "output": self._captured()}
         except Exception as e:  # noqa: BLE001 - user code may raise anything: it ends this episode only
             self._close(key)
-            return {"error": f"{type(e).__name__}: {e}"[:500], "seconds": time.time() - t0}
+            return {"error": f"{type(e).__name__}: {e}"[:500], "seconds": time.time() - t0,
+                    "output": self._captured()}
 
     def replay(self, key: str, row: dict, turns: list[str]) -> str | None:
         """Rebuild episode ``key`` here after its worker died: ``reset(row)``, then ``step`` with each
@@ -205,6 +271,7 @@ class EnvPool:
             else:
                 out[i] = EnvOutcome(r["observation"], r["reward"], r["done"], r["info"], None, r["seconds"])
             out[i].recovered = recovered.get(i)
+            out[i].output = r.get("output", "")
             if out[i].done or out[i].error is not None:
                 self._forget(w, key)
             elif key in self.history:

@@ -139,6 +139,9 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
     _metrics(ctx, outcomes, errors, done)
     if errors:
         ctx.services.events.env_errors(op, ctx.step, errors)
+    printed = [(i, o.output) for i, o in zip(active, outcomes) if o.output]
+    if printed:  # what the environment printed: to events.log, redacted, never the terminal
+        ctx.services.events.env_output(op, ctx.step, printed)
     recovered = [(i, o.recovered) for i, o in zip(active, outcomes) if o.recovered]
     if recovered:  # their worker died; replayed on a fresh one: nothing lost, said
         ctx.metrics["env/recovered"] = ctx.metrics.get("env/recovered", 0) + len(recovered)

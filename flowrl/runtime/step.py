@@ -164,6 +164,12 @@ class EventLog(Protocol):
     def env_errors(self, op: OpPlan, step: int, errors: list[tuple[int, str]]) -> None:
         """Report the episodes ``op`` ended at ``step`` because their environment failed ``(row, message)``."""
 
+    def reward_output(self, op: OpPlan, step: int, output: list[tuple[int, str]]) -> None:
+        """Record what the reward function of ``op`` printed at ``step`` ``(sample, text)``, never on the terminal."""
+
+    def env_output(self, op: OpPlan, step: int, output: list[tuple[int, str]]) -> None:
+        """Record what the environment of ``op`` printed at ``step`` ``(row, text)``, never on the terminal."""
+
     def env_recovered(self, op: OpPlan, step: int, recovered: list[tuple[int, str]]) -> None:
         """Report the episodes of ``op`` at ``step`` whose environment worker died under them and that a
         fresh worker replayed ``(row, message)``."""

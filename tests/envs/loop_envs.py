@@ -83,3 +83,19 @@ class Counter:
             os.kill(os.getpid(), signal.SIGKILL)
         self.n += 1
         return StepResult(f"{self.n} {turn}", 0.0, False)
+
+
+class Chatty:
+    """Prints on stdout and stderr at each step (what the runtime keeps out of the terminal)."""
+
+    def reset(self, row: dict) -> None:
+        self.prompt = row.get("prompt")
+
+    def step(self, turn: str) -> StepResult:
+        import sys
+
+        print(f"env {self.prompt} got {turn}")
+        print("to stderr", file=sys.stderr)
+        if self.prompt == "RAISE":
+            raise RuntimeError("boom")
+        return StepResult("ok", 1.0, True)

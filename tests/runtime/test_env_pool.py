@@ -42,6 +42,15 @@ def test_user_errors_end_their_episode_only(ray_local):
     pool.close()
 
 
+def test_what_an_environment_prints_comes_back_with_its_call(ray_local):
+    """Each call's own output (its thread's writes), for the runtime to log redacted, never the terminal."""
+    pool = _pool("Chatty")
+    out = pool.step([("a", {"prompt": "x"}, "t1"), ("b", {"prompt": "RAISE"}, "t2")])
+    assert out[0].output == "env x got t1\nto stderr\n" and out[0].error is None
+    assert out[1].output == "env RAISE got t2\nto stderr\n" and out[1].error == "RuntimeError: boom"
+    pool.close()
+
+
 def test_a_worker_killed_under_its_episodes_replays_them_and_loses_nothing(ray_local, tmp_path):
     """SIGKILL of the worker mid-call (from outside, as an operator or the OOM killer would): a fresh
     worker replays every episode it hosted (reset, then the earlier turns) and the calls are made

@@ -108,3 +108,16 @@ def test_the_code_verifiers_timeout_is_each_programs_deadline():
     finally:
         scorer.close()
     assert res.rewards == [1.0, 0.0]
+
+
+def test_what_an_environment_prints_goes_to_events_log_redacted(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    said = []
+    events = EventFile(tmp_path / "events.log", said.append)
+    events.env_output(OP, 2, [(1, f"tool sees {SECRET}\n")])
+    events.env_output(OP, 3, [(0, "again\n")])
+    events.close()
+    rows = _events(tmp_path / "events.log")
+    assert [r["env_output"] for r in rows] == [{"index": 1, "output": "tool sees ***HF_TOKEN***\n"},
+                                               {"index": 0, "output": "again\n"}]
+    assert len(said) == 1 and "the environment of `grpo.scores`" in said[0] and SECRET not in said[0]
