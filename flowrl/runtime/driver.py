@@ -123,7 +123,7 @@ class EventFile:
 
         self.file = _Redacted(open(path, "a"), redact)
         self.log = log
-        self._printing: set[str] = set()
+        self._printing: set[tuple[str, str]] = set()
 
     def _samples(self, kind: str, op: OpPlan, step: int, records: list[dict], warning: str | None) -> None:
         """One ``{kind: record}`` line of ``op`` at ``step`` in events.log per record, then one warning."""
@@ -136,10 +136,17 @@ class EventFile:
     def reward_output(self, op: OpPlan, step: int, output: list) -> None:
         """What a reward function printed while scoring each sample (never shown on the terminal);
         the first time for ``op``, a note saying where it went."""
-        self._samples("reward_output", op, step, [{"index": i, "output": text} for i, text in output], None)
-        if op.id not in self._printing:
-            self._printing.add(op.id)
-            self.log(f"note: the reward of `{op.id}` ({op.origin}) prints; its output is in events.log "
+        self._printed("reward_output", "reward", op, step, output)
+
+    def env_output(self, op: OpPlan, step: int, output: list) -> None:
+        """What an environment printed during each episode's call, as :meth:`reward_output`."""
+        self._printed("env_output", "environment", op, step, output)
+
+    def _printed(self, kind: str, what: str, op: OpPlan, step: int, output: list) -> None:
+        self._samples(kind, op, step, [{"index": i, "output": text} for i, text in output], None)
+        if (kind, op.id) not in self._printing:
+            self._printing.add((kind, op.id))
+            self.log(f"note: the {what} of `{op.id}` ({op.origin}) prints; its output is in events.log "
                      "(secrets redacted), not here")
 
     def reward_errors(self, op: OpPlan, step: int, errors: list) -> None:
