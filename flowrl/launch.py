@@ -254,7 +254,11 @@ def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dic
     plan_file = d / RUN_DIR_MARKER
     if not plan_file.is_file():
         raise RunError(f"--resume {resume}: no {RUN_DIR_MARKER} there; pass the run directory of an earlier run")
-    plan = ExecutionPlan.from_json(plan_file.read_text())
+    try:  # JSON only: a run directory someone hands you runs nothing when read
+        plan = ExecutionPlan.from_json(plan_file.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunError(f"--resume {resume}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: "
+                       f"{str(e)[:200]}); it was damaged or replaced; start a new run") from None
     keep = "--resume continues the run with the settings it started with"
     if path is not None and Path(path).resolve() != Path(plan.source).resolve():
         raise RunError(f"--resume {resume}: that run is of {plan.source}, not {path}; drop FILE (or give the "

@@ -17,6 +17,7 @@ Protocols; which adapter backs an engine name is the engine's catalogue record
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Protocol, Union, runtime_checkable
 
@@ -190,7 +191,7 @@ def load_tensors_file(file: str | os.PathLike, map_location: Any = "cpu") -> Any
     try:
         return torch.load(file, map_location=map_location, weights_only=True)
     except Exception as e:  # UnpicklingError (a forbidden global), a truncated or foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().split(". ")[0]  # torch's message: bold, and advice we do not give
         raise EngineError(f"{os.fspath(file)} is not an engine checkpoint this flowrl wrote ({type(e).__name__}: "
                           f"{first[:300]}); it was not loaded; hint: it was damaged or replaced: resume from "
                           f"another checkpoint (`--resume-step`), or start a new run") from None

@@ -46,6 +46,15 @@ PARTIAL = "partial.json"
 """A checkpoint's partial-rollout buffers: ``{generate op id: state}``, a state file."""
 
 
+def check_state(ckpt: Path) -> None:
+    """Refuse a checkpoint whose driver state files (:data:`INFLIGHT`, :data:`PARTIAL`, ``driver.json``)
+    are not what this flowrl writes, or that holds an older flowrl's pickles (never loaded)."""
+    refuse_unsafe_files(ckpt)
+    driver_state(ckpt)
+    read_state(ckpt / PARTIAL)
+    read_state(ckpt / INFLIGHT)
+
+
 def driver_state(ckpt: Path) -> dict:
     """A checkpoint's ``driver.json`` (step, versions, samplers); not JSON of that shape: a clear error."""
     try:
@@ -370,7 +379,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
             trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
             ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
             if ckpt is not None:
-                refuse_unsafe_files(ckpt)  # before any engine starts: an older flowrl's pickles are never loaded
+                check_state(ckpt)  # before any engine starts: a replaced state file fails in a moment, unread pickles
             t_setup = time.time()
             rt.setup()
             guard.reclaim()  # ray.init (in setup) installs a SIGTERM handler of its own that exits at once

@@ -119,3 +119,21 @@ def test_an_older_flowrl_s_pickles_are_refused_unread(tmp_path):
     with pytest.raises(StateFileError, match=r"holds partial.pkl: a pickle, written by an older flowrl; .*start a new run"):
         refuse_unsafe_files(tmp_path / "ckpt")
     assert not marker.exists() and os.listdir(tmp_path / "ckpt" / "policy") == []
+
+
+def test_an_engine_state_replaced_by_a_torch_saved_payload_runs_nothing(tmp_path):
+    """Engine checkpoints (``engine_state.pt``, Megatron's and FSDP's per-rank files) are read with
+    ``weights_only=True``: torch's own container with code in its pickle is refused, naming the file."""
+    from flowrl.engines.base import EngineError, load_tensors_file
+
+    marker, file = tmp_path / "pwned", tmp_path / "engine_state.pt"
+    torch.save(Payload(marker), file)
+    with pytest.raises(EngineError, match=r"engine_state.pt is not an engine checkpoint this flowrl wrote "
+                                          r"\(UnpicklingError: Weights only load failed\); it was not loaded"):
+        load_tensors_file(file)
+    file.write_bytes(pickle.dumps(Payload(marker), protocol=2))
+    with pytest.raises(EngineError, match="it was not loaded"):
+        load_tensors_file(file)
+    assert not marker.exists()
+    torch.save({"step": 3, "rng": torch.get_rng_state()}, file)
+    assert load_tensors_file(file)["step"] == 3
