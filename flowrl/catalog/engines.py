@@ -92,6 +92,14 @@ class EngineSpec:
     """transformers architectures it runs (``config.json``'s ``architectures``), read from the
     records of :mod:`flowrl.catalog.architectures` that name it; None: any decoder-only causal
     LM transformers loads."""
+    untied_axes: tuple[str, ...] = ()
+    """Parallel axes that must be 1 where the model's output layer is its word embedding
+    (``tie_word_embeddings``, as in every small Qwen2.5 and Llama-3.2) and the engine computes that
+    layer (an actor or a reference; a critic's value head and a reward model's score head replace it):
+    Megatron's pipeline puts the embedding on the first stage and the output layer on the last, and
+    this adapter keeps no copy of the embedding there (megatron-core's shared embedding across
+    stages, its embedding-group all-reduce and the conversion of the copy are not wired).
+    ``flowrl check`` refuses such a layout (E621) and ``schedule auto`` skips it."""
     converts_weights: bool = False
     """It builds its own model from the checkpoint's weights converted by family
     (:mod:`flowrl.engines.megatron.convert`) rather than loading it with transformers, so of an
@@ -254,6 +262,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         adapter_options={"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep"},
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="actors", frees_memory="offload", converts_weights=True,
+        untied_axes=("pp",),  # tied embeddings: the engine refuses pp > 1 at start-up (megatron/worker.py)
         cpu_rank_gb=0.25,  # forked: 0.64 GB for an actor with 2 tp ranks; a rank actor: 0.38 GB (0.17 + ACTOR_GB)
         architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,

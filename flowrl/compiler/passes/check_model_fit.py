@@ -15,6 +15,9 @@ Guarantees, for each model whose facts are known (``config.json``, preset or ``t
   (:attr:`~flowrl.catalog.engines.EngineSpec.architectures`, from the records of
   :mod:`flowrl.catalog.architectures`), and an engine that converts weights by family can take
   this checkpoint's variant of it (RoPE scaling, sliding window: ``ModelFacts.unconvertible``) (E607);
+* a model whose output layer is its word embedding (``tie_word_embeddings``: every small Qwen2.5 and
+  Llama-3.2) is split by a train engine that computes that layer only over the axes its record allows
+  (:attr:`~flowrl.catalog.engines.EngineSpec.untied_axes`: Megatron, pp = 1) (E621);
 * a rollout engine's context option (``max_model_len``) does not exceed the model's maximum
   positions, whatever the config calls them (``n_positions`` for GPT-2): vLLM refuses such an
   engine at start-up (E608);
@@ -48,9 +51,9 @@ from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import checkpoint_dir, prompt_counter
 from flowrl.compiler.resources import checked, first_prompts, prompt_datasets
 from flowrl.compiler.sched import model_of, role_of
-from flowrl.compiler.schedule.layouts import refusing_engine, runs_on
+from flowrl.compiler.schedule.layouts import refusing_engine, runs_on, tied_axis
 from flowrl.diagnostics import Collector, Span
-from flowrl.ir.graph import Const, FlowGraph, Node, plain
+from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
 
 
 def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
@@ -70,6 +73,7 @@ def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         if facts is None or model_of(key) not in graph:
             continue
         _check_architecture(graph, key, eng.kind, facts, st, errors, reported)
+        _check_tied(graph, key, eng, facts, st, errors, reported)
         if role_of(key) == "rollout":
             _check_context_option(graph, key, eng, facts, st, errors)
     for node in graph.nodes():
@@ -145,6 +149,39 @@ def _check_conversion(graph: FlowGraph, key: str, kind: str, facts: ModelFacts, 
                  _layout_span(graph, key, st),
                  f"give `{key}` an engine that runs the checkpoint with transformers' code: "
                  + ", ".join(f"`{o}(...)`" for o in others))
+
+
+def _check_tied(graph: FlowGraph, key: str, eng, facts: ModelFacts, st, errors: Collector, reported: set) -> None:
+    """E621: a model whose output layer is its word embedding, on a train engine that computes that layer
+    (not a critic's value head nor a served reward model's score head), split over an axis the engine's
+    record keeps whole for tied embeddings (:attr:`~flowrl.catalog.engines.EngineSpec.untied_axes`); once per
+    checkpoint and layout (a frozen reference following its base's layout shares its base's mistake)."""
+    axis = tied_axis(eng, facts)
+    if axis is None or not _computes_lm_head(graph, model_of(key)):
+        return
+    if ("tied", facts.name, eng.kind, axis, getattr(eng, axis)) in reported:
+        return
+    reported.add(("tied", facts.name, eng.kind, axis, getattr(eng, axis)))
+    model = model_of(key)
+    others = [e.name for e in ENGINES.values() if e.serves == "train" and not e.untied_axes
+              and _runs(e, facts.architecture) and e.support(st.hw.platform).ok]
+    errors.error("E621", f"`{model}` ({_config_words(graph, model, facts)}) ties its output layer to its word "
+                         f"embedding (tie_word_embeddings), and `{eng.kind}` with {axis} = {getattr(eng, axis)} "
+                         f"would hold them on different stages: `{eng.kind}` runs tied embeddings with {axis} = 1 only",
+                 _layout_span(graph, key, st),
+                 f"give `{key}` {axis} = 1 (the other axes split it)"
+                 + (f", or an engine that keeps the tie: {', '.join(f'`{o}(...)`' for o in others)}" if others else ""))
+
+
+def _computes_lm_head(graph: FlowGraph, model: str) -> bool:
+    """Whether ``model``'s train engine computes the language-model head: an actor or a reference does; a
+    critic (its value head) and a model served as a scorer on its train engine (``reward_model(m)``) do not."""
+    node = graph.node(model)
+    if OPS[node.op].role == "critic":
+        return False
+    return not any(OPS[n.op].serves_model and OPS[n.op].serves_engine == "train" and n.args
+                   and isinstance(n.args[0], Ref) and n.args[0].target == model
+                   for n in graph.nodes() if n.op in OPS)
 
 
 def _runs(engine: EngineSpec, arch: str) -> bool:

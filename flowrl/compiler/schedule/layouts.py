@@ -24,8 +24,9 @@ limits. A layout
 
 and every ``generate`` asks its rollout engine only for sampling options it takes (E438), and the
 engine runs the model's architecture, and can convert this checkpoint's variant of it when it
-converts weights by family (E607; ``schedule auto`` reads :func:`architecture_problems`, the
-``check_model_fit`` pass words the same refusal at length).
+converts weights by family (E607), and splits a model with tied word embeddings only over the axes
+its record allows (E621); ``schedule auto`` reads :func:`architecture_problems`, the
+``check_model_fit`` pass words the same refusals at length.
 
 >>> from flowrl.catalog.models import tiny_facts
 >>> shape_problems("m.rollout", "vllm", 3, 1, tiny_facts({}), None)[0].code  # 4 heads
@@ -266,6 +267,19 @@ def refusing_engine(kind: str, architecture: str, world_size: int) -> EngineSpec
                  if e.architectures is not None and architecture not in e.architectures), None)
 
 
+def tied_axis(plan: EnginePlan, facts: ModelFacts | None) -> str | None:
+    """The parallel axis of ``plan`` above 1 that its engine (or the engine its ranks run on) cannot split a
+    model with tied word embeddings over (:attr:`~flowrl.catalog.engines.EngineSpec.untied_axes`), if the
+    model ties them; else None."""
+    if facts is None or not facts.tied or plan.role != "train":
+        return None
+    for engine in runs_on(plan.kind, plan.world_size):
+        for axis in engine.untied_axes:
+            if getattr(plan, axis, 1) > 1:
+                return axis
+    return None
+
+
 def architecture_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, span: Span) -> list[Diagnostic]:
     """E607: ``plan``'s engine does not run the model's architecture, or converts weights by family
     and cannot convert this checkpoint's variant (:attr:`~flowrl.catalog.models.ModelFacts.unconvertible`)."""
@@ -276,6 +290,11 @@ def architecture_problems(key: str, plan: EnginePlan, facts: ModelFacts | None, 
         return [Diagnostic("E607", f"`{key}` = {label_of(plan)}: `{model_of(key)}` is a {facts.architecture}, which "
                                    f"`{refusing.name}` does not run", span,
                            f"`{refusing.name}` runs {', '.join(sorted(refusing.architectures))}")]
+    axis = tied_axis(plan, facts)
+    if axis is not None:  # E621: the search does not know the model's role; a critic's layout is skipped too
+        return [Diagnostic("E621", f"`{key}` = {label_of(plan)}: `{model_of(key)}` ties its output layer to its word "
+                                   f"embedding, which `{plan.kind}` runs only with {axis} = 1", span,
+                           f"give `{key}` {axis} = 1")]
     converting = next((e for e in runs_on(plan.kind, plan.world_size) if e.converts_weights), None)
     if converting is not None and facts.unconvertible:
         return [Diagnostic("E607", f"`{key}` = {label_of(plan)}: `{converting.name}` cannot convert `{model_of(key)}`: "
