@@ -665,7 +665,7 @@ def run_run(args: argparse.Namespace) -> int:
                           restarts=args.restarts)
     except FlowError:
         raise
-    except Preempted as preempted:  # SIGTERM from a scheduler: stopped cleanly at a step boundary
+    except Preempted as preempted:  # a stop signal (SIGTERM, SIGINT): stopped cleanly at a step boundary
         print(f"flowrl: {preempted}", file=_err())
         return 0
     except Exception as e:  # bad options, engine/data/reward failures the user can fix: one line

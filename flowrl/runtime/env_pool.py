@@ -215,7 +215,7 @@ class EnvPool:
     def _spawn(self):
         import ray
 
-        from flowrl.runtime.fleet import ACTOR_ENV
+        from flowrl.runtime.environment import ACTOR_ENV
 
         actor = ray.remote(EnvWorker).options(
             num_cpus=0, max_concurrency=MAX_CONCURRENCY,

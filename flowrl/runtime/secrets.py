@@ -5,8 +5,9 @@ A secret is the value of an environment variable whose name says it is one (``*_
 ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``, ``*_CREDENTIALS``: ``HF_TOKEN``, ``WANDB_API_KEY``,
 ``RAY_AUTH_TOKEN``...) and that is long enough to be one (8 characters or more: a short value
 such as ``1`` would blank out innocent text). :func:`redact` replaces each such value by
-``***`` (its variable named, so the reader knows what was there). The run's Ray actors get only
-the variables :data:`flowrl.runtime.fleet.ACTOR_ENV` lists, never these.
+``***`` (its variable named, so the reader knows what was there). No process the run starts
+gets them (Ray's own, its actors, reward workers): :mod:`flowrl.runtime.environment` is the one
+policy of what each gets.
 
 >>> redact("login with hf_abcdefghij failed", {"HF_TOKEN": "hf_abcdefghij", "STEPS": "12345678"})
 'login with ***HF_TOKEN*** failed'
