@@ -682,7 +682,9 @@ def render_dot(dot_text: str, fmt: str, timeout: float = 120.0) -> bytes:
     if exe is None:
         raise GraphvizError(DOT_MISSING)
     try:
-        proc = subprocess.run([exe, f"-T{fmt}"], input=dot_text.encode("utf-8"),
+        from flowrl.runtime.environment import GIVEN, scrubbed
+
+        proc = subprocess.run([exe, f"-T{fmt}"], input=dot_text.encode("utf-8"), env=scrubbed(given=GIVEN["tool"]),
                               capture_output=True, timeout=timeout, check=False)
     except FileNotFoundError:
         raise GraphvizError(DOT_MISSING) from None

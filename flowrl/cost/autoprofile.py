@@ -133,8 +133,10 @@ def use_auto_profile(bench=None, cached_only: bool = False) -> Path | None:
 def run_quick_bench(path: Path) -> None:
     """Run :func:`quick_measure` in a child process (torch stays out of this one); writes ``path``."""
     try:
+        from flowrl.runtime.environment import GIVEN, scrubbed
+
         r = subprocess.run([sys.executable, "-m", "flowrl.cost.autoprofile", str(path)], capture_output=True,
-                           text=True, timeout=TIMEOUT_S)
+                           text=True, timeout=TIMEOUT_S, env=scrubbed(given=GIVEN["tool"]))
     except subprocess.TimeoutExpired:
         raise ProfileError(f"the automatic CPU benchmark took over {TIMEOUT_S} s; hint: run `flowrl profile` "
                            f"or set {ENV_SWITCH}=0") from None

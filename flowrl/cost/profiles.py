@@ -172,8 +172,11 @@ def _gloo_allreduce_gbs(mb: int, repeat: int) -> float:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_allreduce_worker, args=(r, 2, port, mb, repeat, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
+    from flowrl.runtime.environment import environ_for
+
+    with environ_for("tool"):  # the scrubbed environment: no secret reaches the benchmark's workers
+        for p in procs:
+            p.start()
     try:
         result = queue.get(timeout=120)
     finally:

@@ -14,6 +14,8 @@ of process in :data:`GIVEN`, the one table of who gets which secret:
   own credential: every Ray process needs it to join the session) and the variables the user names
   in ``FLOWRL_PASS_ENV`` (comma-separated: e.g. ``HF_TOKEN`` for an engine that downloads itself).
 * ``reward``: a ``python_reward``'s worker processes: the variables named in ``FLOWRL_PASS_ENV``.
+* ``tool``: helper processes (Graphviz's ``dot``, the automatic CPU benchmark, ``flowrl profile``'s
+  workers): no secret.
 * the code sandbox's workers build their own, smaller environment (:mod:`flowrl.sandbox`).
 
 Nothing secret goes through a ``runtime_env`` (Ray stores it in the GCS, where any driver of the
@@ -71,6 +73,7 @@ processes of a local instance and to reward workers, never through a ``runtime_e
 GIVEN: dict[str, tuple[str, ...]] = {
     "ray": ("RAY_AUTH_TOKEN",),
     "reward": (),
+    "tool": (),
 }
 """The one table of which kind of process gets which secret (besides :data:`PASS_ENV`'s names)."""
 

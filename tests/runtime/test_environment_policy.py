@@ -34,7 +34,7 @@ def test_the_table_names_each_secret_a_kind_of_process_gets_and_the_user_adds_by
     passing = {**env, PASS_ENV: "HF_TOKEN, DATABASE_URL"}
     assert process_env("reward", passing) == {**NEEDED, PASS_ENV: "HF_TOKEN, DATABASE_URL",
                                              "HF_TOKEN": SECRETS["HF_TOKEN"], "DATABASE_URL": SECRETS["DATABASE_URL"]}
-    assert set(GIVEN) == {"ray", "reward"}
+    assert set(GIVEN) == {"ray", "reward", "tool"} and not any(GIVEN[k] for k in ("reward", "tool"))
     assert not [n for n in ACTOR_ENV if is_secret_name(n) or not keeps(n)]  # what goes through runtime_env
 
 
