@@ -14,6 +14,7 @@ of process in :data:`GIVEN`, the one table of who gets which secret:
   own credential: every Ray process needs it to join the session) and the variables the user names
   in ``FLOWRL_PASS_ENV`` (comma-separated: e.g. ``HF_TOKEN`` for an engine that downloads itself).
 * ``reward``: a ``python_reward``'s worker processes: the variables named in ``FLOWRL_PASS_ENV``.
+* ``tracker``: a tracker's helper process (W&B's service, offline: it needs no key): no secret.
 * ``tool``: helper processes (Graphviz's ``dot``, the automatic CPU benchmark, ``flowrl profile``'s
   workers): no secret.
 * the code sandbox's workers build their own, smaller environment (:mod:`flowrl.sandbox`).
@@ -61,7 +62,7 @@ BASE_NAMES = frozenset({
 
 BASE_PREFIXES = ("LC_", "FLOWRL_", "RAY_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_",
                  "PYTORCH_", "TRITON_", "VLLM_", "SGLANG_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "HIP_",
-                 "ROCR_", "ROCM_", "KMP_", "MKL_", "OMP_", "GOMP_", "OPENBLAS_", "JEMALLOC_")
+                 "ROCR_", "ROCM_", "KMP_", "MKL_", "OMP_", "GOMP_", "OPENBLAS_", "JEMALLOC_", "WANDB_")
 """Variables every process flowrl starts keeps (when set), by prefix: the settings of Ray, CUDA, the
 engines, the Hub's caches and the thread pools. A name that says it is a secret (``HF_TOKEN``,
 ``RAY_AUTH_TOKEN``) is dropped all the same, unless :data:`GIVEN` names it."""
@@ -73,6 +74,7 @@ processes of a local instance and to reward workers, never through a ``runtime_e
 GIVEN: dict[str, tuple[str, ...]] = {
     "ray": ("RAY_AUTH_TOKEN",),
     "reward": (),
+    "tracker": (),
     "tool": (),
 }
 """The one table of which kind of process gets which secret (besides :data:`PASS_ENV`'s names)."""

@@ -108,9 +108,12 @@ class WandbLogger:
         id_file = folder / "flowrl_run_id"
         if not id_file.is_file():
             id_file.write_text(uuid.uuid4().hex[:8])  # W&B ids: lowercase letters and digits
-        self.run = wandb.init(mode="offline", dir=str(out), project=os.environ.get("WANDB_PROJECT", "flowrl"),
-                              name=name, id=id_file.read_text().strip(), config=config, reinit="create_new",
-                              settings=wandb.Settings(console="off", silent=True))
+        from flowrl.runtime.environment import environ_for
+
+        with environ_for("tracker"):  # W&B's service process starts here: the scrubbed environment, no key
+            self.run = wandb.init(mode="offline", dir=str(out), project=os.environ.get("WANDB_PROJECT", "flowrl"),
+                                  name=name, id=id_file.read_text().strip(), config=config, reinit="create_new",
+                                  settings=wandb.Settings(console="off", silent=True))
         self._closed = False
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

@@ -34,7 +34,7 @@ def test_the_table_names_each_secret_a_kind_of_process_gets_and_the_user_adds_by
     passing = {**env, PASS_ENV: "HF_TOKEN, DATABASE_URL"}
     assert process_env("reward", passing) == {**NEEDED, PASS_ENV: "HF_TOKEN, DATABASE_URL",
                                              "HF_TOKEN": SECRETS["HF_TOKEN"], "DATABASE_URL": SECRETS["DATABASE_URL"]}
-    assert set(GIVEN) == {"ray", "reward", "tool"} and not any(GIVEN[k] for k in ("reward", "tool"))
+    assert set(GIVEN) == {"ray", "reward", "tracker", "tool"} and not any(GIVEN[k] for k in ("reward", "tracker", "tool"))
     assert not [n for n in ACTOR_ENV if is_secret_name(n) or not keeps(n)]  # what goes through runtime_env
 
 
@@ -94,3 +94,35 @@ def test_stop_processes_ends_by_process_id(tmp_path):
     proc.stdout.readline()  # it ignores SIGTERM now: SIGKILL after the grace
     stop_processes([proc.pid], grace_s=0.2)
     assert proc.wait(timeout=30) == -9
+
+
+def test_the_wandb_trackers_service_process_gets_no_secret(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from flowrl.runtime.tracking import WandbLogger
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WANDB_PROJECT", "flowrl-env-test")
+    before = _children()
+    logger = WandbLogger(tmp_path, "env-test", {})
+    try:
+        started = _children() - before
+        assert started, "W&B started no process"
+        for pid in started:
+            environ = open(f"/proc/{pid}/environ", "rb").read()
+            assert not [n for n, v in SECRETS.items() if v.encode() in environ], pid
+            assert b"WANDB_PROJECT=flowrl-env-test" in environ  # its settings still reach it
+    finally:
+        logger.close()
+
+
+def _children() -> set[int]:
+    me = str(os.getpid()).encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and open(f"/proc/{entry}/stat", "rb").read().rsplit(b")", 1)[1].split()[1] == me:
+                found.add(int(entry))
+        except OSError:
+            pass
+    return found
