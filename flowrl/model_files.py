@@ -214,6 +214,15 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
     return None
 
 
+def same_tokenizer(a: str | Path, b: str | Path) -> bool:
+    """Whether the checkpoints at ``a`` and ``b`` tokenize alike (the same folder, or equal
+    :func:`tokenizer_fingerprint`s); False where either has no tokenizer file to compare."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    fa = tokenizer_fingerprint(a)
+    return fa is not None and fa == tokenizer_fingerprint(b)
+
+
 @lru_cache(maxsize=64)
 def _json_fingerprint(path: str, size: int, mtime: int) -> str | None:
     try:
@@ -229,4 +238,4 @@ def _json_fingerprint(path: str, size: int, mtime: int) -> str | None:
 
 
 __all__ = ["FileProblem", "checkpoint_problems", "config_problems", "weight_problems", "header_problem",
-           "tokenizer_problem", "tokenizer_fingerprint", "TOKENIZER_FILES", "PICKLES", "CONVERT_HINT"]
+           "tokenizer_problem", "tokenizer_fingerprint", "same_tokenizer", "TOKENIZER_FILES", "PICKLES", "CONVERT_HINT"]

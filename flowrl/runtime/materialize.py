@@ -168,11 +168,21 @@ def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
     ``AutoTokenizer`` would resolve to, without importing transformers' model registry (``auto_factory``
     pulls in torch.distributed.tensor and sympy: 5-15 s of the driver's start-up on 2 cores, measured
     at load 1-3, before any engine starts)."""
-    gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
-    mid = gen or (plan.models[0].id if plan.models else None)
+    mid = tokenizer_model(plan)
     if mid is None:
         raise RuntimeFlowError(f"{plan.source}: the flow declares no model")
-    path = Path(paths[mid])
+    return load_tokenizer(Path(paths[mid]))
+
+
+def tokenizer_model(plan: ExecutionPlan) -> str | None:
+    """The model whose tokenizer is the flow's (:func:`load_tokenizer_for`): the one that generates, else the
+    first; None when the flow declares none."""
+    gen = next((op.model for op in plan.ops if op.kind == OpKind.GENERATE), None)
+    return gen or (plan.models[0].id if plan.models else None)
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer of the checkpoint at ``path`` (see :func:`load_tokenizer_for` for the class)."""
     if tokenizer_class(path) in PLAIN_TOKENIZERS:
         from transformers import PreTrainedTokenizerFast
 

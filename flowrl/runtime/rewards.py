@@ -126,7 +126,9 @@ def reward_model(r: RewardPlan, plan: ExecutionPlan, built: dict):
     """A served reward model: scores on the model's own engine (bound to the run's engines once they start)."""
     from flowrl.runtime.reward_model import ModelReward
 
-    return ModelReward(str(r.options["target"]), r.origin)
+    from flowrl.runtime.materialize import tokenizer_model
+
+    return ModelReward(str(r.options["target"]), r.origin, policy=tokenizer_model(plan))
 
 
 def llm_judge(r: RewardPlan, plan: ExecutionPlan, built: dict):

@@ -103,3 +103,78 @@ def test_a_flow_trains_against_a_reward_model_built_on_preferences(tmp_path):
     assert [r["policy/version"] for r in trained] == [1, 2]
     assert all(r["reward/std"] > 0 for r in trained)  # the reward model's scores, not the verifier's 1/0
     assert any(not float(r["reward/mean"]).is_integer() for r in trained)
+
+
+# ---- a reward model reads the policy's token ids only when its tokenizer is the policy's ---------------
+
+
+class RunData:
+    """The run's data service as a reward model reads it: the policy's tokenizer (the flow's), its pad id."""
+
+    def __init__(self, tok):
+        self.tokenizer, self.pad_id = tok, tok.pad_token_id
+
+    def tokenize(self, texts, *, special=True):
+        return [self.tokenizer(t).input_ids for t in texts]
+
+
+def _job(policy_tok, prompts, completions, ended):
+    """A ScoreJob as the score handler makes it: the policy's token rows (its EOS after an ended completion)."""
+    from flowrl.runtime.rewards import ScoreJob
+
+    rows = [policy_tok(p + c).input_ids + ([policy_tok.eos_token_id] if e else [])
+            for p, c, e in zip(prompts, completions, ended)]
+    return ScoreJob(list(completions), [""] * len(rows), list(prompts), None, TokenBatch.from_rows(rows, 0), 0)
+
+
+@pytest.fixture(scope="module")
+def policy_and_rms(tmp_path_factory):
+    """A policy, a reward model on its tokenizer, and one on another tokenizer (the same characters, other ids)."""
+    tmp = tmp_path_factory.mktemp("tok")
+    policy = build_tiny_model(tmp / "policy", seed=0)
+    pairs = list(zip(CHOSEN, REJECTED))
+    same = train_reward_model(build_tiny_model(tmp / "same_base", seed=1), tmp / "same", pairs, steps=5)
+    other = train_reward_model(build_tiny_model(tmp / "other_base", chars="=-+9876543210", seed=1), tmp / "other",
+                               pairs, steps=5)
+    return policy, same, other
+
+
+def test_a_reward_model_with_another_tokenizer_reads_the_text_in_its_own(policy_and_rms):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from flowrl.model_files import same_tokenizer
+
+    policy, _, other = policy_and_rms
+    assert not same_tokenizer(policy, other)
+    policy_tok, rm_tok = AutoTokenizer.from_pretrained(str(policy)), AutoTokenizer.from_pretrained(str(other))
+    prompts, completions, ended = ["12+5=", "40+2=", "3+3="], ["17", "1", "6"], [True, False, True]
+    reward = ModelReward("rm", "f.flow:1:1", policy="policy")
+    engine = TorchTrainEngine(str(other), role="reward")
+    reward.bind(Engines(engine), RunData(policy_tok), {"rm": other, "policy": policy})
+    assert reward.retokenizes
+    job = _job(policy_tok, prompts, completions, ended)
+    served = torch.tensor(reward.score_job(job).rewards)
+
+    direct = AutoModelForSequenceClassification.from_pretrained(str(other), dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = torch.tensor([float(direct(input_ids=torch.tensor(
+            [rm_tok(p + c).input_ids + ([rm_tok.eos_token_id] if e else [])])).logits[0, 0])
+            for p, c, e in zip(prompts, completions, ended)])
+    assert torch.allclose(served, expected, atol=1e-5, rtol=0), (served, expected)
+    as_given = torch.tensor(reward.score_tokens(job.batch, 0).rewards)  # the policy's ids read as the RM's: garbage
+    assert not torch.allclose(as_given, expected, atol=1e-3), (as_given, expected)
+    held_out = torch.tensor(reward.score(completions, [""] * 3, prompts).rewards)  # texts: no EOS appended
+    assert torch.allclose(held_out[1], expected[1], atol=1e-5, rtol=0)
+
+
+def test_a_reward_model_on_the_policys_tokenizer_reads_its_token_ids(policy_and_rms):
+    from transformers import AutoTokenizer
+
+    policy, same, _ = policy_and_rms
+    policy_tok = AutoTokenizer.from_pretrained(str(policy))
+    reward = ModelReward("rm", "f.flow:1:1", policy="policy")
+    engine = TorchTrainEngine(str(same), role="reward")
+    reward.bind(Engines(engine), RunData(policy_tok), {"rm": same, "policy": policy})
+    assert not reward.retokenizes and reward.tokenizer is None
+    job = _job(policy_tok, ["12+5=", "7+7="], ["17", "0"], [True, True])
+    assert reward.score_job(job).rewards == reward.score_tokens(job.batch, 0).rewards
