@@ -318,7 +318,7 @@ class VerifierCost:
     """Where every reference answer is an integer: the verifier's fast path (None: no such path)."""
     row_fields: tuple[str, ...] = ()
     """Fields of each dataset row it reads besides the answer (every dataset must have the answer):
-    ``flowrl check`` refuses a dataset it scores whose first rows lack one (E621)."""
+    ``flowrl check`` refuses a dataset it scores whose first rows lack one (E622)."""
 
 
 VERIFIER_COSTS = {

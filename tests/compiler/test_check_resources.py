@@ -101,9 +101,9 @@ CODE_ROWS = [{"prompt": "add", "answer": "", "tests": ["assert add(1, 2) == 3"]}
 
 def test_a_reward_reading_a_row_field_the_dataset_lacks_is_refused(tmp):
     """verifier("code") over rows without `tests` scores every sample as an error: check refuses it
-    (E621) at the reward, naming the dataset, its file and the field."""
+    (E622) at the reward, naming the dataset, its file and the field."""
     head = 'model policy = tiny()\nreward r = verifier("code")\ndataset d = jsonl("data/train.jsonl")'
-    d = only(codes_of(flow(tmp, head)), "E621")
+    d = only(codes_of(flow(tmp, head)), "E622")
     assert (d.span.line, d.span.column) == (2, 12)
     assert d.message == ('`verifier("code")` reads each row\'s `tests` field, but dataset `d` (file `data/train.jsonl`) '
                          "lacks it: 2 of its first 2 rows have no `tests` field (the first: row 1); every sample would "
@@ -113,18 +113,18 @@ def test_a_reward_reading_a_row_field_the_dataset_lacks_is_refused(tmp):
     ok = flow(tmp, head.replace("train.jsonl", "code.jsonl"))
     assert codes_of(ok) == []
     write_jsonl(tmp / "data" / "mixed.jsonl", [*CODE_ROWS, ROWS[0]])  # a later row lacks it
-    mixed = only(codes_of(flow(tmp, head.replace("train.jsonl", "mixed.jsonl"))), "E621")
+    mixed = only(codes_of(flow(tmp, head.replace("train.jsonl", "mixed.jsonl"))), "E622")
     assert "1 of its first 3 rows have no `tests` field (the first: row 3)" in mixed.message
     # The eval split is scored by the same reward, unless the dataset names its own.
     both = head.replace('"data/train.jsonl"', '"data/code.jsonl", eval = "data/test.jsonl"')
-    assert "(eval split `data/test.jsonl`)" in only(codes_of(flow(tmp, both)), "E621").message
+    assert "(eval split `data/test.jsonl`)" in only(codes_of(flow(tmp, both)), "E622").message
     assert codes_of(flow(tmp, both.replace('"data/test.jsonl"', '"data/test.jsonl", eval_reward = "exact"'))) == []
     # A combined reward reads what its parts read; a named eval verifier too.
     combined = ('model policy = tiny()\nreward c = verifier("code")\nreward e = verifier("exact")\n'
                 'reward r = weighted_sum(c, e, weights = [1.0, 1.0])\ndataset d = jsonl("data/train.jsonl")')
-    assert "`verifier(\"code\")` reads each row's `tests`" in only(codes_of(flow(tmp, combined)), "E621").message
+    assert "`verifier(\"code\")` reads each row's `tests`" in only(codes_of(flow(tmp, combined)), "E622").message
     named = TINY + 'dataset d = jsonl("data/train.jsonl", eval = "data/test.jsonl", eval_reward = "code")'
-    e = only(codes_of(flow(tmp, named)), "E621")
+    e = only(codes_of(flow(tmp, named)), "E622")
     assert e.message.startswith('`eval_reward = "code"` reads each row\'s `tests` field, but dataset `d` (eval split')
 
 
@@ -134,7 +134,7 @@ def test_a_parquet_dataset_without_the_rewards_column_is_refused(tmp):
     pq.write_table(pa.table({"prompt": ["1+1="], "answer": ["2"]}), tmp / "plain.parquet")
     pq.write_table(pa.table({"prompt": ["1+1="], "answer": ["2"], "tests": ['["assert True"]']}), tmp / "code.parquet")
     head = 'model policy = tiny()\nreward r = verifier("code")\ndataset d = parquet("plain.parquet")'
-    assert "it has no column `tests` (its columns: answer, prompt)" in only(codes_of(flow(tmp, head)), "E621").message
+    assert "it has no column `tests` (its columns: answer, prompt)" in only(codes_of(flow(tmp, head)), "E622").message
     assert codes_of(flow(tmp, head.replace("plain", "code"))) == []
 
 

@@ -164,7 +164,7 @@ def test_without_rows_the_error_says_what_is_missing():
 
 
 def test_the_catalogue_names_the_field_the_code_verifier_reads():
-    """`flowrl check` refuses datasets without it (E621) from the catalogue's record of what it reads."""
+    """`flowrl check` refuses datasets without it (E622) from the catalogue's record of what it reads."""
     from flowrl.catalog.ops import VERIFIER_COSTS
 
     assert VERIFIER_COSTS["code"].row_fields == (C.TESTS_FIELD,)

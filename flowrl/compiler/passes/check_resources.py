@@ -21,7 +21,7 @@ paths are resolved against the folder of the flow file that declares them):
   ``verifier("code")``'s ``tests``): every dataset it scores (the prompts of its ``score``,
   followed back to their datasets; the ``eval`` split unless the dataset names another
   ``eval_reward``) has the field in its first rows (a JSON-lines file's first 64 rows, a
-  Parquet file's columns); else E621 at the reward, naming the dataset, its file and the field;
+  Parquet file's columns); else E622 at the reward, naming the dataset, its file and the field;
 * user code (:attr:`~flowrl.catalog.ops.OpSpec.python_ref`): ``"module:attribute"`` names a
   module found in the flow file's folder, then ``PYTHONPATH``, then installed packages
   (:mod:`flowrl.pyrefs`), whose source defines the attribute at top level (E604-E606). The
@@ -83,11 +83,11 @@ def check_resources(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
 
 
 ROW_FIELD_ROWS = 64
-"""How many of a JSON-lines dataset's first rows E621 reads."""
+"""How many of a JSON-lines dataset's first rows E622 reads."""
 
 
 def _check_row_fields(graph: FlowGraph, ctx: CompileContext, errors: Collector) -> None:
-    """E621: a reward reads a row field (``verifier("code")``: ``tests``) the dataset it scores lacks."""
+    """E622: a reward reads a row field (``verifier("code")``: ``tests``) the dataset it scores lacks."""
     wanted: dict[tuple[str, str], tuple[Node, Node, tuple[str, ...]]] = {}
     for node in graph.nodes():
         if node.kind == OpKind.SCORE:  # what it scores: its other arguments, back to their prompts' datasets
@@ -164,7 +164,7 @@ def _missing_fields(reward: Node | None, span, ds: Node, f: DatasetFile, fields:
                 continue
             found = (f"{len(lacking)} of its first {len(rows)} rows have no `{field}` field (the first: row "
                      f"{lacking[0]})")
-        errors.error("E621", f"{what} reads each row's `{field}` field, but dataset `{ds.id}` ({split} "
+        errors.error("E622", f"{what} reads each row's `{field}` field, but dataset `{ds.id}` ({split} "
                              f"`{f.written}`) lacks it: {found}; every sample would score as an error", span,
                      f"add `{field}` to every row of `{f.written}` (docs/rewards.md shows its forms), "
                      "or score this dataset with another reward")
