@@ -36,6 +36,8 @@ CPU work runs (reward workers, environments, the driver), or the swap of engines
 GPUs; anything else is grey."""
 SEP = " · "
 DEFAULT_STEPS = 3
+MAX_STEPS = 100
+"""The most steps a chart draws: the simulation and the figure stay small whatever is asked."""
 
 
 class GanttError(ValueError):
@@ -276,6 +278,9 @@ def gantt_files(flow_file: str, png: str | Path, *, sets: dict | None = None, fl
     from flowrl.cost import validate
     from flowrl.cost.sim import simulate, with_workload
 
+    if not 1 <= steps <= MAX_STEPS:
+        raise GanttError(f"--gantt-steps {steps}: draw 1 to {MAX_STEPS} steps (a chart of more is unreadable); "
+                         f"hint: the default is {DEFAULT_STEPS}")
     _, spec, costs = compile_spec(flow_file, sets, flow)
     rows = rows_for(spec, costs)
     measured = None

@@ -20,11 +20,18 @@ CLUSTER = {"nodes": KwSpec("int", 1, min=1, doc="nodes of the cluster"),
                          doc="the hardware profile: `cpu` (logical GPUs on CPU machines) or a GPU kind"),
            "address": KwSpec("str", "", doc="a running Ray cluster to join (`ray://...`); empty: start one")}
 
+MAX_GPUS = 2**17
+"""The most GPUs a cluster may have (131,072: more than any there is). The plan holds a record
+per GPU, so ``flowrl check`` refuses a larger cluster (E446) rather than plan it."""
+MAX_STALENESS = 64
+"""The largest ``staleness`` (and ``resync ... every N``) a schedule may give: rollouts that lag
+the trainer by more steps are a typo, and the simulator keeps that many steps in flight (E408)."""
+
 POOL = {"gpus": KwSpec("int", 1, min=1, required=True, doc="GPUs in the pool"),
         "nodes": KwSpec("int", 1, min=1, doc="nodes the pool spans")}
 
 SCHED_CALLS: dict[str, dict[str, KwSpec]] = {
-    "partial_rollout": {"over_provision": KwSpec("float", 1.25, min=1.0,
+    "partial_rollout": {"over_provision": KwSpec("float", 1.25, min=1.0, max=16.0,
                                                  doc="requests sent per sample needed"),
                         "recycle": KwSpec("bool", True)},
 }

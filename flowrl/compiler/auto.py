@@ -152,7 +152,8 @@ def search_schedule(graph: FlowGraph, spec: ScheduleSpec, facts: dict, hw: Profi
             "E437", f"`every {every}` pushes weights every {every} steps, so rollouts are up to {every - 1} "
                     f"version(s) stale before any pipelining, over the limit `staleness <= {limit}`", r.span,
             f"raise the limit to `staleness <= {every}`, or resync more often")], ctx.sources if ctx else None)
-    stal = tuple(s for s in opts.get("staleness", range(1, s_max + 1)) if 1 <= s <= s_max) or (1,)
+    stal = tuple(s for s in opts.get("staleness", _spread(range(1, s_max + 1), MAX_SPLITS))
+                 if 1 <= s <= s_max) or (1,)
     found = _enumerate(prob, stal, opts)
     if not found.pool:
         raise FlowError([_nothing_fits(prob, found.considered, found.counts, found.examples)],
@@ -314,16 +315,17 @@ def _placements(prob: _Problem, opts: dict) -> list[tuple]:
     if "disaggregated" not in allowed or not _rollout_keys(prob) or not _train_keys(prob) or n < 2:
         return out
     if nodes > 1:
-        ks = _spread(list(range(1, nodes)), MAX_SPLITS)
+        ks = _spread(range(1, nodes), MAX_SPLITS)
         sizes = [k * g for k in ks]
     else:
-        sizes = _spread(list(range(1, n)), MAX_SPLITS)
+        sizes = _spread(range(1, n), MAX_SPLITS)
     return out + [("disaggregated", s) for s in sizes]
 
 
-def _spread(values: list[int], k: int) -> list[int]:
+def _spread(values, k: int) -> list[int]:
+    """At most ``k`` of ``values`` (a sequence: a ``range`` is never listed), evenly spread, ends included."""
     if len(values) <= k:
-        return values
+        return list(values)
     return sorted({values[round(i * (len(values) - 1) / (k - 1))] for i in range(k)})
 
 

@@ -9,6 +9,19 @@ from flowrl.ir.graph import Config, Const, Ref, Symbol, Value
 from flowrl.catalog.ops import CONFIG_TABLES, KwSpec
 
 
+PLANNED = {"int": 2**40, "size": 2**50, "float": 2.0**40}
+"""The largest magnitude of a number option (a count, a size in bytes, a float) that flowrl
+plans: a batch of 2^40 prompts or a petabyte of memory is a typo, and refusing it (E222) keeps
+every estimate of the compiler small and fast whatever the flow says."""
+PLANNED_SHOWN = {"int": "2^40", "size": "1 PiB", "float": "2^40"}
+
+
+def short(v) -> str:
+    """A number as a diagnostic shows it: whole if short, else its ends and its length."""
+    text = show(v)
+    return text if len(text) <= 24 else f"{text[:12]}...{text[-8:]} ({len(text):,} digits)"
+
+
 def check_kwargs(attrs, specs: dict[str, KwSpec], errors: Collector, what: str, span: Span,
                  key_spans: tuple[tuple[str, Span], ...] = ()) -> tuple:
     """Check keyword options against their specs; return them sorted with defaults filled in.
@@ -97,6 +110,11 @@ def _check_value(key: str, value: Value, kspec: KwSpec, errors: Collector, what:
     if t == "float" and value.kind == "int":
         value = Const(float(value.value), "float", value.span)
     v = value.value
+    if t in PLANNED and not isinstance(v, bool) and not abs(v) <= PLANNED[t]:
+        errors.error("E222", f"option `{key}` of {what} is {short(v)}, beyond what flowrl plans "
+                             f"(at most {PLANNED_SHOWN[t]})", span,
+                     "check the number for a typo (an extra digit or exponent); " + _range_hint(key, kspec))
+        return value  # the checks below would only say the same again
     if kspec.min is not None and v < kspec.min:
         errors.error("E208", f"option `{key}` of {what} must be >= {_num(kspec.min)}, got {show(v)}", span,
                      _range_hint(key, kspec))

@@ -342,6 +342,10 @@ def depth_of(spec: SimSpec) -> int:
     return max(1, spec.staleness)
 
 
+MAX_STEPS = 1000
+"""Steps one simulation runs at most (each is a few phases; a Gantt chart draws a few)."""
+
+
 def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
     """Run ``steps`` steps of ``spec``; statistics over the steps after a warm-up of ``depth + 1``.
 
@@ -355,8 +359,8 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
     turns); lanes of 0 GPUs do not serialise.
     """
     rng = random.Random(seed)
-    steps = max(steps, 3)
-    depth = depth_of(spec)
+    steps = min(max(steps, 3), MAX_STEPS)
+    depth = min(depth_of(spec), steps)  # deeper changes nothing: every generate reads the initial weights
     warm = min(depth + 1, steps // 2)
     prod_ids = producer_ids(spec)
     producers = [p for p in spec.phases if p.id in prod_ids]
@@ -494,9 +498,61 @@ def _iteration_s(g: GenPhase, lengths: list[int]) -> float:
     return g.iter_s + g.seq_s * total / iters
 
 
+SIM_REQUESTS = 8192
+"""Requests one simulated generate call draws at most: a larger call is simulated at scale (below)."""
+SIM_REPLICAS = 64
+"""Rollout replicas one simulated generate call spreads its requests over at most."""
+
+
+def scaled(g: GenPhase, over_provision: float = 1.0) -> tuple[GenPhase, float, float]:
+    """``g`` reduced to at most :data:`SIM_REPLICAS` replicas and :data:`SIM_REQUESTS` requests, with
+    (work factor, time factor): multiply the reduced call's tokens, samples and busy time by the
+    first and its duration by the second. ``(g, 1, 1)`` when ``g`` is small enough (then the
+    simulation is exact), so the estimate is bounded in time and memory whatever the numbers.
+
+    Replicas are alike: fewer of them with the same load each take as long (work ``x R/R'``).
+    A replica's queue of ``L`` requests on ``b`` slots is modelled by ``L/f`` requests on ``b/f``
+    slots: the same decode iterations, so the same time; where ``b < f`` (one slot left) the
+    throughput-bound queue's duration is scaled by ``f/b``. Per-sequence and per-request costs
+    are scaled by ``b/b'`` so a running batch costs what the full one does.
+
+    >>> small = GenPhase(2, 1, 8, 0.01, 0.0, 64, 8, LengthDist("lognormal", 50))
+    >>> scaled(small)[0] is small
+    True
+    >>> big, work, time = scaled(replace(small, samples=10**12, replicas=10**6, concurrency=256))
+    >>> (big.replicas, big.samples, big.concurrency) == (SIM_REPLICAS, SIM_REQUESTS, 1) and work > 1e8
+    True
+    """
+    replicas, samples = max(g.replicas, 1), max(g.samples, 1)
+    most = max(int(SIM_REQUESTS / max(over_provision, 1.0)), 1)  # partial rollout issues over_provision x
+    if replicas <= SIM_REPLICAS and samples <= most:
+        return g, 1.0, 1.0
+    r = min(replicas, SIM_REPLICAS)
+    n = max(math.ceil(samples * r / replicas), 1)  # the same load per replica
+    f = max(n / most, 1.0)
+    n = min(n, most)
+    b = max(g.concurrency, 1)
+    b2 = max(int(round(b / f)), 1)
+    slot = b / b2  # each reduced slot stands for this many
+    time = f / slot
+    work = samples / n
+    trained = max(int(round(g.trained * n / samples)), 1) if g.trained else 0
+    return replace(g, replicas=r, samples=n, concurrency=b2, trained=trained, seq_s=g.seq_s * slot,
+                   request_s=g.request_s * slot), work, time
+
+
 def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimSpec, rng: random.Random):
     """One generate call (it drains: every request of the step ends before the call returns);
-    returns (end time, trained tokens, busy GPU-s, generated, wasted)."""
+    returns (end time, trained tokens, busy GPU-s, generated, wasted). A call too large to
+    simulate request by request is simulated at scale (:func:`scaled`)."""
+    small, work, time = scaled(g, spec.over_provision)
+    if small is g:
+        return _generate_exact(ph, g, recycled, release, spec, rng)
+    t_end, toks, used, gen, waste = _generate_exact(ph, small, recycled, release, spec, rng)
+    return release + (t_end - release) * time, toks * work, used * work * time, gen * work, waste * work
+
+
+def _generate_exact(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimSpec, rng: random.Random):
     partial = spec.over_provision > 1.0
     b = max(g.concurrency, 1)
     n_rep = max(g.replicas, 1)
@@ -509,7 +565,7 @@ def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimS
             mine = lens[r::n_rep]
             it = _iteration_s(g, mine)
             start = release + len(mine) * g.request_s  # the replica's serial work per request
-            slots = [start] * b
+            slots = [start] * min(b, len(mine))  # slots no request reaches change nothing
             for length in mine:
                 fin = pop(slots) + pre0 + length * it
                 push(slots, fin)
@@ -530,7 +586,7 @@ def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimS
     for r in range(n_rep):
         mine = reqs[r::n_rep]
         it = _iteration_s(g, [q.remaining for q in mine])
-        slots = [release + len(mine) * g.request_s] * b
+        slots = [release + len(mine) * g.request_s] * min(b, len(mine))
         for req in mine:
             pre = pre0 + req.done * pre_tok  # a recycled request re-prefills its prefix
             start = pop(slots)

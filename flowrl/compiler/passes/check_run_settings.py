@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from flowrl.catalog.loggers import UnknownLoggerError, parse_loggers
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.kwargs import PLANNED, PLANNED_SHOWN, short
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import FlowGraph
 from flowrl.syntax import ast
@@ -42,7 +43,10 @@ def check_run_settings(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         value = p.default.value if isinstance(p.default, ast.Literal) else None
         if value is None:
             continue
-        if want == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        if want == "int" and isinstance(value, int) and not isinstance(value, bool) and value > PLANNED["int"]:
+            errors.error("E510", f"run setting `{p.name} = {short(value)}` is more than flowrl plans for (at most "
+                                 f"{PLANNED_SHOWN['int']})", p.default.span, "check the number for a typo")
+        elif want == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             errors.error("E510", f"run setting `{p.name} = {value}` must be an integer >= {least}", p.default.span,
                          "`steps` counts RL steps (at least one); `flowrl eval` measures a model without training"
                          if p.name == "steps" else f"write `{p.name}: int = {example}`")

@@ -21,13 +21,13 @@ protocol; schedule calls (``partial_rollout``) are known. The schedule issue's p
 from __future__ import annotations
 
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.kwargs import check_kwargs, suggest
+from flowrl.compiler.kwargs import check_kwargs, short, suggest
 from flowrl.compiler.sched import engines_needed
 from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
 from flowrl.catalog.ops import OpKind
-from flowrl.catalog.schedule import CLUSTER, POOL, ROLES, SCHED_CALLS
+from flowrl.catalog.schedule import CLUSTER, MAX_GPUS, MAX_STALENESS, POOL, ROLES, SCHED_CALLS
 from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.syntax import ast
@@ -53,6 +53,7 @@ class _Checker:
     def run(self, sched: ast.ScheduleDef) -> None:
         if sched.cluster is not None:  # optional only for `auto`
             self.options(sched.cluster, CLUSTER, "cluster", expect="cluster")
+            self.size(sched.cluster)
         layouts: dict[str, ast.Layout] = {}
         placed: dict[str, object] = {}
         for st in sched.body:
@@ -83,6 +84,10 @@ class _Checker:
                 if st.value < 1:
                     self.errors.error("E408", f"staleness must be >= 1, got {st.value}", st.span,
                                       "1 is synchronous (on-policy), 2 is one-step-off")
+                elif st.value > MAX_STALENESS:
+                    self.errors.error("E408", f"staleness must be <= {MAX_STALENESS}, got {short(st.value)}", st.span,
+                                      "staleness counts the steps rollouts may lag the trainer (1 is on-policy, "
+                                      "2 one-step-off; a few is asynchronous): check it for a typo")
                 if st.bound_only and not sched.auto:
                     self.errors.error("E409", "`staleness <= N` is a limit for `schedule ... auto`", st.span,
                                       "write `staleness N` to set it")
@@ -169,6 +174,24 @@ class _Checker:
         if st.every is not None and st.every < 1:
             self.errors.error("E408", f"`every` must be >= 1, got {st.every}", st.span,
                               "`every N` resyncs after every N-th update; 1 is after each step")
+        elif st.every is not None and st.every > MAX_STALENESS:
+            self.errors.error("E408", f"`every` must be <= {MAX_STALENESS}, got {short(st.every)}", st.span,
+                              "`every N` resyncs after every N-th update; rollouts lag up to N - 1 versions: "
+                              "check it for a typo")
+
+    def size(self, cluster: ast.Call) -> None:
+        """A cluster larger than any there is (E446): every GPU gets a record in the plan."""
+        given = {k.name: k.value for k in cluster.kwargs}
+        counts = [given[k].value for k in ("nodes", "gpus_per_node") if isinstance(given.get(k), ast.Literal)]
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+            return  # the options' own checks report it
+        total = 1
+        for c in counts:
+            total *= c
+        if total > MAX_GPUS:
+            self.errors.error("E446", f"the cluster has {short(total)} GPUs, more than flowrl plans for "
+                                      f"({MAX_GPUS:,})", cluster.span,
+                              "`nodes` x `gpus_per_node` is the whole cluster: check them for a typo")
 
     def options(self, call: ast.Call, spec: dict, what: str, expect: str | None = None) -> None:
         if expect is not None and call.func != expect:
