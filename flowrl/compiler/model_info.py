@@ -24,7 +24,8 @@ Which of these a model constructor is comes from its catalogue record
 :func:`prompt_counter` counts a prompt's tokens the way the model's tokenizer will, where
 that is cheap: a tiny model's character-level tokenizer, or a checkpoint's ``tokenizer.json``
 of at most :data:`TOKENIZER_MAX_BYTES` (with the ``tokenizers`` library, no torch);
-:func:`writes_answers` says whether a model's responses are its dataset's answers.
+:func:`writes_answers` says whether a model's responses are its dataset's answers;
+:func:`tokenizer_of` names a model's tokenizer as data (``check_tokenizers`` compares them).
 
 >>> from flowrl.catalog.models import PRESETS
 >>> PRESETS["qwen/qwen2.5-7b"].layers
@@ -34,6 +35,7 @@ of at most :data:`TOKENIZER_MAX_BYTES` (with the ``tokenizers`` library, no torc
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +44,8 @@ from flowrl.catalog.models import (ConfigError, ModelFacts, from_config, preset,
 from flowrl.catalog.ops import OPS, FactsFrom, OpKind
 from flowrl.hub import find_checkpoint
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
+from flowrl.model_files import tokenizer_fingerprint
+from flowrl.tasks import TASKS
 
 TOKENIZER_MAX_BYTES = 2 << 20
 """Largest ``tokenizer.json`` :func:`prompt_counter` loads. Loading one builds its merge table:
@@ -155,6 +159,34 @@ def prompt_counter(graph: FlowGraph, model_id: str) -> Callable[[str], int] | No
     return _tokenizer_counter(str(tokenizer), tokenizer.stat().st_mtime_ns)
 
 
+@dataclass(frozen=True)
+class TokenizerId:
+    """What a model's tokenizer is, as data: equal ``key``s tokenize alike."""
+
+    key: str
+    """A tiny model's task characters, or a hash of a checkpoint's tokenizer files
+    (:func:`flowrl.model_files.tokenizer_fingerprint`)."""
+    words: str
+    """Where it comes from, for messages."""
+
+
+def tokenizer_of(graph: FlowGraph, model_id: str) -> TokenizerId | None:
+    """The tokenizer of a model node: a ``tiny``/``tiny_rm`` model's is one token per character of its task
+    (4 special tokens first); a checkpoint's, its tokenizer files; None where not known without running
+    (an abstract option, a preset that is not on disk)."""
+    node = source_node(graph, model_id)
+    if node is None:
+        return None
+    if _facts_from(node) == FactsFrom.OPTIONS:
+        task = node.attr("task")
+        name = str(task.value) if isinstance(task, Const) else "arith" if task is None else None
+        chars = TASKS[name].chars if name in TASKS else None
+        return TokenizerId(f"chars:{chars}", f"the character tokenizer of task `{name}`") if chars else None
+    folder = checkpoint_dir(graph, node.id)
+    key = tokenizer_fingerprint(folder) if folder is not None else None
+    return TokenizerId(key, f"the tokenizer in {folder}") if key else None
+
+
 def writes_answers(graph: FlowGraph, model_id: str) -> bool:
     """Whether the model's responses are a dataset row's answer alone, then end-of-sequence: a tiny
     policy warm-started on its task's answers (:func:`~flowrl.catalog.models.tiny_writes_answers`).
@@ -189,4 +221,4 @@ def _tokenizer_counter(path: str, mtime: int) -> Callable[[str], int] | None:
 
 
 __all__ = ["facts_of", "source_node", "MAX_BASES", "model_facts", "checkpoint_dir", "local_path", "shown_path",
-           "prompt_counter", "writes_answers", "TOKENIZER_MAX_BYTES"]
+           "prompt_counter", "writes_answers", "TOKENIZER_MAX_BYTES", "TokenizerId", "tokenizer_of"]
