@@ -171,7 +171,8 @@ def load_tokenizer_for(plan: ExecutionPlan, paths: dict[str, Path]):
     mid = tokenizer_model(plan)
     if mid is None:
         raise RuntimeFlowError(f"{plan.source}: the flow declares no model")
-    return load_tokenizer(Path(paths[mid]))
+    model = next((m for m in plan.models if m.id == mid), None)
+    return load_tokenizer(Path(paths[mid]), f"{model.origin}: model `{mid}`: " if model is not None else "")
 
 
 def tokenizer_model(plan: ExecutionPlan) -> str | None:
@@ -181,15 +182,24 @@ def tokenizer_model(plan: ExecutionPlan) -> str | None:
     return gen or (plan.models[0].id if plan.models else None)
 
 
-def load_tokenizer(path: Path):
-    """The tokenizer of the checkpoint at ``path`` (see :func:`load_tokenizer_for` for the class)."""
-    if tokenizer_class(path) in PLAIN_TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast
+def load_tokenizer(path: Path, who: str = ""):
+    """The tokenizer of the checkpoint at ``path`` (see :func:`load_tokenizer_for` for the class); a tokenizer
+    its loader refuses (a damaged ``tokenizer.json``) is a user error naming the directory (``who``: the
+    model, as messages name it)."""
+    try:
+        if tokenizer_class(path) in PLAIN_TOKENIZERS:
+            from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    from transformers import AutoTokenizer
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - the loader's own error, whatever its class, is the cause named
+        from flowrl.runtime.errors import innermost
+
+        raise RuntimeFlowError(f"{who}the tokenizer in {path} cannot be loaded: {innermost(e)}; hint: save the "
+                               "model's tokenizer there again: `AutoTokenizer.from_pretrained(src).save_pretrained(dir)`"
+                               ) from e
 
 
 def tokenizer_class(path: Path) -> str | None:

@@ -56,7 +56,8 @@ class ModelReward:
         if paths is None or self.policy is None or not same_tokenizer(paths[self.model], paths[self.policy]):
             from flowrl.runtime.materialize import load_tokenizer
 
-            self.tokenizer = load_tokenizer(paths[self.model]) if paths is not None else None
+            self.tokenizer = load_tokenizer(paths[self.model], f"{self.origin}: `{self.model}`: ") \
+                if paths is not None else None
 
     @property
     def retokenizes(self) -> bool:

@@ -86,3 +86,18 @@ def test_an_engine_that_cannot_load_its_model_names_model_directory_and_cause(wo
     assert f"model `policy` could not be loaded from {bad / 'model'} by its engine `policy." in message, message
     assert "RuntimeError: " in message and "ignore_mismatched_sizes" in message, message
     assert "save_pretrained(dir)" in message
+
+
+def test_a_tokenizer_its_loader_refuses_is_a_user_error_naming_the_directory(tmp_path):
+    """tokenizer.json present (check's reading) but not one the loader takes: the driver's load is the user's error."""
+    from model_dirs import write_planned_checkpoint
+
+    from flowrl.runtime.materialize import load_tokenizer
+
+    ckpt = write_planned_checkpoint(tmp_path / "m", {"architectures": ["LlamaForCausalLM"]})
+    (ckpt / "tokenizer.json").write_text('{"model": {"type": "WordLevel", "vocab": 7}}')
+    with pytest.raises(RuntimeFlowError) as info:
+        load_tokenizer(ckpt, "f.flow:1:16: model `policy`: ")
+    message = user_error(info.value)
+    assert message.startswith(f"f.flow:1:16: model `policy`: the tokenizer in {ckpt} cannot be loaded: "), message
+    assert "AutoTokenizer.from_pretrained(src).save_pretrained(dir)" in message
