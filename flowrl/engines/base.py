@@ -192,7 +192,8 @@ def load_tensors_file(file: str | os.PathLike, map_location: Any = "cpu") -> Any
         return torch.load(file, map_location=map_location, weights_only=True)
     except Exception as e:  # UnpicklingError (a forbidden global), a truncated or foreign file
         first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().split(". ")[0]  # torch's message: bold, and advice we do not give
-        raise EngineError(f"{os.fspath(file)} is not an engine checkpoint this flowrl wrote ({type(e).__name__}: "
+        name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else "an item of a checkpoint"
+        raise EngineError(f"{name} is not an engine checkpoint this flowrl wrote ({type(e).__name__}: "
                           f"{first[:300]}); it was not loaded; hint: it was damaged or replaced: resume from "
                           f"another checkpoint (`--resume-step`), or start a new run") from None
 

@@ -26,7 +26,7 @@ import torch
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.engines import batching
-from flowrl.engines.base import Denominator, EngineConfigError, LossFn, accelerator
+from flowrl.engines.base import Denominator, EngineConfigError, LossFn, accelerator, load_tensors_file
 from flowrl.engines.ranks import local_device_index
 from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
 from flowrl.engines.types import TokenBatch
@@ -272,11 +272,11 @@ class FsdpRank:
         )
 
         eng = self.engine
-        extra = torch.load(Path(path, f"rank{self.rank}.pt"), weights_only=True)
+        extra = load_tensors_file(Path(path, f"rank{self.rank}.pt"))
         state = {"model": get_model_state_dict(eng.model)}
         if extra["has_optim"]:
             state["optim"] = get_optimizer_state_dict(eng.model, eng.optimizer)
-        dcp.load(state, checkpoint_id=str(Path(path, DCP_DIR)))
+        dcp.load(state, storage_reader=_safe_reader(str(Path(path, DCP_DIR))), planner=_safe_load_planner())
         set_model_state_dict(eng.model, state["model"])
         if extra["has_optim"]:
             set_optimizer_state_dict(eng.model, eng.optimizer, state["optim"])
@@ -306,3 +306,78 @@ class FsdpRank:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ---- reading torch.distributed.checkpoint's files without running code ---------------------------------
+# DCP reads its ``.metadata`` with pickle.load and its non-tensor items with torch.load(weights_only=False):
+# a checkpoint someone hands you could run code on --resume. Both are read here with an allowlist instead.
+
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed.checkpoint.planner")
+
+
+def _safe_metadata(stream) -> Any:
+    """Unpickle DCP's ``.metadata``: only DCP's own metadata records, torch sizes/dtypes and plain containers."""
+    import dataclasses
+    import enum
+    import pickle
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if module in _DCP_MODULES:  # DCP's records: dataclasses and enums (built from their fields), no functions
+                found = super().find_class(module, name)
+                if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                    return found
+            if (module, name) in (("collections", "OrderedDict"), ("torch", "Size"), ("pathlib", "PosixPath"),
+                                  ("torch.serialization", "_get_layout")):  # _get_layout: a layout looked up by name
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+                return getattr(torch, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
+
+    return Restricted(stream).load()
+
+
+def _safe_reader_class() -> type:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from flowrl.engines.base import EngineError
+
+            path = self._get_metadata_path(kwargs.get("rank"))
+            if not self.fs.exists(path):  # one metadata file for all ranks (what dcp.save writes by default)
+                path = self._get_metadata_path()
+            try:
+                with self.fs.create_stream(path, "rb") as f:
+                    metadata = _safe_metadata(f)
+            except Exception as e:
+                raise EngineError(f"{path} is not an engine checkpoint this flowrl wrote ({type(e).__name__}: "
+                                  f"{str(e)[:200]}); it was not loaded; hint: it was damaged or replaced: resume "
+                                  f"from another checkpoint (`--resume-step`), or start a new run") from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader
+
+
+def _safe_reader(path: str) -> Any:
+    return _safe_reader_class()(path)
+
+
+def _safe_load_planner() -> Any:
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            loaded = load_tensors_file(value)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeLoadPlanner()

@@ -137,3 +137,20 @@ def test_an_engine_state_replaced_by_a_torch_saved_payload_runs_nothing(tmp_path
     assert not marker.exists()
     torch.save({"step": 3, "rng": torch.get_rng_state()}, file)
     assert load_tensors_file(file)["step"] == 3
+
+
+def test_fsdp_s_checkpoint_metadata_is_read_with_an_allowlist(tmp_path):
+    """torch.distributed.checkpoint reads its ``.metadata`` with pickle.load: the FSDP engine reads it with
+    an allowlist of DCP's own records instead; a pickle with code in it is refused, a real one reads."""
+    import torch.distributed.checkpoint as dcp
+
+    from flowrl.engines.fsdp_rank import _safe_metadata
+
+    dcp.save({"w": torch.ones(2, 3), "step": 3, "groups": [{"lr": 0.1}]}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    with open(tmp_path / "dcp" / ".metadata", "rb") as f:
+        assert sorted(_safe_metadata(f).state_dict_metadata) == ["groups.0.lr", "step", "w"]
+    marker = tmp_path / "pwned"
+    (tmp_path / "dcp" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with open(tmp_path / "dcp" / ".metadata", "rb") as f, pytest.raises(pickle.UnpicklingError, match=r"io.open is not allowed in a checkpoint.s metadata"):
+        _safe_metadata(f)
+    assert not marker.exists()
