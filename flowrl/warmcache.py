@@ -128,6 +128,20 @@ def task_model_config(task: str, **overrides) -> TinyModelConfig:
                            **tiny_shape({**overrides, "task": task}))
 
 
+def read_entry(file: Path) -> dict:
+    """A cache entry's record (``warmstart.json``, ``reward.json``): JSON only, so a cache someone else
+    can write runs nothing when read; one that does not parse is a :class:`WarmStartError` naming it."""
+    try:
+        info = json.loads(file.read_bytes().decode("utf-8"))
+        if not isinstance(info, dict):
+            raise ValueError(f"a JSON {type(info).__name__}, not an object")
+        return info
+    except (OSError, ValueError) as e:
+        raise WarmStartError(f"cache entry {file.parent} is damaged: {file.name} cannot be read ({type(e).__name__}: "
+                             f"{str(e)[:200]}); it was not loaded; hint: delete {file.parent} (it is built "
+                             f"again)") from None
+
+
 def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,
            cache_dir: str | Path | None = None) -> tuple[WarmStartResult | None, Path, str, dict]:
     """``(the cached result or None, the cache root, the key, the inputs it hashes)`` of one warm start."""
@@ -135,9 +149,9 @@ def cached(task: str, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int,
     key, inputs = cache_key(task, model_cfg, sft, seed)
     final = root / f"{task}-{key}"
     if (final / "warmstart.json").is_file():
-        return WarmStartResult(final, True, json.loads((final / "warmstart.json").read_text())), root, key, inputs
+        return WarmStartResult(final, True, read_entry(final / "warmstart.json")), root, key, inputs
     return None, root, key, inputs
 
 
 __all__ = ["CACHE_VERSION", "SFTConfig", "TinyModelConfig", "WarmStartError", "WarmStartResult", "cache_key",
-           "cached", "default_cache_dir", "task_model_config", "task_sft"]
+           "cached", "read_entry", "default_cache_dir", "task_model_config", "task_sft"]

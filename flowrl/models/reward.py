@@ -48,6 +48,7 @@ from flowrl.models.warmstart import (
     WarmStartError,
     WarmStartResult,
     default_cache_dir,
+    read_entry,
     task_sft,
     torch_threads,
     warm_start,
@@ -303,7 +304,7 @@ def reward_start(
     key, inputs = reward_cache_key(sampler, base, preferences, seed)
     final = root / f"{task}-rm-{key}"
     if (final / "reward.json").is_file():
-        return WarmStartResult(final, True, json.loads((final / "reward.json").read_text()))
+        return WarmStartResult(final, True, read_entry(final / "reward.json"))
     tmp = Path(tempfile.mkdtemp(prefix=f".{task}-rm-{key}-", dir=root))
     try:
         tok = load_tokenizer(base.path)
@@ -333,7 +334,7 @@ def reward_start(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return WarmStartResult(final, False, json.loads((final / "reward.json").read_text()))
+    return WarmStartResult(final, False, read_entry(final / "reward.json"))
 
 
 __all__ = ["PreferenceConfig", "last_token_scores", "preference_pairs", "ranking_quality", "reward_start",

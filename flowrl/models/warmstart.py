@@ -32,6 +32,7 @@ from flowrl.warmcache import (  # noqa: F401  (re-exported: the warm start's pub
     cache_key,
     cached,
     default_cache_dir,
+    read_entry,
     task_model_config,
     task_sft,
 )
@@ -303,4 +304,4 @@ def warm_start(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return WarmStartResult(final, False, json.loads((final / "warmstart.json").read_text()))
+    return WarmStartResult(final, False, read_entry(final / "warmstart.json"))
