@@ -139,6 +139,7 @@ def test_an_engine_state_replaced_by_a_torch_saved_payload_runs_nothing(tmp_path
     assert load_tensors_file(file)["step"] == 3
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_fsdp_s_checkpoint_metadata_is_read_with_an_allowlist(tmp_path):
     """torch.distributed.checkpoint reads its ``.metadata`` with pickle.load: the FSDP engine reads it with
     an allowlist of DCP's own records instead; a pickle with code in it is refused, a real one reads."""
