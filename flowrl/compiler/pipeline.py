@@ -27,6 +27,7 @@ from flowrl.compiler.passes.check_routing import check_routing
 from flowrl.compiler.passes.check_run_settings import check_run_settings
 from flowrl.compiler.passes.check_schedule import check_schedule
 from flowrl.compiler.passes.check_schedule_once import check_schedule_once
+from flowrl.compiler.passes.check_tokenizers import check_tokenizers
 from flowrl.compiler.passes.choose_schedule import choose_schedule
 from flowrl.compiler.passes.elide_logprobs import elide_logprobs
 from flowrl.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -66,6 +67,7 @@ PASSES: tuple[Pass, ...] = (
     estimate_cost,
     check_chat_templates,
     check_resources,
+    check_tokenizers,
     check_model_fit,
     check_routing,
     check_adapters,
