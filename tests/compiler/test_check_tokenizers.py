@@ -1,4 +1,4 @@
-"""Every model that reads the policy's token ids tokenizes as the policy does (check_tokenizers, E622);
+"""Every model that reads the policy's token ids tokenizes as the policy does (check_tokenizers, E630);
 a reward model may differ: the runtime re-tokenizes the text for it (tests/runtime/test_reward_model.py).
 
 Tokenizers are compared as data: a tiny model's task characters, a checkpoint's tokenizer.json (its model,
@@ -55,7 +55,7 @@ def _codes(text: str) -> list:
 def test_a_reference_of_another_tiny_task_is_refused_and_frozen_policy_is_not():
     head = 'model policy = tiny(task = "arith")\nmodel other = tiny(task = "longtail")\n'
     (code, message, line, col), = _codes(head + GRPO_REF.format(base="other"))
-    assert code == "E622" and (line, col) == (6, 21)
+    assert code == "E630" and (line, col) == (6, 21)
     assert message == ("`ref` reads the token ids `policy` generated, but tokenizes differently: `ref` has the "
                        "character tokenizer of task `longtail`, `policy` the character tokenizer of task `arith`")
     assert _codes(head + GRPO_REF.format(base="policy")) == []
@@ -77,11 +77,11 @@ def test_a_critic_of_a_checkpoint_with_another_tokenizer_is_refused(checkpoints)
     head = (f'model policy = hf("{checkpoints["a"]}")\nmodel other = hf("{checkpoints["b"]}")\n'
             f'model same = hf("{checkpoints["a2"]}")\n')
     (code, message, _, _), = _codes(head + PPO_CRITIC.format(base="other"))
-    assert code == "E622" and message.startswith("`vf` reads the token ids `policy` generated")
+    assert code == "E630" and message.startswith("`vf` reads the token ids `policy` generated")
     assert f"`vf` has the tokenizer in {checkpoints['b']}, `policy` the tokenizer in {checkpoints['a']}" in message
     assert _codes(head + PPO_CRITIC.format(base="same")) == []  # compared by content, not by folder
     (code, message, _, _), = _codes(head + GRPO_REF.format(base="other"))
-    assert code == "E622" and message.startswith("`ref` reads")
+    assert code == "E630" and message.startswith("`ref` reads")
 
 
 def test_a_reward_model_with_another_tokenizer_is_accepted(checkpoints):

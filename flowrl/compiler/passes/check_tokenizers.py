@@ -7,7 +7,7 @@ Guarantees: a model whose engine reads token rows another model generated (a ref
 ``logprobs(ref, x)``, a critic's ``values(critic, x)``, an ``update``) has the generating
 model's tokenizer, compared as data (:func:`~flowrl.compiler.model_info.tokenizer_of`: a tiny
 model's task characters, a checkpoint's ``tokenizer.json`` model, added tokens, normalizer and
-pre-tokenizer) wherever both are known without running (E622, at the model argument): with
+pre-tokenizer) wherever both are known without running (E630, at the model argument): with
 another tokenizer the same ids are other words, and its log-probs or values are garbage with
 nothing failing. Models that read text are not refused: ``reward_model(m)`` with a tokenizer of
 its own re-tokenizes the decoded text at run time (:mod:`flowrl.runtime.reward_model`), and
@@ -29,7 +29,7 @@ The graph is returned unchanged.
 ... }''', "doc.flow", until="check_tokenizers")
 ... except FlowError as e:
 ...     print(str(e).splitlines()[0])
-doc.flow:7:21: error[E622]: `ref` reads the token ids `policy` generated, but tokenizes differently: `ref` has the character tokenizer of task `longtail`, `policy` the character tokenizer of task `arith`
+doc.flow:7:21: error[E630]: `ref` reads the token ids `policy` generated, but tokenizes differently: `ref` has the character tokenizer of task `longtail`, `policy` the character tokenizer of task `arith`
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check_tokenizers(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
                     continue
                 reported.add((reader, writer))
                 span = node.args[0].span if node.args and isinstance(node.args[0], Ref) else node.span
-                errors.error("E622", f"`{reader}` reads the token ids `{writer}` generated, but tokenizes "
+                errors.error("E630", f"`{reader}` reads the token ids `{writer}` generated, but tokenizes "
                                      f"differently: `{reader}` has {mine.words}, `{writer}` {theirs.words}", span,
                              f"make `{reader}` from `{writer}` (`frozen({writer})`, `critic({writer})`) or from a "
                              f"checkpoint saved with `{writer}`'s tokenizer; a reward model may differ "
