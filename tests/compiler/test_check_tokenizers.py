@@ -91,3 +91,15 @@ def test_a_reward_model_with_another_tokenizer_is_accepted(checkpoints):
     b = json.loads((checkpoints["b"] / "tokenizer.json").read_text())
     a = json.loads((checkpoints["a"] / "tokenizer.json").read_text())
     assert a["model"]["vocab"] != b["model"]["vocab"]  # the two really tokenize differently
+
+
+def test_a_reference_of_the_policy_reads_no_tokenizer_file(checkpoints, monkeypatch):
+    """frozen(policy) is the policy's checkpoint: nothing to compare, and a 7-11 MB tokenizer.json stays unread."""
+    import flowrl.compiler.model_info as model_info
+
+    read = []
+    monkeypatch.setattr(model_info, "tokenizer_fingerprint", lambda folder: read.append(folder) or "x")
+    head = f'model policy = hf("{checkpoints["a"]}")\n'
+    assert _codes(head + GRPO_REF.format(base="policy")) == [] and read == []
+    assert _codes(head + f'model other = hf("{checkpoints["a2"]}")\n' + GRPO_REF.format(base="other")) == []
+    assert len(read) == 2  # two checkpoints: both read

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
-from flowrl.compiler.model_info import tokenizer_of
+from flowrl.compiler.model_info import source_node, tokenizer_of
 from flowrl.diagnostics import Collector
 from flowrl.ir.graph import FlowGraph, Node, Ref
 
@@ -63,7 +63,7 @@ def check_tokenizers(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
                 continue
             for gen in _generators(graph, arg.target):
                 reader, writer = node.model, gen.model
-                if not writer or writer == reader or (reader, writer) in reported:
+                if not writer or writer == reader or (reader, writer) in reported or _same_source(graph, reader, writer):
                     continue
                 mine, theirs = tokenizer(reader), tokenizer(writer)
                 if mine is None or theirs is None or mine.key == theirs.key:
@@ -77,6 +77,13 @@ def check_tokenizers(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
                              "(`reward_model(m)` re-tokenizes the text)")
     errors.raise_if_any()
     return graph
+
+
+def _same_source(graph: FlowGraph, a: str, b: str) -> bool:
+    """Both models are made from one declaration (``frozen(policy)`` and ``policy``): one tokenizer, nothing
+    to read (a checkpoint's tokenizer.json is 7-11 MB for 150k-token vocabularies)."""
+    first, second = source_node(graph, a), source_node(graph, b)
+    return first is not None and second is not None and first.id == second.id
 
 
 def _generators(graph: FlowGraph, target: str) -> list[Node]:
