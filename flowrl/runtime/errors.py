@@ -39,7 +39,7 @@ class ModelLoadError(RuntimeFlowError):
         super().__init__(
             f"{origin}: model `{model}` could not be loaded from {path} by its engine {who}: {self.cause_text}; "
             "hint: the directory must be a whole transformers checkpoint of the model its config.json describes "
-            "(write it with `save_pretrained(dir)`); `flowrl run --traceback` shows the engine's traceback")
+            "(write it with `save_pretrained(dir)`), which the engine's loader reads as it is")
 
 
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault)): (.+)$")
