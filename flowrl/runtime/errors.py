@@ -38,8 +38,8 @@ class ModelLoadError(RuntimeFlowError):
         self.cause_text = innermost(cause)
         super().__init__(
             f"{origin}: model `{model}` could not be loaded from {path} by its engine {who}: {self.cause_text}; "
-            "hint: the directory must be a whole transformers checkpoint of the model its config.json describes "
-            "(write it with `save_pretrained(dir)`), which the engine's loader reads as it is")
+            "hint: the directory must hold a whole transformers checkpoint whose config.json describes its weights "
+            "(write it with `save_pretrained(dir)`)")
 
 
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault)): (.+)$")
