@@ -70,6 +70,9 @@ class FileProblem:
     """What is wrong, naming the file (relative to the directory)."""
     fix: str
     """What to do about it."""
+    partial: bool = False
+    """Files are missing or cut short: a partial or damaged copy, which fetching it again cures (not so a
+    pickle or an architecture flowrl does not know)."""
 
 
 def checkpoint_problems(folder: str | Path, *, tokenizer: bool = True) -> list[FileProblem]:
@@ -98,7 +101,7 @@ def config_problems(folder: Path) -> list[FileProblem]:
         from_config(folder)
     except ConfigError as e:
         return [FileProblem("config", str(e), "point hf(...) at a directory written by a transformers model's "
-                                              "`save_pretrained(dir)`")]
+                                              "`save_pretrained(dir)`", partial=True)]
     if architecture_of(cfg) is None:
         named = (cfg.get("architectures") or [None])[0] or cfg.get("model_type") or "no architecture"
         if not (isinstance(named, str) and _NAME.fullmatch(named)):  # quote a class name, never other text
@@ -123,7 +126,7 @@ def weight_problems(folder: Path) -> list[FileProblem]:
             return [FileProblem("weights", f"{SAFETENSORS_INDEX} names {len(shards)} shard(s), and "
                                            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                                            f"{'is' if len(missing) == 1 else 'are'} missing",
-                                "the download or copy was partial: fetch the missing shards")]
+                                "the download or copy was partial: fetch the missing shards", partial=True)]
         files = [folder / s for s in shards]
     elif (folder / SAFETENSORS).is_file():
         files = [folder / SAFETENSORS]
@@ -135,13 +138,13 @@ def weight_problems(folder: Path) -> list[FileProblem]:
                                 CONVERT_HINT.replace("DIR", str(folder)))]
         return [FileProblem("weights", f"no weights: neither {SAFETENSORS} nor {SAFETENSORS_INDEX}",
                             "save the model with `save_pretrained(dir)` (it writes model.safetensors), or finish "
-                            "the download")]
+                            "the download", partial=True)]
     out = []
     for f in files:
         reason = header_problem(f)
         if reason is not None:
             out.append(FileProblem("weights", reason, "the file is damaged or was cut short: copy or download it "
-                                                      "again"))
+                                                      "again", partial=True))
     return out
 
 
@@ -192,7 +195,7 @@ def tokenizer_problem(folder: Path) -> FileProblem | None:
         return None
     return FileProblem("tokenizer", "no tokenizer: none of tokenizer.json, tokenizer.model, vocab.json + merges.txt",
                        "save the model's tokenizer next to it: `AutoTokenizer.from_pretrained(src)"
-                       ".save_pretrained(dir)`")
+                       ".save_pretrained(dir)`", partial=True)
 
 
 def tokenizer_fingerprint(folder: str | Path) -> str | None:

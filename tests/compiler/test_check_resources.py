@@ -329,6 +329,9 @@ def test_a_partial_hub_download_is_refused_at_check(tmp, monkeypatch):
     d = only(_ckpt_codes(tmp, "acme/partial"), "E620")
     assert d.message.startswith('hf("acme/partial"), from the local Hugging Face cache (')
     assert "hf download acme/partial" in d.hint
+    (snapshot / "pytorch_model.bin").write_bytes(b"\x80\x04")  # an old repository's pickle: downloading again won't do
+    d = only(_ckpt_codes(tmp, "acme/partial"), "E620")
+    assert "a PyTorch pickle" in d.message and "save_pretrained" in d.hint and "hf download" not in d.hint
 
 
 # ---- user code -------------------------------------------------------------------------------------

@@ -228,8 +228,8 @@ def _check_checkpoint(node: Node, errors: Collector) -> None:
     if cached is not None:
         again = download_hint(written, folder=False).replace("put it", "put it again", 1)
         for problem in checkpoint_problems(cached):
-            _report_files(FileProblem(problem.what, problem.reason, f"the cached download is damaged or partial: "
-                                                                    f"{again}"),
+            fix = f"the cached download is damaged or partial: {again}" if problem.partial else problem.fix
+            _report_files(FileProblem(problem.what, problem.reason, fix),
                           f"hf(\"{written}\"), from the local Hugging Face cache" + (
                               f" ({cached})" if problem.what != "config" else ""), span, errors)
         return
