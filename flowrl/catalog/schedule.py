@@ -23,6 +23,9 @@ CLUSTER = {"nodes": KwSpec("int", 1, min=1, doc="nodes of the cluster"),
 MAX_GPUS = 2**17
 """The most GPUs a cluster may have (131,072: more than any there is). The plan holds a record
 per GPU, so ``flowrl check`` refuses a larger cluster (E446) rather than plan it."""
+AUTO_MAX_GPUS = 1024
+"""The most GPUs ``schedule ... auto`` searches: the search lays out and places each of a few
+hundred candidates on every GPU, so its time grows with the cluster (E446 above this)."""
 MAX_STALENESS = 64
 """The largest ``staleness`` (and ``resync ... every N``) a schedule may give: rollouts that lag
 the trainer by more steps are a typo, and the simulator keeps that many steps in flight (E408)."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from flowrl.catalog.engines import ENGINES, EngineSpec, searched_engines
@@ -343,7 +344,7 @@ def _pool_for(prob: _Problem, placement: tuple, role: str, pools) -> object:
 
 
 def _per_node(pool) -> int:
-    return max((pool.nodes.count(n) for n in set(pool.nodes)), default=1)
+    return max(Counter(pool.nodes).values(), default=1)  # one pass: a pool may hold 10^5 GPUs
 
 
 def _none(prob: _Problem, role: str) -> tuple:

@@ -41,7 +41,8 @@ NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?:[KMGT]i?B)?(?
 HUGE = st.sampled_from([
     "100000000", "1099511627776", "1099511627777", "4611686018427387904", "9" * 30, "9" * 5000,
     "1e308", "1.7976931348623157e308", "1e-308", "0", "1", "-1", "-" + "9" * 30, "2147483648", "65536",
-    "1e12", "1000000000", "4.5e15", "0.0", "123456789012345678901234567890.5", "1e18"])
+    "1e12", "1000000000", "4.5e15", "0.0", "123456789012345678901234567890.5", "1e18", "129", "1000", "16384",
+    "131073"])
 
 
 def numeric_slots(text: str) -> list[tuple[int, int]]:
@@ -151,3 +152,24 @@ def test_the_examples_of_the_issue_are_refused_or_planned_quickly(copies):
     target.write_text(text.replace("nodes = 1, gpus_per_node = 1", "nodes = 1000000000, gpus_per_node = 1000000000"))
     code, err, _ = run_verb(["check", str(target)])
     assert code == 1 and "error[E" in err and "1000000000" in err
+
+
+def test_clusters_are_planned_up_to_the_largest_and_searched_up_to_the_auto_limit(copies):
+    """A manual schedule plans a 131,072-GPU cluster within the bounds; past it, and an auto schedule
+    past the clusters it searches, are refused at the cluster with the number."""
+    from flowrl.catalog.schedule import AUTO_MAX_GPUS, MAX_GPUS
+
+    manual = (REPO / "flows/arith_grpo.flow").read_text().replace("policy.train = torch(dp = 1)", "policy.train = torch()")
+    target = copies / "flows" / "cluster.flow"
+    for nodes, ok in ((MAX_GPUS // 8, True), (MAX_GPUS // 8 + 1, False)):
+        target.write_text(manual.replace("nodes = 1, gpus_per_node = 1", f"nodes = {nodes}, gpus_per_node = 8"))
+        for verb in (["check"], ["plan", "--explain"]):
+            assert_bounded([*verb, str(target)])
+            code, err, _ = run_verb([*verb, str(target)])
+            assert (code == 0) == ok and (ok or f"{nodes * 8}" in err), err
+    auto = (REPO / "flows/grpo_auto.flow").read_text()
+    for nodes, ok in ((AUTO_MAX_GPUS // 8, True), (AUTO_MAX_GPUS // 8 + 1, False)):
+        target.write_text(auto.replace("nodes = 8, gpus_per_node = 8", f"nodes = {nodes}, gpus_per_node = 8"))
+        assert_bounded(["plan", str(target)])
+        code, err, _ = run_verb(["check", str(target)])
+        assert (code == 0) == ok and (ok or "error[E446]" in err), err

@@ -27,7 +27,7 @@ from flowrl.diagnostics import Collector, did_you_mean
 from flowrl.ir.build import _Builder, key_spans
 from flowrl.ir.graph import FlowGraph
 from flowrl.catalog.ops import OpKind
-from flowrl.catalog.schedule import CLUSTER, MAX_GPUS, MAX_STALENESS, POOL, ROLES, SCHED_CALLS
+from flowrl.catalog.schedule import AUTO_MAX_GPUS, CLUSTER, MAX_GPUS, MAX_STALENESS, POOL, ROLES, SCHED_CALLS
 from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.syntax import ast
@@ -53,7 +53,7 @@ class _Checker:
     def run(self, sched: ast.ScheduleDef) -> None:
         if sched.cluster is not None:  # optional only for `auto`
             self.options(sched.cluster, CLUSTER, "cluster", expect="cluster")
-            self.size(sched.cluster)
+            self.size(sched.cluster, sched.auto)
         layouts: dict[str, ast.Layout] = {}
         placed: dict[str, object] = {}
         for st in sched.body:
@@ -179,8 +179,9 @@ class _Checker:
                               "`every N` resyncs after every N-th update; rollouts lag up to N - 1 versions: "
                               "check it for a typo")
 
-    def size(self, cluster: ast.Call) -> None:
-        """A cluster larger than any there is (E446): every GPU gets a record in the plan."""
+    def size(self, cluster: ast.Call, auto: bool) -> None:
+        """A cluster larger than any there is (E446): every GPU gets a record in the plan; an auto
+        schedule's search places every candidate on every GPU, so it searches up to AUTO_MAX_GPUS."""
         given = {k.name: k.value for k in cluster.kwargs}
         counts = [given[k].value for k in ("nodes", "gpus_per_node") if isinstance(given.get(k), ast.Literal)]
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
@@ -192,6 +193,12 @@ class _Checker:
             self.errors.error("E446", f"the cluster has {short(total)} GPUs, more than flowrl plans for "
                                       f"({MAX_GPUS:,})", cluster.span,
                               "`nodes` x `gpus_per_node` is the whole cluster: check them for a typo")
+        elif auto and total > AUTO_MAX_GPUS:
+            self.errors.error("E446", f"`schedule ... auto` searches clusters of up to {AUTO_MAX_GPUS:,} GPUs; this "
+                                      f"one has {total:,}", cluster.span,
+                              "write the schedule by hand (`schedule NAME on cluster(...) { ... }`: "
+                              "`flowrl plan --explain` of an auto schedule on a slice of the cluster shows a "
+                              "layout to start from)")
 
     def options(self, call: ast.Call, spec: dict, what: str, expect: str | None = None) -> None:
         if expect is not None and call.func != expect:

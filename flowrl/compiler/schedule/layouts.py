@@ -35,6 +35,7 @@ its record allows (E621); ``schedule auto`` reads :func:`architecture_problems`,
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from flowrl.catalog.adapters import lora_params
@@ -221,7 +222,7 @@ def node_problems(key: str, plan: EnginePlan, pool: PoolPlan, span: Span) -> lis
     for start in range(0, min(plan.world_size, len(pool.nodes)), tp):
         group = pool.nodes[start:start + tp]
         if len(set(group)) > 1:
-            here = sum(1 for n in pool.nodes if n == group[0])
+            here = pool.nodes.count(group[0])
             return [Diagnostic(
                 "E429", f"a tensor-parallel group of `{key}` spans nodes {group[0]} and {group[-1]}: tp = {tp}, "
                         f"but pool `{pool.name}` has {here} GPUs on node {group[0]}", span,
@@ -419,7 +420,7 @@ def _choose_rollout(key: str, placed: EnginePlan, facts, hw, pool: PoolPlan, wor
     of the default rollout engine for an unlaid-out rollout engine; tp = 1 with its problems when
     none fits."""
     kind = default_engine("rollout").name
-    per_node = max((pool.nodes.count(n) for n in set(pool.nodes)), default=1)
+    per_node = max(Counter(pool.nodes).values(), default=1)  # one pass: a pool may hold 10^5 GPUs
     first = None
     for tp in _divisors(pool.gpus, per_node):
         plan, problems = layout_engine(key, placed, LayoutSpec(kind, {"tp": tp}, span), facts, hw, pool, work,

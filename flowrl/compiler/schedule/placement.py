@@ -134,7 +134,7 @@ def carve(name: str, gpus: int, nodes: int | None, free: list[list[int]], spec: 
 
 
 def _fragmented(name: str, need: str, free: list[list[int]], span) -> Diagnostic:
-    have = ", ".join(f"node {i}: {len(f)}" for i, f in enumerate(free))
+    have = ", ".join(f"node {i}: {len(f)}" for i, f in enumerate(free[:8])) + (", ..." if len(free) > 8 else "")
     return Diagnostic("E423", f"pool `{name}` needs {need}, but earlier pools left free GPUs as {have}", span,
                       "declare the larger pools first, or let the pool span nodes with `nodes = K`")
 
