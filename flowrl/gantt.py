@@ -286,10 +286,16 @@ def gantt_files(flow_file: str, png: str | Path, *, sets: dict | None = None, fl
     measured = None
     if run_dir is not None:
         plan, metric_rows, events = validate.read_run(run_dir)
-        measured = validate.measure_run(plan, metric_rows, events)
-        w = {**measured["workload"], **(workload or {})}
-        spec = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"),
-                             seconds=w.get("seconds"))
+        try:
+            measured = validate.measure_run(plan, metric_rows, events)
+            w = {**measured["workload"], **(workload or {})}
+            spec = with_workload(spec, prompt_tokens=w.get("prompt_tokens"), mean_response=w.get("mean_response"),
+                                 seconds=w.get("seconds"))
+        except validate.ValidateError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # never quote the files' values
+            raise GanttError(f"{run_dir}: its metrics or trace are not what `flowrl run` writes ({type(e).__name__}); "
+                             "hint: pass the --out directory of a finished `flowrl run` of this flow") from None
     result = simulate(spec, steps=max(steps + spec.staleness + 2, 6), seed=seed)
     sim_bars = bars_from_sim(result, rows, count=steps)
     panels = [(f"simulated: {result.step_s:.3g} s/step, bubble {100 * result.bubble:.0f}%", sim_bars)]

@@ -16,15 +16,13 @@ the table of public configs (:data:`PRESETS`), or from a ``tiny(...)`` model's o
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.catalog.architectures import TINY_ARCHS, architecture_of, conversion_issue, moe_layers, sliding_window
 from flowrl.tasks import TASKS, get_task
+from flowrl.userfiles import read_bounded
 
 
 @dataclass(frozen=True)
@@ -294,24 +292,11 @@ CONFIG_MAX_BYTES = 16 * 1024 * 1024
 """The largest ``config.json`` read (real ones are a few KB): no file a flow names makes a check large."""
 
 
-def _open_regular(path, flags: int) -> int:
-    """An ``opener`` that never blocks on a FIFO and refuses anything but a regular file."""
-    fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fd
-
-
 def read_config(path: str | Path) -> dict:
     """The JSON object of a ``config.json`` (:class:`ConfigError` if it cannot be read as one)."""
     p = Path(path)
     try:
-        with open(p, "rb", opener=_open_regular) as f:
-            data = f.read(CONFIG_MAX_BYTES + 1)
-        if len(data) > CONFIG_MAX_BYTES:
-            raise ConfigError(f"{p}: larger than {CONFIG_MAX_BYTES:,} bytes, too large for a config.json")
-        cfg = json.loads(data)
+        cfg = json.loads(read_bounded(p, CONFIG_MAX_BYTES))
     except OSError as e:
         raise ConfigError(f"cannot read {p}: {e.strerror or type(e).__name__}") from None
     except ValueError as e:  # JSON's messages give positions, never the text; UTF-8's, one byte

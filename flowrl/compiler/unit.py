@@ -19,6 +19,7 @@ from pathlib import Path
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span
 from flowrl.syntax import ast
 from flowrl.syntax.parser import MAX_BYTES, parse
+from flowrl.userfiles import NOT_REGULAR, open_regular
 
 
 SOURCE_SUFFIX = ".flow"
@@ -69,11 +70,7 @@ def read_source(path: str | Path, shown: str | None = None, at: Span | None = No
         raise FlowError([Diagnostic("E124", f"{shown} is {problem}", span,
                                     "flowrl reads flow sources only: pass a .flow file")])
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span,
-                                            "flowrl reads flow sources only: pass a .flow file")])
+        with open_regular(path) as f:  # a FIFO or device swapped in since the check above is refused
             data = f.read(4 * MAX_BYTES + 1)
     except FileNotFoundError:
         raise FlowError([Diagnostic("E124", f"no such file: {shown}", span, "check the path")]) from None
@@ -81,6 +78,9 @@ def read_source(path: str | Path, shown: str | None = None, at: Span | None = No
         raise FlowError([Diagnostic("E124", f"{shown} is a directory, not a .flow file", span,
                                     "pass a .flow file")]) from None
     except OSError as e:
+        if e.strerror == NOT_REGULAR:
+            raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span,
+                                        "flowrl reads flow sources only: pass a .flow file")]) from None
         raise FlowError([Diagnostic("E124", f"cannot read {shown}: {e.strerror}", span,
                                     "check the file's permissions")]) from None
     if len(data) > 4 * MAX_BYTES:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from flowrl.catalog.ops import OpKind
 from flowrl.cost.sim import Phase, PhaseKind, simulate, with_workload
+from flowrl.userfiles import read_bounded
 
 
 ENGINE_SPAN_PREFIXES = ("forward:", "train:", "generate[", "resync:")
@@ -47,6 +48,10 @@ WARMUP_STEPS = 1
 """Steps left out of the steady state: the first step pays for lazy initialisation in the engines."""
 
 
+RUN_FILE_BYTES = 512 << 20
+"""The largest run file (plan, metrics, trace) read back: a run directory may come from anyone."""
+
+
 class ValidateError(ValueError):
     """A run directory or fixture that cannot be read as a measured run."""
 
@@ -54,13 +59,21 @@ class ValidateError(ValueError):
 def read_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
     """``(plan, metrics rows, trace events)`` of a run directory written by ``flowrl run``."""
     d = Path(run_dir)
-    try:
-        plan = json.loads((d / "plan.json").read_text())
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        trace = json.loads((d / "trace.json").read_text()) if (d / "trace.json").is_file() else {}
-    except (OSError, ValueError) as e:
+    try:  # regular files of a bounded size only: a run directory may come from anyone
+        plan = json.loads(read_bounded(d / "plan.json", RUN_FILE_BYTES))
+        rows = [json.loads(line) for line in read_bounded(d / "metrics.jsonl", RUN_FILE_BYTES).splitlines()
+                if line.strip()]
+        trace = json.loads(read_bounded(d / "trace.json", RUN_FILE_BYTES)) if (d / "trace.json").exists() else {}
+    except OSError as e:
+        raise ValidateError(f"cannot read run directory {d}: {e.filename or d}: {e.strerror}; hint: pass the "
+                            "--out directory of a finished `flowrl run` (plan.json, metrics.jsonl, trace.json)") from None
+    except ValueError as e:  # JSON's and UTF-8's messages give positions, never the text
         raise ValidateError(f"cannot read run directory {d}: {e}; hint: pass the --out directory of a "
                             "finished `flowrl run` (plan.json, metrics.jsonl, trace.json)") from None
+    if not (isinstance(plan, dict) and isinstance(trace, dict) and all(isinstance(r, dict) for r in rows)
+            and isinstance(trace.get("traceEvents", []), list)):
+        raise ValidateError(f"run directory {d}: plan.json, metrics.jsonl or trace.json is not what `flowrl run` "
+                            "writes; hint: pass the --out directory of a finished `flowrl run`")
     return plan, rows, list(trace.get("traceEvents", []))
 
 

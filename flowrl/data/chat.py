@@ -36,6 +36,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flowrl.userfiles import read_bounded
+
 ROLES = ("system", "user", "assistant", "tool")
 """Roles a message may have."""
 
@@ -92,7 +94,7 @@ def template_source(model_dir: str | Path) -> str | None:
         if (folder / name).is_file():
             return name
     try:
-        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config = json.loads(read_bounded(folder / "tokenizer_config.json", 64 << 20))
     except (OSError, ValueError):
         return None
     return "tokenizer_config.json" if isinstance(config, dict) and config.get("chat_template") else None

@@ -14,12 +14,11 @@ flow names, so a run never starts on a file the runtime would refuse.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any, Callable
 
 from flowrl.data.chat import message_problem, prompt_words
+from flowrl.userfiles import NOT_REGULAR, open_regular
 
 
 class DatasetError(ValueError):
@@ -38,14 +37,14 @@ def open_data(path: Path):
     device (``/dev/zero``) never end.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        return open_regular(path)
     except IsADirectoryError:
         raise DatasetError(f"{path}: is a directory, not a dataset file; hint: name the file itself") from None
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        f.close()
-        raise DatasetError(f"{path}: not a regular file (a pipe, a device or a socket); hint: name a dataset file")
-    return f
+    except OSError as e:
+        if e.strerror != NOT_REGULAR:
+            raise
+        raise DatasetError(f"{path}: not a regular file (a pipe, a device or a socket); hint: name a dataset file") \
+            from None
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:

@@ -156,3 +156,41 @@ def test_a_line_longer_than_a_check_reads_is_refused_by_its_length(planted):
         f.write(b'{"prompt": "' + b"x" * (17 * 1024 * 1024) + b'"}\n')
     with pytest.raises(DatasetError, match="no complete good row in the first"):
         check_head(big, answer_fields=())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tamper", ["metrics", "plan-pipe", "plan-secret", "trace-link"])
+def test_a_run_directory_for_measured_is_read_as_data(planted, capsys, tamper):
+    """`flowrl plan --gantt --measured RUN`: a run directory from someone else is read as bounded
+    data; what is wrong is said without its values."""
+    run = planted / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"ops": [], "staleness": 1}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "perf/step_s": 1.0}) + "\n")
+    (run / "trace.json").write_text(json.dumps({"traceEvents": []}))
+    if tamper == "metrics":
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "perf/step_s": SECRET}) + "\n"
+                                           + json.dumps({"step": 3, "perf/step_s": SECRET}) + "\n")
+    elif tamper == "plan-pipe":
+        (run / "plan.json").unlink()
+        os.mkfifo(run / "plan.json")
+    elif tamper == "plan-secret":
+        (run / "plan.json").write_text(f"{SECRET}\n")
+    else:
+        (run / "trace.json").unlink()
+        os.symlink("/dev/zero", run / "trace.json")
+    (planted / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (planted / "main.flow").write_text(FLOW.format(data='"data.jsonl"'))
+    code, text = _run(["plan", "main.flow", "--gantt", str(planted / "g.png"), "--measured", str(run)], capsys)
+    assert code == 1, text
+    assert SECRET not in text and "abcd1234" not in text and "internal error" not in text, text
+    assert "flowrl: error:" in text and "hint:" in text, text
+
+
+@pytest.mark.timeout(60)
+def test_a_chat_template_probe_never_blocks_on_a_pipe(planted):
+    from flowrl.data.chat import template_source
+
+    (planted / "model").mkdir()
+    os.mkfifo(planted / "model" / "tokenizer_config.json")
+    assert template_source(planted / "model") is None
