@@ -112,7 +112,7 @@ class WandbLogger:
 
         with environ_for("tracker"):  # W&B's service process starts here: the scrubbed environment, no key
             self.run = wandb.init(mode="offline", dir=str(out), project=os.environ.get("WANDB_PROJECT", "flowrl"),
-                                  name=name, id=id_file.read_text().strip(), config=config, reinit="create_new",
+                                  name=name, id=_run_id(id_file), config=config, reinit="create_new",
                                   settings=wandb.Settings(console="off", silent=True))
         self._closed = False
 
@@ -129,6 +129,18 @@ class WandbLogger:
             self.run.finish()
 
 
+def _run_id(file: Path) -> str:
+    """The W&B run id this run directory keeps (:class:`WandbLogger`): lowercase letters and digits, or a
+    clear error naming the file (it was damaged or replaced)."""
+    text = file.read_bytes()[:200].decode("ascii", errors="replace").strip()
+    if not re.fullmatch(r"[a-z0-9]{1,64}", text):
+        from flowrl.runtime.errors import RuntimeFlowError
+
+        raise RuntimeFlowError(f"{file} is not a W&B run id this flowrl wrote (lowercase letters and digits); hint: it was damaged "
+                               "or replaced: delete it (the resumed run then logs to a new W&B run), or start a new run")
+    return text
+
+
 class MlflowLogger:
     """MLflow's local file store in ``RUN_DIR/mlruns`` (experiment ``flowrl``, one MLflow run per flowrl run)."""
 
@@ -140,10 +152,19 @@ class MlflowLogger:
         from mlflow.tracking import MlflowClient
 
         self._Metric = Metric
-        self.client = MlflowClient(tracking_uri=(out / LOGGERS["mlflow"].folder).resolve().as_uri())
-        experiment = self.client.get_experiment_by_name("flowrl")
-        exp_id = experiment.experiment_id if experiment else self.client.create_experiment("flowrl")
-        earlier = self.client.search_runs([exp_id], f"attributes.run_name = '{name}'")
+        store = out / LOGGERS["mlflow"].folder
+        self.client = MlflowClient(tracking_uri=store.resolve().as_uri())
+        try:  # the store's files are read with MLflow's safe YAML loader: a replaced one is an error, never code
+            experiment = self.client.get_experiment_by_name("flowrl")
+            exp_id = experiment.experiment_id if experiment else self.client.create_experiment("flowrl")
+            earlier = self.client.search_runs([exp_id], f"attributes.run_name = '{name}'")
+        except Exception as e:  # noqa: BLE001 - MLflow's own errors, YAML's, a file that is not text
+            from flowrl.runtime.errors import RuntimeFlowError
+
+            raise RuntimeFlowError(f"the MLflow store {store} cannot be read ({type(e).__name__}: "
+                                   f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); hint: it was "
+                                   "damaged or replaced: move it away (the resumed run then starts a new MLflow "
+                                   "run), or start a new run") from None
         if earlier:  # a resumed run continues its MLflow run (the same metrics, on one step axis)
             self.run_id = earlier[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -231,12 +252,13 @@ class Trackers:
         if not path.is_file():
             return
         kept = []
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        # JSON lines only (a replaced file runs nothing): a line that is not one is dropped
+        for line in path.read_bytes().decode("utf-8", errors="replace").splitlines(keepends=True):
             try:
-                row_step = json.loads(line)["step"]
+                earlier = int(json.loads(line)["step"]) <= step
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by a crash mid-write: its step is done again
-            if row_step <= step:
+            if earlier:
                 kept.append(line if line.endswith("\n") else line + "\n")
         atomic_write_text(path, "".join(kept))
 
