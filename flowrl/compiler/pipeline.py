@@ -176,7 +176,8 @@ def apply_overrides(flow: ast.FlowDef, overrides: dict[str, str], sources: Sourc
         try:
             value, kind = _convert(p.type, text)
         except ValueError:
-            errors.error("E126", f"--set {key}={text}: `{key}` is {p.type}, and `{text}` is not", p.span,
+            shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text):,} characters)"
+            errors.error("E126", f"--set {key}={shown}: `{key}` is {p.type}, and `{shown}` is not", p.span,
                          f"give a value of type {p.type}")
             continue
         new[key] = replace(p, default=ast.Literal(value, kind, text, p.span))

@@ -146,6 +146,10 @@ def _printable(text: str) -> str:
     return text.replace("\r\n", "\n").translate(_QUOTE_TABLE)
 
 
+_SIGNIFICANT = re.compile(r'[\n#"\\()\[\]{}]')
+"""The characters :func:`_check_limits` follows: newlines, comments, strings and their escapes, brackets."""
+
+
 def _check_limits(text: str, path: str, sources: SourceMap) -> None:
     if len(text) > MAX_BYTES:
         raise FlowError([Diagnostic(
@@ -158,16 +162,19 @@ def _check_limits(text: str, path: str, sources: SourceMap) -> None:
         raise FlowError([Diagnostic("E002", "file contains a NUL byte; it looks binary",
                                     Span.point(path, line, col),
                                     "a .flow file is UTF-8 text; is this the right file?")], sources)
-    depth, line, col, in_str, in_comment = 0, 1, 0, False, False
-    prev = ""
-    for ch in text:
-        col += 1
-        if ch == "\n":
-            line, col, in_comment, in_str = line + 1, 0, False, False
+    # Only the characters that change the state are visited (a 10^6-digit literal is skipped in C).
+    depth, line, line_start, in_str, in_comment = 0, 1, -1, False, False
+    escaping = -2  # where a backslash that escapes the next character is (an escaped backslash escapes nothing)
+    for m in _SIGNIFICANT.finditer(text):
+        ch, pos = m.group(), m.start()
+        if ch == "\\":
+            escaping = -2 if escaping == pos - 1 else pos
+        elif ch == "\n":
+            line, line_start, in_comment, in_str = line + 1, pos, False, False
         elif in_comment:
             pass
         elif in_str:
-            if ch == '"' and prev != "\\":
+            if ch == '"' and escaping != pos - 1:
                 in_str = False
         elif ch == "#":
             in_comment = True
@@ -178,10 +185,9 @@ def _check_limits(text: str, path: str, sources: SourceMap) -> None:
             if depth > MAX_NESTING:
                 raise FlowError([Diagnostic(
                     "E004", f"brackets nested deeper than {MAX_NESTING} levels",
-                    Span.point(path, line, col), "flatten the expression into named bindings")], sources)
+                    Span.point(path, line, pos - line_start), "flatten the expression into named bindings")], sources)
         elif ch in ")]}":
             depth = max(0, depth - 1)
-        prev = ch if not (prev == "\\" and ch == "\\") else ""
 
 
 def _tok_span(path: str, tok: Token) -> Span:

@@ -173,3 +173,18 @@ def test_clusters_are_planned_up_to_the_largest_and_searched_up_to_the_auto_limi
         assert_bounded(["plan", str(target)])
         code, err, _ = run_verb(["check", str(target)])
         assert (code == 0) == ok and (ok or "error[E446]" in err), err
+
+
+def test_a_literal_of_a_million_digits_is_refused_quickly(copies):
+    """Python's int-from-text limit (4300 digits) and the scan for nesting: refused at the literal, fast."""
+    digits = "9" * 1_000_000
+    text = (REPO / "flows/arith_grpo.flow").read_text()
+    target = copies / "flows" / "digits.flow"
+    target.write_text(text.replace("batch: int = 64", f"batch: int = {digits}").replace("lr: float = 5e-4",
+                                                                                        f"lr: float = 1.{digits}"))
+    for verb in VERBS:
+        assert_bounded([*verb, str(target)])
+        code, err, _ = run_verb([*verb, str(target)])
+        assert code == 1 and "error[E021]" in err and len(err) < 5000, err[:3000]
+    code, err, _ = run_verb(["plan", str(REPO / "flows/arith_grpo.flow"), "--set", f"batch={digits}"])
+    assert code == 1 and "error[E126]" in err and len(err) < 5000, err[:3000]
