@@ -31,7 +31,8 @@ from flowrl.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWS = ("flows/arith_grpo.flow", "flows/grpo_auto.flow", "flows/grpo_megatron_8gpu.flow",
-         "flows/grpo_partial_rollout.flow", "flows/agentic_calc.flow", "flows/family_qwen3_moe_megatron.flow")
+         "flows/grpo_partial_rollout.flow", "flows/agentic_calc.flow", "flows/family_qwen3_moe_megatron.flow",
+         "stdlib/grpo.flow", "stdlib/agentic.flow", "stdlib/ppo.flow")
 VERBS = (["check"], ["plan"], ["ir"], ["graph"], ["fmt"])
 CPU_S = 2.0
 MEMORY = 300 << 20
@@ -113,6 +114,7 @@ def copies(tmp_path_factory):
     """The shipped flows beside copies of what they name (data, stdlib), so relative paths resolve."""
     root = tmp_path_factory.mktemp("bounded")
     (root / "flows").mkdir()
+    (root / "stdlib").mkdir()
     for f in FLOWS:
         shutil.copy(REPO / f, root / f)
     (root / "data").symlink_to(REPO / "data")
