@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
+import decimal
 import json
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,10 @@ def _dataclasses() -> dict[str, type]:
 DATACLASSES = ("StepValue", "Rollouts", "TokenBatch", "Completion")
 """The dataclasses a state file may hold (in-flight steps' values); any other class is refused."""
 
+_SCALARS = (datetime.datetime, datetime.date, datetime.time, datetime.timedelta, decimal.Decimal, uuid.UUID)
+"""Value types stored as their exact text (ISO 8601, a decimal's digits); a timedelta as its days, seconds, microseconds."""
+_SCALAR_NAMES = {t.__name__: t for t in _SCALARS}
+
 _NUMPY_KINDS = "biuf"
 """numpy dtype kinds stored (bool, signed, unsigned, float); object, string, date arrays are refused."""
 
@@ -78,13 +85,13 @@ def write_state(path: Path, value: Any) -> list[Path]:
     """Write ``value`` to ``path`` (JSON) and its tensors to :func:`tensor_file` (only if it holds any);
     returns the files written. Refuses (:class:`StateFileError`) a value holding anything else than
     None, bool, int, float, str, bytes, list, tuple, dict, torch tensors, numpy arrays and scalars of
-    numbers, and the records of :data:`DATACLASSES`."""
+    numbers, dates and times, decimals, UUIDs, and the records of :data:`DATACLASSES`."""
     tensors: dict[str, Any] = {}
     try:
         doc = {"format": FORMAT, "version": VERSION, "value": _encode(value, tensors, "value")}
     except _Refused as refused:
         raise StateFileError(f"cannot write {path}: {refused}; a checkpoint holds only numbers, strings, "
-                             f"bytes, lists, tuples, dicts, tensors, numpy arrays and flowrl's step records "
+                             f"bytes, dates and times, lists, tuples, dicts, tensors, numpy arrays and flowrl's step records "
                              f"({', '.join(DATACLASSES)}), never a pickle; hint: return one of those "
                              f"from the function that produced it") from None
     path.write_text(json.dumps(doc, allow_nan=False, separators=(",", ":")), encoding="utf-8")
@@ -118,6 +125,9 @@ def _encode(x: Any, tensors: dict, where: str) -> Any:
                                   for k, v in x.items()]}
     if t is bytes:
         return {TAG: "bytes", "v": base64.b64encode(x).decode("ascii")}
+    if t in _SCALARS:  # what a parquet dataset's rows may hold besides JSON's types (Arrow's dates, decimals)
+        return {TAG: t.__name__, "v": str(x) if t in (decimal.Decimal, uuid.UUID) else
+                ([x.days, x.seconds, x.microseconds] if t is datetime.timedelta else x.isoformat())}
     module = t.__module__.split(".")[0]
     if module == "torch":
         return _encode_tensor(x, tensors, where)
@@ -214,6 +224,14 @@ def _decode(x: Any, tensors: dict) -> Any:
         return {_decode(k, tensors): _decode(v, tensors) for k, v in _list(x["v"])}
     if tag == "bytes":
         return base64.b64decode(x["v"], validate=True)
+    if tag in _SCALAR_NAMES:
+        cls = _SCALAR_NAMES[tag]
+        if cls is datetime.timedelta:
+            days, seconds, micro = _list(x["v"])
+            return datetime.timedelta(days=int(days), seconds=int(seconds), microseconds=int(micro))
+        if type(x["v"]) is not str:
+            raise ValueError(f"bad {tag}")
+        return cls(x["v"]) if cls in (decimal.Decimal, uuid.UUID) else cls.fromisoformat(x["v"])
     if tag == "tensor":
         t = tensors[x["k"]]
         device = x.get("device")

@@ -4,9 +4,12 @@ written (never pickled); a file replaced by a pickle runs nothing when read."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import math
 import os
 import pickle
+import uuid
 
 import numpy as np
 import pytest
@@ -66,7 +69,10 @@ def test_values_read_back_equal_type_for_type(tmp_path):
               {"reward/mean": 0.5, "n": 3}),
              {"ids": (1, (2, 3)), 7: "int key", (1, 2): [b"\x00\xff"], "f32": np.float32(0.1), "i64": np.int64(-3),
               "b": np.bool_(True), "big": 2 ** 80, "arr": np.arange(6, dtype=np.uint8).reshape(2, 3),
-              "p": torch.nn.Parameter(torch.ones(2)), "s": "é\u2028", "nested": [[], {}, ()]}]
+              "p": torch.nn.Parameter(torch.ones(2)), "s": "é\u2028", "nested": [[], {}, ()],
+              "parquet": [datetime.datetime(2026, 12, 7, 21, 30, 1, 5, tzinfo=datetime.timezone.utc),
+                          datetime.date(2026, 1, 2), datetime.time(3, 4, 5, 6), datetime.timedelta(days=-1, microseconds=7),
+                          decimal.Decimal("1.10"), uuid.UUID(int=5)]}]
     files = write_state(tmp_path / "state.json", value)
     assert [p.name for p in files] == ["state.json", "state.safetensors"]
     assert same(read_state(tmp_path / "state.json"), [value[0], {**value[1], "p": torch.ones(2).requires_grad_()}])
