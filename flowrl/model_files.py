@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from flowrl.userfiles import read_bounded
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
@@ -57,6 +59,8 @@ CONVERT_HINT = ("convert it to safetensors once, where you trust the file: `pyth
                 "model.safetensors); flowrl never reads a weight format that can execute code")
 
 
+TOKENIZER_READ_BYTES = 256 << 20
+"""The largest tokenizer file (or weight index) read whole (real ones are tens of MB): a check stays bounded."""
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,79}")
 """What a config's architecture name may look like to be quoted in a diagnostic."""
 
@@ -117,7 +121,7 @@ def weight_problems(folder: Path) -> list[FileProblem]:
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            shards = sorted(set(json.loads(read_bounded(index, TOKENIZER_READ_BYTES))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             return [FileProblem("weights", f"{SAFETENSORS_INDEX} cannot be read as an index ({e})",
                                 "write the checkpoint again with `save_pretrained(dir)`")]
@@ -211,8 +215,11 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
     for group in TOKENIZER_FILES[1:]:
         if all((folder / f).is_file() for f in group):
             h = hashlib.sha256()
-            for f in group:
-                h.update((folder / f).read_bytes())
+            try:
+                for f in group:
+                    h.update(read_bounded(folder / f, TOKENIZER_READ_BYTES))
+            except OSError:  # a pipe, a device, a file too large: no fingerprint (the check says nothing)
+                return None
             return h.hexdigest()[:16]
     return None
 
@@ -229,7 +236,7 @@ def same_tokenizer(a: str | Path, b: str | Path) -> bool:
 @lru_cache(maxsize=64)
 def _json_fingerprint(path: str, size: int, mtime: int) -> str | None:
     try:
-        tok = json.loads(Path(path).read_text())
+        tok = json.loads(read_bounded(path, TOKENIZER_READ_BYTES))
     except (OSError, ValueError):
         return None
     if not isinstance(tok, dict):
