@@ -73,6 +73,10 @@ ALLOWED: dict[tuple[str, str], str] = {
                                    "package), not by the `torch` engine",
     ("flowrl/engines/vllm_engine.py", "vllm"): "the vLLM adapter reads its own record (the CPU KV cache size the "
                                                "compiler's memory model counts), dispatching on nothing",
+    ("flowrl/runtime/statefile.py", "torch"): "a value's Python module (a torch tensor is stored in safetensors), "
+                                              "not the `torch` engine",
+    ("flowrl/engines/fsdp_rank.py", "torch"): "the restricted unpickler of DCP metadata admits the `torch` module's "
+                                              "dtypes and layouts, not the `torch` engine",
 }
 """``(module path, constant)`` -> why it is not a name dispatch."""
 
