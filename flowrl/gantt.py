@@ -36,7 +36,7 @@ CPU work runs (reward workers, environments, the driver), or the swap of engines
 GPUs; anything else is grey."""
 SEP = " · "
 DEFAULT_STEPS = 3
-MAX_STEPS = 100
+MAX_STEPS = 20
 """The most steps a chart draws: the simulation and the figure stay small whatever is asked."""
 
 

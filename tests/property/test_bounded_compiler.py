@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 FLOWS = ("flows/arith_grpo.flow", "flows/grpo_auto.flow", "flows/grpo_megatron_8gpu.flow",
          "flows/grpo_partial_rollout.flow", "flows/agentic_calc.flow", "flows/family_qwen3_moe_megatron.flow",
          "stdlib/grpo.flow", "stdlib/agentic.flow", "stdlib/ppo.flow")
-VERBS = (["check"], ["plan"], ["ir"], ["graph"], ["fmt"])
+VERBS = (["check"], ["plan", "--explain"], ["ir"], ["graph"], ["fmt"])
 CPU_S = 2.0
 MEMORY = 300 << 20
 
@@ -142,7 +142,7 @@ def test_every_verb_is_bounded_whatever_the_numbers(copies, verb, data):
                             "eval_every", "kl", "temperature", "max_turns"]),
        value=HUGE, flow=st.sampled_from(["flows/arith_grpo.flow", "flows/agentic_calc.flow", "flows/grpo_auto.flow"]))
 def test_plan_is_bounded_whatever_set_gives(copies, key, value, flow):
-    assert_bounded(["plan", str(copies / flow), "--set", f"{key}={value}"])
+    assert_bounded(["plan", "--json", str(copies / flow), "--set", f"{key}={value}"])
 
 
 def test_the_examples_of_the_issue_are_refused_or_planned_quickly(copies):
@@ -151,6 +151,10 @@ def test_the_examples_of_the_issue_are_refused_or_planned_quickly(copies):
         target = copies / "flows" / "issue.flow"
         target.write_text(text.replace("batch: int = 64", f"batch: int = {batch}"))
         assert_bounded(["check", str(target)])
+    target.write_text(text.replace("batch: int = 64", "batch: int = 1099511627776"))  # the largest count planned
+    assert_bounded(["plan", str(target), "--gantt", str(copies / "gantt.png"), "--gantt-steps", "20"])
+    code, err, _ = run_verb(["plan", str(target), "--gantt", str(copies / "gantt.png"), "--gantt-steps", "1000000000"])
+    assert code == 1 and "--gantt-steps 1000000000: draw 1 to 20 steps" in err, err
     target.write_text(text.replace("nodes = 1, gpus_per_node = 1", "nodes = 1000000000, gpus_per_node = 1000000000"))
     code, err, _ = run_verb(["check", str(target)])
     assert code == 1 and "error[E" in err and "1000000000" in err
