@@ -153,7 +153,7 @@ def test_the_examples_of_the_issue_are_refused_or_planned_quickly(copies):
         assert_bounded(["check", str(target)])
     target.write_text(text.replace("batch: int = 64", "batch: int = 1099511627776"))  # the largest count planned
     assert_bounded(["plan", str(target), "--gantt", str(copies / "gantt.png"), "--gantt-steps", "20"])
-    code, err, _ = run_verb(["plan", str(target), "--gantt", str(copies / "gantt.png"), "--gantt-steps", "1000000000"])
+    code, err, _ = run_verb(["plan", str(target), "--gantt", str(copies / "gantt2.png"), "--gantt-steps", "1000000000"])
     assert code == 1 and "--gantt-steps 1000000000: draw 1 to 20 steps" in err, err
     target.write_text(text.replace("nodes = 1, gpus_per_node = 1", "nodes = 1000000000, gpus_per_node = 1000000000"))
     code, err, _ = run_verb(["check", str(target)])
