@@ -123,7 +123,7 @@ def ray_address():
     yield from local_ray()
 
 
-@pytest.mark.long  # make test-long, 112 s (a run, then a resume per file the resume refuses); in make test: every state file, engine state and cache entry replaced by a pickle (tests/runtime/test_statefile.py, tests/models/test_cache_tampered.py)
+@pytest.mark.slow  # a run, then a resume per file the resume refuses (112 s on a loaded 2-core machine)
 def test_every_file_a_run_writes_replaced_by_a_pickle_runs_nothing_on_resume(tmp_path, ray_address):
     work = make_workdir(tmp_path, rows=40, train=32)
     (work / "t.flow").write_text(FLOW)
