@@ -504,11 +504,12 @@ SIM_REPLICAS = 64
 """Rollout replicas one simulated generate call spreads its requests over at most."""
 
 
-def scaled(g: GenPhase, over_provision: float = 1.0) -> tuple[GenPhase, float, float]:
+def scaled(g: GenPhase, over_provision: float = 1.0) -> tuple[GenPhase, float, float, float]:
     """``g`` reduced to at most :data:`SIM_REPLICAS` replicas and :data:`SIM_REQUESTS` requests, with
-    (work factor, time factor): multiply the reduced call's tokens, samples and busy time by the
-    first and its duration by the second. ``(g, 1, 1)`` when ``g`` is small enough (then the
-    simulation is exact), so the estimate is bounded in time and memory whatever the numbers.
+    (work, time, busy) factors: multiply the reduced call's tokens and samples by the first, its
+    duration by the second, its busy GPU time by the third. ``(g, 1, 1, 1)`` when ``g`` is small
+    enough (then the simulation is exact), so the estimate is bounded in time and memory whatever
+    the numbers.
 
     Replicas are alike: fewer of them with the same load each take as long (work ``x R/R'``).
     A replica's queue of ``L`` requests on ``b`` slots is modelled by ``L/f`` requests on ``b/f``
@@ -519,14 +520,14 @@ def scaled(g: GenPhase, over_provision: float = 1.0) -> tuple[GenPhase, float, f
     >>> small = GenPhase(2, 1, 8, 0.01, 0.0, 64, 8, LengthDist("lognormal", 50))
     >>> scaled(small)[0] is small
     True
-    >>> big, work, time = scaled(replace(small, samples=10**12, replicas=10**6, concurrency=256))
+    >>> big, work, time, busy = scaled(replace(small, samples=10**12, replicas=10**6, concurrency=256))
     >>> (big.replicas, big.samples, big.concurrency) == (SIM_REPLICAS, SIM_REQUESTS, 1) and work > 1e8
     True
     """
     replicas, samples = max(g.replicas, 1), max(g.samples, 1)
     most = max(int(SIM_REQUESTS / max(over_provision, 1.0)), 1)  # partial rollout issues over_provision x
     if replicas <= SIM_REPLICAS and samples <= most:
-        return g, 1.0, 1.0
+        return g, 1.0, 1.0, 1.0
     r = min(replicas, SIM_REPLICAS)
     n = max(math.ceil(samples * r / replicas), 1)  # the same load per replica
     f = max(n / most, 1.0)
@@ -538,18 +539,18 @@ def scaled(g: GenPhase, over_provision: float = 1.0) -> tuple[GenPhase, float, f
     work = samples / n
     trained = max(int(round(g.trained * n / samples)), 1) if g.trained else 0
     return replace(g, replicas=r, samples=n, concurrency=b2, trained=trained, seq_s=g.seq_s * slot,
-                   request_s=g.request_s * slot), work, time
+                   request_s=g.request_s * slot), work, time, work / slot
 
 
 def _generate(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimSpec, rng: random.Random):
     """One generate call (it drains: every request of the step ends before the call returns);
     returns (end time, trained tokens, busy GPU-s, generated, wasted). A call too large to
     simulate request by request is simulated at scale (:func:`scaled`)."""
-    small, work, time = scaled(g, spec.over_provision)
+    small, work, time, busy = scaled(g, spec.over_provision)
     if small is g:
         return _generate_exact(ph, g, recycled, release, spec, rng)
     t_end, toks, used, gen, waste = _generate_exact(ph, small, recycled, release, spec, rng)
-    return release + (t_end - release) * time, toks * work, used * work * time, gen * work, waste * work
+    return release + (t_end - release) * time, toks * work, used * busy, gen * work, waste * work
 
 
 def _generate_exact(ph: Phase, g: GenPhase, recycled: dict, release: float, spec: SimSpec, rng: random.Random):
