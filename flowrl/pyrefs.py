@@ -32,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowrl.userfiles import read_bounded
+
 
 class RefError(ValueError):
     """A reference that is not ``"module:attribute"``."""
@@ -117,11 +119,15 @@ def _below(roots: list[Path], parts: list[str]) -> Path | None:
     return None
 
 
+MODULE_MAX_BYTES = 64 << 20
+"""The largest module source read for its names (a regular file only: never a pipe or a device)."""
+
+
 def defined_names(path: Path) -> tuple[set[str], bool]:
     """Names a module's source binds at top level, and whether any other name may exist too
     (``from x import *`` or a module ``__getattr__``). Reads, never runs, the file;
     :class:`SyntaxError` / :class:`OSError` if it cannot be read."""
-    return defined_names_of_source(path.read_text(encoding="utf-8"), str(path))
+    return defined_names_of_source(read_bounded(path, MODULE_MAX_BYTES).decode("utf-8"), str(path))
 
 
 def defined_names_of_source(text: str, filename: str = "<module>") -> tuple[set[str], bool]:
