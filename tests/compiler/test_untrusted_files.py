@@ -194,3 +194,37 @@ def test_a_chat_template_probe_never_blocks_on_a_pipe(planted):
     (planted / "model").mkdir()
     os.mkfifo(planted / "model" / "tokenizer_config.json")
     assert template_source(planted / "model") is None
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_module_is_read_never_run(planted, capsys):
+    """`python_reward("mod:fn")`: check reads the module's names with `ast`; its code never runs and
+    its values never show."""
+    marker = planted / "ran"
+    (planted / "mod.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                                    f"TOKEN = {SECRET!r}\n")
+    (planted / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (planted / "main.flow").write_text(FLOW.format(data='"data.jsonl"').replace('verifier("math")',
+                                                                              'python_reward("mod:score")'))
+    for verb in VERBS:
+        code, text = _run([*verb, "main.flow"], capsys)
+        _assert_clean_errors(code, text)
+        assert "error[E606]" in text and "TOKEN" in text, text  # the names it defines, not their values
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_command_line_never_shows_the_environment(planted):
+    """The real `flowrl` process, with a secret in its environment: importing /proc/self/environ is
+    refused by name, and nothing of the environment reaches its output."""
+    import subprocess
+    import sys
+
+    (planted / "main.flow").write_text('import "/proc/self/environ"\nimport "link.flow"\n\nflow main() {}\n')
+    env = {**os.environ, "FLOWRL_TEST_SECRET": SECRET}
+    for verb in ("check", "ir", "graph", "plan"):
+        proc = subprocess.run([sys.executable, "-m", "flowrl.cli", verb, "main.flow"], cwd=planted, env=env,
+                              capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 1, proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr and "abcd1234" not in proc.stdout + proc.stderr
+        assert proc.stderr.count("error[E131]") == 2 and "Traceback" not in proc.stderr, proc.stderr
