@@ -21,7 +21,7 @@ CLUSTER = {"nodes": KwSpec("int", 1, min=1, doc="nodes of the cluster"),
            "address": KwSpec("str", "", doc="a running Ray cluster to join (`ray://...`); empty: start one")}
 
 MAX_GPUS = 2**17
-"""The most GPUs a cluster may have (131,072: more than any there is). The plan holds a record
+"""The most GPUs a cluster may have (131,072, 16,384 nodes of 8). The plan holds a record
 per GPU, so ``flowrl check`` refuses a larger cluster (E446) rather than plan it."""
 AUTO_MAX_GPUS = 1024
 """The most GPUs ``schedule ... auto`` searches: the search lays out and places each of a few

@@ -24,7 +24,7 @@ from flowrl.userfiles import NOT_REGULAR, open_regular
 
 SOURCE_SUFFIX = ".flow"
 """The only files the compiler opens as sources: an entry file and every import name one.
-Diagnostics quote the lines of these alone (:meth:`flowrl.diagnostics.SourceMap.add`), so a
+Diagnostics quote the lines of these alone (:func:`flowrl.diagnostics.quotable`), so a
 flow that names ``/etc/shadow`` or ``/proc/self/environ`` learns nothing of them."""
 
 
@@ -74,9 +74,6 @@ def read_source(path: str | Path, shown: str | None = None, at: Span | None = No
             data = f.read(4 * MAX_BYTES + 1)
     except FileNotFoundError:
         raise FlowError([Diagnostic("E124", f"no such file: {shown}", span, "check the path")]) from None
-    except IsADirectoryError:
-        raise FlowError([Diagnostic("E124", f"{shown} is a directory, not a .flow file", span,
-                                    "pass a .flow file")]) from None
     except OSError as e:
         if e.strerror == NOT_REGULAR:
             raise FlowError([Diagnostic("E124", f"{shown} is not a regular file", span,

@@ -180,7 +180,7 @@ class _Checker:
                               "check it for a typo")
 
     def size(self, cluster: ast.Call, auto: bool) -> None:
-        """A cluster larger than any there is (E446): every GPU gets a record in the plan; an auto
+        """A cluster larger than flowrl plans for (E446): every GPU gets a record in the plan; an auto
         schedule's search places every candidate on every GPU, so it searches up to AUTO_MAX_GPUS."""
         given = {k.name: k.value for k in cluster.kwargs}
         counts = [given[k].value for k in ("nodes", "gpus_per_node") if isinstance(given.get(k), ast.Literal)]
