@@ -360,7 +360,7 @@ def simulate(spec: SimSpec, steps: int = 12, seed: int = 0) -> SimResult:
     """
     rng = random.Random(seed)
     steps = min(max(steps, 3), MAX_STEPS)
-    depth = min(depth_of(spec), steps)  # deeper changes nothing: every generate reads the initial weights
+    depth = min(depth_of(spec), steps)  # deeper only queues producers of steps never simulated (bounded lists)
     warm = min(depth + 1, steps // 2)
     prod_ids = producer_ids(spec)
     producers = [p for p in spec.phases if p.id in prod_ids]
