@@ -221,8 +221,10 @@ def out_file(text: str) -> str:
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text}: the file is not writable by you")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text}: the file is not writable by you")
+        return text  # written over, as the last chart or drawing was
     _writable_place(path, "the file")
     return text
 

@@ -102,3 +102,10 @@ def test_library_callers_get_the_same_refusal():
         build_plan(DEFAULT, steps=-5)
     with pytest.raises(RunError, match="--save-every -3: give a number of steps >= 0"):
         build_plan(DEFAULT, save_every=-3)
+
+
+def test_an_output_file_that_exists_is_written_over(tmp_path):
+    """`flowrl graph -o g.svg` or `plan --gantt g.png` a second time replaces the first file."""
+    old = tmp_path / "g.png"
+    old.write_text("the last chart")
+    assert cli.out_file(str(old)) == str(old)
