@@ -507,6 +507,8 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
               "E607": "a checkpoint directory of an architecture Megatron does not convert",
               "E620": "a checkpoint directory without weights (tests/compiler/test_check_resources.py, "
                       "tests/golden/invalid/e620_hf_without_weights.flow)",
+              "E622": "a dataset file without the field a verifier reads "
+                      "(tests/golden/invalid/e622_code_verifier_without_tests.flow)",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",
               "E445": "no protocol record sends over a transport its platform lacks (tests/catalog/test_protocol_transports.py)",
               "E444": "every shipped op, loss and statement record runs on every platform "
