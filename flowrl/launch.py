@@ -254,11 +254,7 @@ def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dic
     plan_file = d / RUN_DIR_MARKER
     if not plan_file.is_file():
         raise RunError(f"--resume {resume}: no {RUN_DIR_MARKER} there; pass the run directory of an earlier run")
-    try:  # JSON only: a run directory someone hands you runs nothing when read
-        plan = ExecutionPlan.from_json(plan_file.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RunError(f"--resume {resume}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: "
-                       f"{str(e)[:200]}); it was damaged or replaced; start a new run") from None
+    plan = read_run_plan(plan_file, f"--resume {resume}", "it was damaged or replaced; start a new run")
     keep = "--resume continues the run with the settings it started with"
     if path is not None and Path(path).resolve() != Path(plan.source).resolve():
         raise RunError(f"--resume {resume}: that run is of {plan.source}, not {path}; drop FILE (or give the "
@@ -563,16 +559,21 @@ def checkpoint_of(run_dir: str, step: int | None) -> Path:
     return ckpt
 
 
+def read_run_plan(plan_file: Path, option: str, hint: str) -> ExecutionPlan:
+    """A run directory's ``plan.json``, read as JSON only (a run directory someone hands you runs nothing
+    when read); RunError naming ``option`` with ``hint`` when it cannot be read or is not a plan."""
+    try:
+        return ExecutionPlan.from_json(plan_file.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunError(f"{option}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
+                       f"{hint}") from None
+
+
 def run_plan_of(run_dir: str, *, path: str | None, flow: str | None, sets: dict | None) -> ExecutionPlan:
     """The plan ``run_dir`` was trained with (its ``plan.json``: every ``--set`` it ran with), which
     ``flowrl eval --from`` evaluates its checkpoint with; RunError where ``path``, ``flow`` or ``sets``
     would ask for another (a checkpoint fits only the plan that wrote it)."""
-    plan_file = Path(run_dir) / RUN_DIR_MARKER
-    try:
-        plan = ExecutionPlan.from_json(plan_file.read_bytes().decode("utf-8"))  # JSON only: nothing runs
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RunError(f"--from {run_dir}: its {RUN_DIR_MARKER} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
-                       "pass the run directory of an earlier run") from None
+    plan = read_run_plan(Path(run_dir) / RUN_DIR_MARKER, f"--from {run_dir}", "pass the run directory of an earlier run")
     if path is not None and not _same_file(path, plan.source):
         raise RunError(f"--from {run_dir}: that run is of {plan.source}, not {path}; evaluate it with the run's "
                        "own flow file")
