@@ -81,7 +81,8 @@ def _user_error_types() -> tuple[type, ...]:
                        ("flowrl.rewards.pool", ("RewardSpecError",)),
                        ("flowrl.rewards.verifiers", ("UnknownVerifierError",)),
                        ("flowrl.runtime.weight_sync", ("WeightSyncError",)),
-                       ("flowrl.runtime.observe", ("ObserveError",))):
+                       ("flowrl.runtime.observe", ("ObserveError",)),
+                       ("flowrl.runtime.rundir", ("RunDirError",))):
         module = sys.modules.get(mod)  # an error of a module never imported cannot have been raised: no import
         if module is None:             # here (flowrl.models' took 10 s of a refusal that needed none of it)
             continue

@@ -64,7 +64,7 @@ def start(out: Path) -> None:
             os.unlink(out / LIST)
         except FileNotFoundError:
             pass
-        os.close(os.open(out / LIST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+        os.close(_open_list(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW))
         _known.pop(_key(out), None)
 
 
@@ -97,7 +97,7 @@ def own(out: Path, *paths: str | Path, kind: str = PATH) -> None:
             known[rel] = PATH if PATH in (k, known.get(rel)) else DIR
             lines.append(json.dumps({"path": rel, "kind": known[rel]}) + "\n")
         if lines:  # appended, never through a link (a list replaced by one would write into its target)
-            fd = os.open(out / LIST, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = _open_list(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
             try:
                 data = "".join(lines).encode("utf-8")
                 while data:
@@ -105,6 +105,16 @@ def own(out: Path, *paths: str | Path, kind: str = PATH) -> None:
             finally:
                 os.close(fd)
             _remember(out)
+
+
+def _open_list(out: Path, flags: int) -> int:
+    """The list's file descriptor; RunDirError when it cannot be written (a link put in its place, which
+    ``O_NOFOLLOW`` refuses to write through, or a file system that refuses)."""
+    try:
+        return os.open(out / LIST, flags, 0o644)
+    except OSError as e:
+        raise RunDirError(f"{out / LIST} cannot be written ({e.strerror or type(e).__name__}): flowrl lists there "
+                          "what it writes and writes nothing through a link; start a new run with --out") from None
 
 
 def own_inside(out: Path, path: str | Path, kind: str = PATH) -> None:

@@ -243,8 +243,13 @@ def test_a_list_replaced_by_a_link_is_not_followed(tmp_path):
     (d / rundir.LIST).symlink_to(victim)
     (d / "plan.json").write_text("{}")
     assert not rundir.is_listed(d) and rundir.listed(d) == {}
-    with pytest.raises(OSError):
-        rundir.own(d, "metrics.jsonl")  # never appended through the link
+    with pytest.raises(rundir.RunDirError, match="cannot be written .*writes nothing through a link"):
+        rundir.own(d, "metrics.jsonl")  # never appended through the link: a one-line error, no traceback
+    from flowrl.runtime.errors import user_error
+    try:
+        rundir.own(d, "metrics.jsonl")
+    except rundir.RunDirError as e:
+        assert user_error(e) and "start a new run" in user_error(e)
     with pytest.raises(RunError, match="no list of what flowrl wrote"):
         claim_out_dir(d, overwrite=True)
     rundir.start(d)  # a fresh list replaces the link itself
