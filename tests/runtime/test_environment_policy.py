@@ -97,8 +97,10 @@ def test_stop_processes_ends_by_process_id(tmp_path):
 
 
 def test_the_wandb_trackers_service_process_gets_no_secret(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from flowrl.runtime.tracking import WandbLogger
+
+    wandb.teardown()  # W&B keeps one service process per process: an earlier test's would be reused
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
