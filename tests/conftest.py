@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # plans, goldens and documented commands use the fixed figures instead (tests of the automatic
 # profile turn it back on for themselves)
 os.environ["FLOWRL_AUTO_PROFILE"] = "0"
+# the local Ray instances the tests start themselves (e2e_kit.shared_ray) run their workers at normal
+# priority, as flowrl's own do (flowrl.runtime.environment.RAY_DEFAULTS): at Ray's default nice 15 a
+# suite run beside other work starved its engines (a vLLM start-up took 13 minutes)
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(scope="session")

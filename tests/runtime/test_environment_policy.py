@@ -46,6 +46,7 @@ def test_ray_starts_its_processes_scrubbed_and_in_a_session_of_their_own(monkeyp
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)  # the suite sets it for its own Ray instances
     before = services.ConsolePopen
     with local_ray_processes():  # through Ray's own function, as ray.init starts gcs_server and raylet
         info = services.start_ray_process([sys.executable, "-c", "import os, sys; sys.stdout.write("
@@ -58,6 +59,9 @@ def test_ray_starts_its_processes_scrubbed_and_in_a_session_of_their_own(monkeyp
     assert sid != os.getsid(0) and sid == info.process.pid
     assert env["RAY_SOMETHING"] == "1" and env["RAY_AUTH_TOKEN"] == SECRETS["RAY_AUTH_TOKEN"]
     assert not {k for k in SECRETS if k != "RAY_AUTH_TOKEN"} & set(env)
+    # Ray's workers at normal priority (Ray's default nice 15 starved them beside other work), and the
+    # setting gone from this process again
+    assert env["RAY_worker_niceness"] == "0" and "RAY_worker_niceness" not in os.environ
 
 
 def test_a_process_started_without_an_env_argument_gets_the_scrubbed_one_and_ours_returns(monkeypatch):
