@@ -174,6 +174,21 @@ class DatasetPlan:
     completion: str = ""
     """The field of a reference completion every row must hold (``completion = "solution"``); empty:
     none. The runtime checks it as it checks the answer's; the plan's response lengths read it."""
+    template: str = ""
+    """The prompt written from each row's fields (``"Question: {question}\\nAnswer:"``); empty: the
+    ``prompt`` field as written (:mod:`flowrl.data.rows`)."""
+    system: str = ""
+    """A system prompt put before every prompt (a system message through the chat template)."""
+    chat_auto: bool = False
+    """``chat`` unset with a template or system prompt: rendered through the tokenizer's chat template
+    where it has one, else as text (``chat`` True: always through it, the compiler checked it has one)."""
+    parts: tuple[str, ...] = ()
+    """A mixture (``mix(a, b, ...)``): the ids of the datasets it draws from, in order; empty otherwise."""
+    weights: tuple[float, ...] = ()
+    """A mixture's weight per part (not normalized)."""
+    options: dict = field(default_factory=dict)
+    """The constructor's other options as written (``split``, ``eval`` of ``hf_dataset``, ``stream``,
+    ``window``; a procedural source's own), read by its row source (:data:`flowrl.data.sources.SOURCES`)."""
 
     @property
     def row_fields(self) -> tuple[str, ...]:

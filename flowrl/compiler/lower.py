@@ -159,14 +159,7 @@ def _resources(graph: FlowGraph, errors: Collector):
             errors.error("E501", f"`{n.id}` is a parameter without a value, so there is nothing to run", n.span,
                          "run a flow that passes it a declared dataset / reward / environment")
         elif n.kind == OpKind.DATASET:
-            path = _abspath(graph, n, str(plain(n.args[0]))) if n.args else ""
-            ev = str(plain(n.attr("eval")) or "")
-            datasets.append(DatasetPlan(n.id, n.op, path, str(plain(n.attr("prompt"))), str(plain(n.attr("answer"))),
-                                        _abspath(graph, n, ev) if ev else "", str(n.span),
-                                        chat=plain(n.attr("chat")) is True,
-                                        bad_rows=str(plain(n.attr("bad_rows")) or "error"),
-                                        eval_reward=str(plain(n.attr("eval_reward")) or ""),
-                                        completion=str(plain(n.attr("completion")) or "")))
+            datasets.append(_dataset_plan(graph, n))
         elif n.kind == OpKind.REWARD_FN:
             opts = {k: plain(v) for k, v in n.attrs}
             if n.args:
@@ -176,6 +169,32 @@ def _resources(graph: FlowGraph, errors: Collector):
                 opts["parts"] = [a.target for a in n.args if isinstance(a, Ref)]
             rewards.append(RewardPlan(n.id, n.op, opts, str(n.span)))
     return tuple(datasets), tuple(rewards)
+
+
+def _dataset_plan(graph: FlowGraph, n: Node) -> DatasetPlan:
+    """A dataset declaration as the runtime reads it: a file dataset's paths resolved, its row format
+    (prompt or template, answer, system, chat), a mixture's parts and weights, the rest as ``options``."""
+    spec = OPS.get(n.op)
+    files = spec is not None and bool(spec.paths)  # `eval` names a file (jsonl, parquet), not a split
+    path = _abspath(graph, n, str(plain(n.args[0]))) if n.args and isinstance(n.args[0], Const) else ""
+    ev = str(plain(n.attr("eval")) or "")
+    text = {k: str(plain(n.attr(k)) or "") for k in ("template", "system")}
+    chat = plain(n.attr("chat"))
+    parts = tuple(a.target for a in n.args if isinstance(a, Ref))
+    weights = plain(n.attr("weights")) if parts else None
+    known = {"prompt", "answer", "eval", "chat", "bad_rows", "eval_reward", "completion", "template", "system",
+             "weights"}
+    return DatasetPlan(n.id, n.op, path, str(plain(n.attr("prompt")) or "prompt"),
+                       str(plain(n.attr("answer")) or "answer"),
+                       _abspath(graph, n, ev) if ev and files else "", str(n.span),
+                       chat=chat is True, bad_rows=str(plain(n.attr("bad_rows")) or "error"),
+                       eval_reward=str(plain(n.attr("eval_reward")) or ""),
+                       completion=str(plain(n.attr("completion")) or ""),
+                       template=text["template"], system=text["system"],
+                       chat_auto=chat is None and bool(text["template"] or text["system"]),
+                       parts=parts, weights=tuple(float(w) for w in weights) if weights else (),
+                       options={k: plain(v) for k, v in n.attrs if k not in known}
+                       | ({"eval": ev} if ev and not files else {}))
 
 
 def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:

@@ -1,5 +1,30 @@
 """Load prompt/answer rows from local JSON-lines and Parquet files.
 
+How datasets are built (read this to add a kind of dataset, a file format or a procedural source):
+
+* **Row source** (:class:`flowrl.data.sources.RowSource`): where rows come from. An ordered list of
+  *blocks* that is cheap to list (1 MiB byte ranges of a JSON-lines file, a Parquet file's row
+  groups, an Arrow file's record batches; for a procedural source, ranges of item indices), each
+  read on its own as ``(where, row)`` pairs (``where``: ``file:line``, ``file@byte``, ``task#index``,
+  quoted by messages; ``row``: a dict, or a :class:`DatasetError` standing for a bad row), plus
+  ``head(n)`` (the first rows, read boundedly: what ``flowrl check`` reads) and ``columns()`` (the
+  schema where the format has one). :data:`flowrl.data.sources.SOURCES` maps a dataset op's
+  catalogue ``handler`` to its opener ``(path, options, which, folder) -> RowSource | None``
+  (``which``: ``"train"`` or ``"eval"``); the compiler's check (``check_datasets``) and the runtime
+  (:mod:`flowrl.runtime.data`) both open sources through it, so a new source is one opener there and
+  one catalogue record (no ``paths``/``file_format`` for a source that is not a file).
+* **Row format** (:class:`flowrl.data.rows.RowFormat`): the prompt field or the ``template`` with
+  ``{field}`` slots, the answer (and completion) fields, ``system``, ``chat``: turns a source's raw
+  row into a training row (or a bad row), the same for every source.
+* **Sampling** (:mod:`flowrl.data.sampler`): a split read whole is drawn by :class:`BatchSampler`
+  (a seeded permutation per epoch); a streamed one (``stream``) by :class:`StreamSampler` (a seeded
+  order of blocks per epoch, ``window`` blocks read and shuffled together; its state, saved in a
+  checkpoint, is ``(epoch, window, rows taken)``, so a resumed run continues the same order); a
+  ``mix`` by :class:`MixSampler` over its parts' samplers. Held-out splits are read whole.
+
+This module keeps the whole-file readers of ``jsonl`` / ``parquet`` (:func:`load_rows`) and their
+head check (:func:`check_head`).
+
 A dataset is a list of rows ``{"prompt": str, <answer fields>...}``. Field names are the
 user's (a flow says which field is the prompt and which hold answers); every row is
 checked to have them, and a missing file, a malformed line or a missing field raises
