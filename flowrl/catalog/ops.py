@@ -63,6 +63,10 @@ BAD_ROW_POLICIES = ("error", "skip")
 that are not UTF-8 or a prompt too long for the rollout engine's context. ``error``: refused,
 naming the file and row; ``skip``: left out, and counted (``data/rows_skipped``, events.log)."""
 
+STREAM_MODES = ("auto", "on", "off")
+"""``jsonl(..., stream = ...)`` and the other file datasets: read the training split in blocks as the run
+goes (``on``), whole before it starts (``off``), or whole unless its files pass 256 MiB (``auto``)."""
+
 ROUTES = "routed_experts"
 """The field of a mixture of experts' routes (:data:`FIELDS`): a replaying op's rollouts carry it, the
 runtime's token batches hold it as ``extras["routed_experts"]``."""
@@ -88,7 +92,7 @@ class OpKind(str, Enum):
 
     # resources
     MODEL = "model"          # weights: hf(...), tiny(...), frozen(m), critic(m), or a flow parameter
-    DATASET = "dataset"      # jsonl(...), parquet(...)
+    DATASET = "dataset"      # jsonl(...), parquet(...), hf_dataset(...), mix(...)
     REWARD_FN = "reward_fn"  # verifier(...), python_reward(...), reward_model(m)
     ENV = "env"              # python_env(...): a tool/environment for multi-turn flows
     # step ops
@@ -263,8 +267,6 @@ _LORA = KwSpec("config", None, config="adapter",
                doc="train low-rank adapters, not the weights: lora(r = 16, alpha = 32, targets = [\"q_proj\", "
                    "\"v_proj\"]) (flowrl.catalog.adapters)")
 """The ``lora`` option of the trainable model constructors."""
-_CHAT = KwSpec("bool", False, doc="prompts are chat messages ([{role, content}], a string being one user message) "
-                                  "rendered with the model's chat template (flowrl.data.chat); false: raw text")
 _op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from=FactsFrom.CHECKPOINT,
            kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16")), "lora": _LORA},
            doc="A transformers checkpoint: a local directory or a hub id."))
@@ -347,10 +349,22 @@ _DATASET_KWARGS = {
     "eval_reward": KwSpec("str", None, choices=VERIFIER_NAMES, requires="eval",
                           doc="the rule verifier that scores the held-out split (default: the flow's reward); "
                               "what held-out accuracy means when training reads a reward model or a judge"),
-    "chat": _CHAT,
+    "chat": KwSpec("bool", None, doc="prompts are chat messages ([{role, content}], a string being one user message) "
+                                     "rendered with the model's chat template (flowrl.data.chat); false: raw text; "
+                                     "unset: raw text, or, with a `template` or `system`, through the model's chat "
+                                     "template when its tokenizer has one"),
     "bad_rows": KwSpec("str", "error", choices=BAD_ROW_POLICIES,
                        doc="rows with an empty prompt, a missing field, non-UTF-8 bytes or a prompt too long for "
                            "the rollout engine: refused naming file and row, or skipped and counted (data/rows_skipped)"),
+    "template": KwSpec("str", "", doc="the prompt, written from each row's fields: `{field}` slots (`{{`, `}}`: "
+                       "braces), e.g. \"Question: {question}\\nAnswer:\"; then `prompt` names no field"),
+    "system": KwSpec("str", "", doc="a system prompt: the first message where prompts go through the chat "
+                     "template, else written before the prompt (a blank line between)"),
+    "stream": KwSpec("str", "auto", choices=STREAM_MODES,
+                     doc="read the training split in blocks while the run goes, never whole (`on`), read it whole "
+                         "(`off`), or stream files over 256 MiB (`auto`); flowrl.data.stream"),
+    "window": KwSpec("int", 64, min=1, doc="streaming: blocks read and shuffled together (a block: 1 MiB of a "
+                     "JSON-lines file, a Parquet row group, an Arrow record batch); what the run holds of the data"),
 }
 """The options every dataset format takes (one file format per record, the same fields)."""
 _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".jsonl",
@@ -359,6 +373,21 @@ _op(OpSpec("jsonl", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval")
 _op(OpSpec("parquet", OpKind.DATASET, (_a("path", "str"),), paths=("path", "eval"), file_format=".parquet",
            kwargs=_DATASET_KWARGS,
            doc="A local parquet dataset with a prompt column and an answer column."))
+_op(OpSpec("hf_dataset", OpKind.DATASET, (_a("path", "str"),),
+           kwargs={**_DATASET_KWARGS,
+                   "split": KwSpec("str", "train", doc="the split trained on: a split of a `save_to_disk` "
+                                   "DatasetDict, or the shards of a folder whose names start with it "
+                                   "(`train-00000-of-00004.parquet`, `train/`)"),
+                   "eval": KwSpec("str", "", doc="the held-out split's name (a glob of shards where `path` is a "
+                                  "glob), scored greedily during a run")},
+           doc="A Hugging Face `datasets` directory (`save_to_disk`: a DatasetDict or a Dataset, its Arrow files "
+               "read as data), or a folder or glob of Parquet / JSON-lines shards (\"data/train-*.parquet\")."))
+_op(OpSpec("mix", OpKind.DATASET, (_a("first", "dataset", doc="a declared dataset"),),
+           rest=_a("more", "dataset", doc="further declared datasets"), per_argument="weights",
+           kwargs={"weights": KwSpec("list", None, doc="one number >= 0 per dataset, in order: the share of the "
+                                     "rows drawn from it (default: equal)")},
+           doc="Datasets mixed: each prompt is drawn from one of them with the weights' probabilities "
+               "(seeded by the run's seed, resumable); the held-out split is each one's `eval`."))
 _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIER_NAMES),),
            kwargs={"correct": KwSpec("float", 1.0), "wrong": KwSpec("float", 0.0),
                    "timeout": KwSpec("float", 5.0, min=0.1, max=3600,

@@ -18,6 +18,7 @@ from flowrl.compiler.passes.assign_placement import assign_placement
 from flowrl.compiler.passes.check_adapters import check_adapters
 from flowrl.compiler.passes.check_packing import check_packing
 from flowrl.compiler.passes.check_chat_templates import check_chat_templates
+from flowrl.compiler.passes.check_datasets import check_datasets
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_model_fit import check_model_fit
 from flowrl.compiler.passes.check_platform import check_platform
@@ -66,6 +67,7 @@ PASSES: tuple[Pass, ...] = (
     select_sync_protocol,
     estimate_cost,
     check_chat_templates,
+    check_datasets,
     check_resources,
     check_tokenizers,
     check_model_fit,

@@ -89,7 +89,7 @@ def read_head(file: DatasetFile, node: Node) -> str | None:
     chat = isinstance(chat, Const) and chat.value is True
     bad_rows = text_option(node, "bad_rows") or "error"
     return _head(str(file.path), file_version(file), spec.file_format, prompt, fields, shown_folder(node), chat,
-                 bad_rows)
+                 bad_rows, text_option(node, "template") or "")
 
 
 def file_version(file: DatasetFile) -> tuple[int, int] | None:
@@ -103,11 +103,11 @@ def file_version(file: DatasetFile) -> tuple[int, int] | None:
 
 @lru_cache(maxsize=256)
 def _head(path: str, version, file_format: str | None, prompt: str, fields: tuple[str, ...], folder: str,
-          chat: bool = False, bad_rows: str = "error") -> str | None:
+          chat: bool = False, bad_rows: str = "error", template: str = "") -> str | None:
     from flowrl.data.datasets import check_head
 
     return check_head(path, prompt_field=prompt, answer_fields=fields, format=file_format, relative_to=folder,
-                      chat=chat, bad_rows=bad_rows)
+                      chat=chat, bad_rows=bad_rows, template=template)
 
 
 def first_prompts(node: Node) -> list[tuple[DatasetFile, str]]:
@@ -127,7 +127,8 @@ def first_prompts(node: Node) -> list[tuple[DatasetFile, str]]:
 
 
 def prompt_datasets(graph: FlowGraph, node: Node) -> list[Node]:
-    """The dataset nodes a generate's prompts are sampled from (following pass-through arguments)."""
+    """The dataset nodes a generate's prompts are sampled from (following pass-through arguments; a
+    mixture's parts in its place)."""
     out: list[Node] = []
     todo, seen = [node], set()
     while todo:
@@ -137,8 +138,10 @@ def prompt_datasets(graph: FlowGraph, node: Node) -> list[Node]:
             continue
         seen.add(n.id)
         refs = [a for a in n.args if isinstance(a, Ref) and a.target in graph]
-        if n.kind == OpKind.SAMPLE:
-            out += [graph.node(r.target) for r in refs if graph.node(r.target).kind == OpKind.DATASET]
+        if n.kind == OpKind.SAMPLE or (n.kind == OpKind.DATASET and refs):  # a mixture: its parts
+            found = [graph.node(r.target) for r in refs if graph.node(r.target).kind == OpKind.DATASET]
+            out += [d for d in found if not any(isinstance(a, Ref) for a in d.args)]
+            todo += [d for d in found if any(isinstance(a, Ref) for a in d.args)]
         elif spec.passthrough is not None and spec.passthrough < len(n.args):
             arg = n.args[spec.passthrough]
             if isinstance(arg, Ref) and arg.target in graph:

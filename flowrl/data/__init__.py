@@ -1,6 +1,6 @@
-"""Datasets (local JSON-lines / Parquet rows) and the resumable batch sampler."""
+"""Datasets (local JSON-lines / Parquet files, `datasets` directories, shards), their row format and samplers."""
 
 from flowrl.data.datasets import DatasetError, load_rows
-from flowrl.data.sampler import BatchSampler, SamplerStateError
+from flowrl.data.sampler import BatchSampler, MixSampler, SamplerStateError, StreamSampler
 
-__all__ = ["BatchSampler", "DatasetError", "SamplerStateError", "load_rows"]
+__all__ = ["BatchSampler", "DatasetError", "MixSampler", "SamplerStateError", "StreamSampler", "load_rows"]

@@ -157,7 +157,7 @@ def load_rows(
         try:
             if isinstance(row, DatasetError):
                 raise row
-            row = _check_row(p, lineno, row, prompt_field, fields, chat)
+            row = _check_row(f"{p}:{lineno}", row, prompt_field, fields, chat)
             problem = check(row) if check is not None else None
             if problem:
                 raise DatasetError(f"{p}:{lineno}: {problem}")
@@ -177,6 +177,7 @@ def load_rows(
 def check_head(
     path: str | Path, *, prompt_field: str = "prompt", answer_fields: tuple[str, ...] | list[str] = ("answer",),
     format: str | None = None, relative_to: str | Path | None = None, chat: bool = False, bad_rows: str = "error",
+    template: str = "",
 ) -> str | None:
     """Check a dataset file as :func:`load_rows` would, reading only its head; return the first prompt.
     ``bad_rows="skip"``: bad leading lines are passed over to the first good one.
@@ -187,13 +188,15 @@ def check_head(
     the values themselves are not decoded, so None is returned. Raises ``DatasetError``
     with :func:`load_rows`' messages. A chat prompt is returned as its messages' text
     (:func:`~flowrl.data.chat.prompt_words`: fewer tokens than the rendered prompt).
+    With a ``template`` the prompt field is not read: the first row must hold the other fields, and its
+    prompt is the template filled (None where the row lacks a slot's field: ``check_datasets`` says so).
     """
     p = Path(path)
     reader = _reader(p, format)
     _check_exists(p, relative_to)
     fields = (prompt_field, *answer_fields)
     if reader is _read_parquet:
-        _check_footer(p, prompt_field, fields, chat)
+        _check_footer(p, None if template else prompt_field, tuple(answer_fields) if template else fields, chat)
         return None
     try:
         with open_data(p) as f:
@@ -207,7 +210,10 @@ def check_head(
                     line = raw.decode("utf-8")
                     if not line.strip():
                         continue
-                    row = _check_row(p, lineno, _parse_line(p, lineno, line), prompt_field, fields, chat)
+                    row = _parse_line(p, lineno, line)
+                    if template:
+                        return _templated(f"{p}:{lineno}", row, tuple(answer_fields), template)
+                    row = _check_row(f"{p}:{lineno}", row, prompt_field, fields, chat)
                     return prompt_words(row[prompt_field])
                 except UnicodeDecodeError as e:
                     if bad_rows != "skip":
@@ -285,35 +291,57 @@ def _check_exists(p: Path, relative_to: str | Path | None) -> None:
         raise DatasetError(f"{p}: dataset file not found; hint: {not_found_hint(p, relative_to)}")
 
 
-def _check_row(p: Path, lineno: int, row: Any, prompt_field: str, fields: tuple[str, ...], chat: bool = False) -> dict:
+def _check_row(where: str, row: Any, prompt_field: str, fields: tuple[str, ...], chat: bool = False) -> dict:
+    """``row`` if it is an object with ``fields`` and a usable prompt; else :class:`DatasetError` at ``where`` (``file:line``)."""
     if not isinstance(row, dict):
-        raise DatasetError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
     for name in fields:
         if name not in row:
             raise DatasetError(
-                f"{p}:{lineno}: missing field {name!r}; the row has {sorted(row)}; "
+                f"{where}: missing field {name!r}; the row has {sorted(row)}; "
                 "hint: name the right field in the flow's dataset (prompt=..., answer=...)"
             )
     prompt = row[prompt_field]
     if isinstance(prompt, list) and chat:
         problem = message_problem(prompt)
         if problem is not None:
-            raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} is not a list of chat messages: {problem}; "
+            raise DatasetError(f"{where}: field {prompt_field!r} is not a list of chat messages: {problem}; "
                                'hint: write [{"role": "user", "content": "..."}]')
     elif isinstance(prompt, list) and message_problem(prompt) is None:
-        raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} holds chat messages; hint: give the dataset "
+        raise DatasetError(f"{where}: field {prompt_field!r} holds chat messages; hint: give the dataset "
                            "`chat = true` to render them with the model's chat template")
     elif not isinstance(prompt, str):
         raise DatasetError(
-            f"{p}:{lineno}: field {prompt_field!r} must be a string"
+            f"{where}: field {prompt_field!r} must be a string"
             + (" or a list of chat messages" if chat else "") + f", got {type(prompt).__name__}"
         )
     if not prompt or (isinstance(prompt, str) and not prompt.strip()):
-        raise DatasetError(f"{p}:{lineno}: field {prompt_field!r} is empty; hint: every row needs a prompt")
+        raise DatasetError(f"{where}: field {prompt_field!r} is empty; hint: every row needs a prompt")
     return row
 
 
-def _check_footer(p: Path, prompt_field: str, fields: tuple[str, ...], chat: bool = False) -> None:
+def _templated(where: str, row: Any, fields: tuple[str, ...], template: str) -> str | None:
+    """A templated dataset's first row: an object with ``fields``; its prompt, the template filled (None where
+    a slot's field is missing or the template is malformed: ``check_datasets`` reports those at the template)."""
+    import string
+
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for name in fields:
+        if name not in row:
+            raise DatasetError(f"{where}: missing field {name!r}; the row has {sorted(row)}; "
+                               "hint: name the right field in the flow's dataset (answer=...)")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        return None
+    if any(name is not None and name not in row for _, name, _, _ in parts):
+        return None
+    return "".join(lit + (v if isinstance(v := row[name], str) else json.dumps(v, ensure_ascii=False))
+                   if name is not None else lit for lit, name, _, _ in parts)
+
+
+def _check_footer(p: Path, prompt_field: str | None, fields: tuple[str, ...], chat: bool = False) -> None:
     from flowrl.data.parquet_footer import ParquetFooterError, read_footer
 
     try:
@@ -328,8 +356,9 @@ def _check_footer(p: Path, prompt_field: str, fields: tuple[str, ...], chat: boo
                 f"{p}: missing field {name!r}; the file has columns {sorted(footer.columns)}; "
                 "hint: name the right field in the flow's dataset (prompt=..., answer=...)"
             )
-    column = footer.columns[prompt_field]
-    if not column.string and not (chat and column.kind == "group"):  # chat: a list of {role, content} structs
+    column = footer.columns[prompt_field] if prompt_field is not None else None  # None: a template writes it
+    # chat: a list of {role, content} structs
+    if column is not None and not column.string and not (chat and column.kind == "group"):
         raise DatasetError(f"{p}: field {prompt_field!r} must be a string"
                            + (" or a list of chat messages" if chat else "") + f", got a {column.kind} column")
     if footer.num_rows == 0:

@@ -1,17 +1,24 @@
 """A run's data: datasets read through :data:`DATASET_FORMATS`, one sampler per ``sample`` op, the tokenizer.
 
-A plan's :class:`~flowrl.plan.DatasetPlan` names its format (``jsonl``, ``parquet``: the op
-that declared it); the catalogue record of that op names the reader here
-(``OpSpec.handler``), and a format without a reader is an error. :class:`RunData` is the
+A plan's :class:`~flowrl.plan.DatasetPlan` names its format (``jsonl``, ``parquet``,
+``hf_dataset``, ``mix``: the op that declared it); the catalogue record of that op names the
+reader here (``OpSpec.handler``), and a format without a reader is an error. A file dataset's
+rows come from its row source (:data:`flowrl.data.sources.SOURCES`, the same handler name), are
+checked and written by its row format (:mod:`flowrl.data.rows`), and are read whole, or
+streamed (``stream``) by the sampler as the run goes. :class:`RunData` is the
 :class:`~flowrl.runtime.step.DataService` handlers draw prompts from.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from flowrl.catalog.ops import OpKind
+from flowrl.catalog.ops import OPS, OpKind
+from flowrl.data.datasets import BAD_ROWS_HINT, DatasetError
+from flowrl.data.rows import RowFormat, render_prompt
+from flowrl.data.sources import SOURCES, RowSource
 from flowrl.plan import DatasetPlan, ExecutionPlan, OpPlan
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.kinds import builder_for
@@ -20,54 +27,142 @@ from flowrl.runtime.step import op_seed
 
 @dataclass(frozen=True)
 class Dataset:
-    """One dataset's rows (training split and held-out split) and its column names."""
+    """One dataset: its training rows (or, streamed, the source they are read from as the run goes), its
+    held-out rows and its column names."""
 
     rows: list
     prompt: str
     answer: str
     eval_rows: list
+    source: Any = None
+    """A streamed training split's :class:`~flowrl.data.sources.RowSource` (``rows`` is then empty)."""
 
 
 RowCheck = Callable[[dict], "str | None"]
 """A row -> what is wrong with it (a bad row, see ``DatasetPlan.bad_rows``), or None."""
 
+STREAM_BYTES = 256 << 20
+"""``stream = "auto"`` streams a training split whose files pass this many bytes."""
 
-def _read(d: DatasetPlan, path: str, suffix: str, check: RowCheck | None, skipped: list | None) -> list:
-    from flowrl.data.datasets import load_rows
+
+def row_format(d: DatasetPlan) -> RowFormat:
+    """The fields ``d``'s rows must hold and how their prompt is written (:mod:`flowrl.data.rows`)."""
+    return RowFormat(d.prompt, d.row_fields, d.template, d.chat)
+
+
+def open_split(d: DatasetPlan, which: str) -> RowSource | None:
+    """``d``'s ``which`` (``"train"``, ``"eval"``) split as a row source (its op's opener in
+    :data:`~flowrl.data.sources.SOURCES`); None where it has no such split."""
     from flowrl.pyrefs import folder_of
 
-    # A missing file's message names the folder the flow's relative paths were resolved against.
-    return load_rows(path, prompt_field=d.prompt, answer_fields=d.row_fields, format=suffix,
-                     relative_to=folder_of(d.origin), chat=d.chat, bad_rows=d.bad_rows, check=check, skipped=skipped)
+    opener = SOURCES.get(OPS[d.format].handler) if d.format in OPS else None
+    if opener is None:
+        raise RuntimeFlowError(f"{d.origin}: dataset `{d.id}` ({d.format}) has no row source")
+    options = {**d.options, **({"eval": d.eval_path} if d.eval_path else {})}
+    return opener(d.path, options, which, folder_of(d.origin) or os.getcwd())
 
 
-def jsonl(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None) -> Dataset:
+def _preparer(d: DatasetPlan, tokenizer: Any, check: RowCheck | None, skipped: list | None,
+              render: bool) -> Callable[[str, Any], dict | None]:
+    """``(where, raw row) -> training row``, None for a bad row skipped (its message appended to
+    ``skipped``); raises :class:`DatasetError` for a bad row under ``bad_rows = "error"``. ``render``: the
+    prompt is written as the model reads it (template filled, system prompt and chat template applied)."""
+    fmt = row_format(d)
+
+    def prepare(where: str, raw: Any) -> dict | None:
+        try:
+            if isinstance(raw, DatasetError):
+                raise raw
+            row = fmt.check(where, raw)
+            if render:
+                row = {**row, d.prompt: _render(d, tokenizer, row[d.prompt])}
+            problem = check(row) if check is not None else None
+            if problem:
+                raise DatasetError(f"{where}: {problem}")
+        except DatasetError as bad:
+            if d.bad_rows != "skip":
+                raise DatasetError(f"{bad}; {BAD_ROWS_HINT}") from None
+            if skipped is not None:
+                skipped.append(str(bad))
+            return None
+        return row
+    return prepare
+
+
+def _render(d: DatasetPlan, tokenizer: Any, prompt: Any) -> str:
+    from flowrl.data.chat import ChatError
+
+    try:
+        return render_prompt(tokenizer, prompt, chat=d.chat, chat_auto=d.chat_auto, system=d.system)
+    except ChatError as e:
+        raise RuntimeFlowError(f"{d.origin}: dataset `{d.id}` (chat = true): {e}") from None
+
+
+def _whole(source: RowSource, prepare: Callable[[str, Any], dict | None], bad_rows: str, skipped: list) -> list:
+    """Every row of ``source`` through ``prepare``; a source without one good row is refused."""
+    before = len(skipped)
+    rows = [row for where, raw in source.rows() if (row := prepare(where, raw)) is not None]
+    if not rows:
+        what = "every row is bad (skipped)" if bad_rows == "skip" and len(skipped) > before else "dataset is empty"
+        raise DatasetError(f"{source.name}: {what}; hint: a training run needs at least one row")
+    return rows
+
+
+def streamed(d: DatasetPlan, source: RowSource) -> bool:
+    """Whether ``d``'s training split is read as the run goes (``stream``), not whole before it starts."""
+    mode = str(d.options.get("stream", "auto"))
+    return mode == "on" or (mode == "auto" and source.nbytes() > STREAM_BYTES)
+
+
+def read_dataset(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None, *,
+                 tokenizer: Any = None) -> Dataset:
+    """``d``'s rows through its op's row source: the training split whole (or, streamed, its source), the
+    held-out split whole; bad rows (``check``'s too) go by ``d.bad_rows``, the skipped ones' messages into
+    ``skipped``. With a ``tokenizer`` prompts are written as the model reads them (:func:`_render`)."""
+    skipped = skipped if skipped is not None else []
+    # A template is filled by the row format; the system prompt and chat template need the tokenizer.
+    render = tokenizer is not None and bool(d.chat or d.chat_auto or d.system)
+    prepare = _preparer(d, tokenizer, check, skipped, render)
+    train = open_split(d, "train")
+    ev = open_split(d, "eval")
+    eval_rows = _whole(ev, prepare, d.bad_rows, skipped) if ev is not None else []
+    if streamed(d, train):
+        return Dataset([], d.prompt, d.answer, eval_rows, source=train)
+    return Dataset(_whole(train, prepare, d.bad_rows, skipped), d.prompt, d.answer, eval_rows)
+
+
+def jsonl(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None, **kw) -> Dataset:
     """``jsonl(path, eval = ...)``: one JSON object per line."""
-    return Dataset(_read(d, d.path, ".jsonl", check, skipped), d.prompt, d.answer,
-                   _read(d, d.eval_path, ".jsonl", check, skipped) if d.eval_path else [])
+    return read_dataset(d, check, skipped, **kw)
 
 
-def parquet(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None) -> Dataset:
+def parquet(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None, **kw) -> Dataset:
     """``parquet(path, eval = ...)``: a Parquet table with the named columns."""
-    return Dataset(_read(d, d.path, ".parquet", check, skipped), d.prompt, d.answer,
-                   _read(d, d.eval_path, ".parquet", check, skipped) if d.eval_path else [])
+    return read_dataset(d, check, skipped, **kw)
 
 
-DATASET_FORMATS: dict[str, Callable[..., Dataset]] = {f.__name__: f for f in (jsonl, parquet)}
-"""``OpSpec.handler`` of a dataset op -> its reader ``(plan, check=None, skipped=None) -> Dataset``
-(``check`` and ``skipped``: see :func:`flowrl.data.datasets.load_rows`)."""
+def hf_dataset(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None, **kw) -> Dataset:
+    """``hf_dataset(path, split = ..., eval = ...)``: a `datasets` save_to_disk folder, or shards."""
+    return read_dataset(d, check, skipped, **kw)
+
+
+def mix(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None, **kw) -> Dataset:
+    """``mix(a, b, weights = ...)``: no rows of its own; :class:`RunData` draws from its parts."""
+    return Dataset([], MIX_COLUMNS[0], MIX_COLUMNS[1], [])
+
+
+MIX_COLUMNS = ("prompt", "answer")
+"""The fields a mixture's rows carry each part's prompt and answer in (the parts name theirs)."""
+
+DATASET_FORMATS: dict[str, Callable[..., Dataset]] = {f.__name__: f for f in (jsonl, parquet, hf_dataset, mix)}
+"""``OpSpec.handler`` of a dataset op -> its reader ``(plan, check=None, skipped=None, tokenizer=None) -> Dataset``
+(``check`` and ``skipped``: see :func:`read_dataset`)."""
 
 
 def reader_of(d: DatasetPlan) -> Callable[[DatasetPlan], Dataset]:
     """The reader of ``d``'s format (its op's ``OpSpec.handler``); an unknown format is an error."""
     return builder_for(d.format, OpKind.DATASET, DATASET_FORMATS, d.origin, noun="a dataset format",
                        listing="formats", things="datasets")
-
-
-def read_dataset(d: DatasetPlan, check: RowCheck | None = None, skipped: list | None = None) -> Dataset:
-    """``d``'s rows through the reader its op's record names; bad rows (``check``'s too) go by
-    ``d.bad_rows``, the skipped ones' messages into ``skipped``."""
-    return reader_of(d)(d, check, skipped)
 
 
 def prompt_limit(plan: ExecutionPlan, contexts: dict[str, int]) -> int | None:
@@ -80,16 +175,16 @@ def prompt_limit(plan: ExecutionPlan, contexts: dict[str, int]) -> int | None:
 
 
 def _length_check(d: DatasetPlan, tokenizer: Any, limit: int | None) -> RowCheck | None:
-    """A row check refusing prompts (as the model reads them) longer than ``limit`` tokens."""
+    """A row check refusing prompts (as the model reads them) longer than ``limit`` tokens. The prompt
+    it gets is rendered already where the dataset has a template, a system prompt or chat."""
     if limit is None or tokenizer is None:
         return None
-    from flowrl.data.chat import ChatError, encode, render
+    from flowrl.data.chat import encode
 
     def check(row: dict) -> str | None:
-        try:
-            text = render(tokenizer, row[d.prompt], True) if d.chat else row[d.prompt]
-        except ChatError:
-            return None  # the dataset's rendering reports it, for the whole dataset (_rendered)
+        text = row[d.prompt]
+        if not isinstance(text, str):
+            return None  # chat messages not rendered (no tokenizer): the rendering reports them
         n = len(encode(tokenizer, text))
         if n > limit:
             return (f"the prompt has {n} tokens, more than the {limit} the rollout engine's context leaves after "
@@ -98,44 +193,55 @@ def _length_check(d: DatasetPlan, tokenizer: Any, limit: int | None) -> RowCheck
     return check
 
 
-def _rendered(ds: Dataset, d: DatasetPlan, tokenizer: Any) -> Dataset:
-    """``ds`` with each prompt as the model reads it (:func:`flowrl.data.chat.render`)."""
-    if not d.chat:
-        return ds
-    from flowrl.data.chat import ChatError, render_rows
-
-    try:
-        return Dataset(render_rows(ds.rows, ds.prompt, tokenizer, True), ds.prompt, ds.answer,
-                       render_rows(ds.eval_rows, ds.prompt, tokenizer, True))
-    except ChatError as e:
-        raise RuntimeFlowError(f"{d.origin}: dataset `{d.id}` (chat = true): {e}") from None
-
-
 class RunData:
-    """Datasets, samplers and the tokenizer of one run (a :class:`~flowrl.runtime.step.DataService`)."""
+    """Datasets, samplers and the tokenizer of one run (a :class:`~flowrl.runtime.step.DataService`).
+
+    Each ``sample`` op has its own sampler (:mod:`flowrl.data.sampler`): over the rows of a split
+    read whole, over a streamed split's source, or, for a mixture, over its parts' samplers (each
+    part's rows carrying its prompt and answer as :data:`MIX_COLUMNS`)."""
 
     def __init__(self, plan: ExecutionPlan, tokenizer: Any, seed: int, contexts: dict[str, int] | None = None):
         """``contexts``: model id -> its rollout engine's context in tokens (prompts longer than
         :func:`prompt_limit` are bad rows); None: no length check."""
-        from flowrl.data.sampler import BatchSampler
-
         from flowrl.data.chat import pad_id
 
         self.tokenizer = tokenizer
         self.pad_id = pad_id(tokenizer)  # EOS where the tokenizer has no pad token (GPT-2, Llama 3); masked
-        limit = prompt_limit(plan, contexts) if contexts else None
+        self.limit = prompt_limit(plan, contexts) if contexts else None
+        self.plans = {d.id: d for d in plan.datasets}
         self.skipped: dict[str, list[str]] = {d.id: [] for d in plan.datasets}
         """Dataset id -> the messages of its bad rows left out (``bad_rows = "skip"``), file:row first."""
-        # Prompts as the model reads them: chat messages rendered once with the tokenizer's template.
-        self.datasets = {d.id: _rendered(read_dataset(d, _length_check(d, tokenizer, limit), self.skipped[d.id]),
-                                         d, tokenizer)
+        # Prompts as the model reads them: templates filled, chat messages rendered with the tokenizer's template.
+        self.datasets = {d.id: reader_of(d)(d, self._check(d), self.skipped[d.id], tokenizer=tokenizer)
                          for d in plan.datasets}
-        self.samplers = {op.id: BatchSampler(len(self.datasets[op.inputs["dataset"]].rows), int(op.options["size"]),
-                                             seed=op_seed(seed, 0, op.id))
+        self.samplers = {op.id: self._sampler(op.inputs["dataset"], int(op.options["size"]), op_seed(seed, 0, op.id))
                          for op in plan.ops if op.kind == OpKind.SAMPLE}
 
+    def _check(self, d: DatasetPlan) -> RowCheck | None:
+        return _length_check(d, self.tokenizer, self.limit)
+
+    def _sampler(self, dataset: str, size: int, seed: int, depth: int = 0):
+        from flowrl.data.sampler import MixSampler, RowsSampler, StreamSampler
+
+        d, ds = self.plans[dataset], self.datasets[dataset]
+        if d.parts:
+            if depth > 16:
+                raise RuntimeFlowError(f"{d.origin}: mixture `{d.id}` nests mixtures more than 16 deep")
+            weights = d.weights or tuple(1.0 for _ in d.parts)
+            return MixSampler([_Columns(self._sampler(p, size, op_seed(seed, 0, p), depth + 1), self.plans[p])
+                               for p in d.parts], weights, seed=seed)
+        if ds.source is not None:
+            prepare = _preparer(d, self.tokenizer, self._check(d), self.skipped[d.id],
+                                bool(d.chat or d.chat_auto or d.system))
+            return StreamSampler(ds.source, prepare, seed=seed, window=int(d.options.get("window", 64)))
+        return RowsSampler(ds.rows, size, seed=seed)
+
     def draw(self, op: OpPlan) -> list[dict]:
-        return self.samplers[op.id].next_rows(self.datasets[op.inputs["dataset"]].rows)
+        try:
+            return self.samplers[op.id].take(int(op.options["size"]))
+        except (DatasetError, ValueError) as e:  # a streamed split's bad row (bad_rows = "error"), or no good row
+            d = self.plans[op.inputs["dataset"]]
+            raise RuntimeFlowError(f"{d.origin}: dataset `{d.id}`: {e}") from None
 
     def tokenize(self, texts: list[str], *, special: bool = True) -> list[list[int]]:
         from flowrl.data.chat import encode
@@ -149,6 +255,10 @@ class RunData:
         return ds.prompt, ds.answer
 
     def eval_rows(self, dataset: str) -> list[dict]:
+        """The held-out rows; a mixture's: each part's, in order, carrying :data:`MIX_COLUMNS`."""
+        d = self.plans[dataset]
+        if d.parts:
+            return [_Columns.rename(r, self.plans[p]) for p in d.parts for r in self.eval_rows(p)]
         return self.datasets[dataset].eval_rows
 
     @property
@@ -157,7 +267,7 @@ class RunData:
         return sum(len(v) for v in self.skipped.values())
 
     def state_dict(self) -> dict:
-        """The samplers' cursors (part of a checkpoint)."""
+        """The samplers' states (part of a checkpoint)."""
         return {k: s.state_dict() for k, s in self.samplers.items()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -165,4 +275,27 @@ class RunData:
             self.samplers[k].load_state_dict(s)
 
 
-__all__ = ["Dataset", "DATASET_FORMATS", "reader_of", "read_dataset", "prompt_limit", "RunData", "jsonl", "parquet"]
+class _Columns:
+    """A mixture's part: its rows carry its prompt and answer as :data:`MIX_COLUMNS` too."""
+
+    def __init__(self, sampler: Any, d: DatasetPlan) -> None:
+        self.sampler, self.d = sampler, d
+
+    @staticmethod
+    def rename(row: dict, d: DatasetPlan) -> dict:
+        if d.parts:
+            return row  # a nested mixture's rows carry them already
+        return {**row, MIX_COLUMNS[0]: row[d.prompt], MIX_COLUMNS[1]: row[d.answer]}
+
+    def take(self, n: int) -> list[dict]:
+        return [self.rename(r, self.d) for r in self.sampler.take(n)]
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+__all__ = ["Dataset", "DATASET_FORMATS", "MIX_COLUMNS", "STREAM_BYTES", "reader_of", "read_dataset", "open_split",
+           "row_format", "streamed", "prompt_limit", "RunData", "jsonl", "parquet", "hf_dataset", "mix"]

@@ -26,10 +26,10 @@ def builder_for(name: str, kind: OpKind, table: Mapping[str, Callable], origin: 
     ...             listing="formats", things="datasets")
     <built-in function len>
     >>> builder_for("csv", OpKind.DATASET, {}, "d.flow:1:1", noun="a dataset format", listing="formats",
-    ...             things="datasets")
+    ...             things="datasets")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    flowrl.runtime.errors.RuntimeFlowError: d.flow:1:1: `csv` is not a dataset format; formats: jsonl, parquet
+    flowrl.runtime.errors.RuntimeFlowError: d.flow:1:1: `csv` is not a dataset format; formats: ...jsonl, ...parquet...
     """
     spec = OPS.get(name)
     if spec is None or spec.kind != kind:
