@@ -19,6 +19,7 @@ from flowrl.catalog.adapters import ADAPTERS
 from flowrl.catalog.architectures import TINY_ARCHS
 from flowrl.catalog.losses import KL_ESTIMATORS, LOSSES
 from flowrl.catalog.platforms import PLATFORMS
+from flowrl.catalog.precision import DEFAULT_PRECISION, DTYPE_BYTES, PRECISIONS
 from flowrl.catalog.spec import RUNS, ArgSpec, KwSpec, Support
 from flowrl.tasks import TASKS
 
@@ -267,8 +268,14 @@ _LORA = KwSpec("config", None, config="adapter",
                doc="train low-rank adapters, not the weights: lora(r = 16, alpha = 32, targets = [\"q_proj\", "
                    "\"v_proj\"]) (flowrl.catalog.adapters)")
 """The ``lora`` option of the trainable model constructors."""
+_DTYPE = KwSpec("str", "float32", choices=tuple(DTYPE_BYTES),
+               doc="the dtype the model computes in and its rollout engine serves (flowrl.catalog.precision)")
+_PRECISION = KwSpec("str", DEFAULT_PRECISION, choices=tuple(PRECISIONS),
+                    doc="with a 16-bit dtype: `mixed` trains fp32 master weights and Adam moments, `pure` the "
+                        "dtype's own (flowrl.catalog.precision)")
+"""The precision options of the trainable model constructors (``dtype``, ``precision``)."""
 _op(OpSpec("hf", OpKind.MODEL, (_a("path", "str"),), role="trainable", facts_from=FactsFrom.CHECKPOINT,
-           kwargs={"dtype": KwSpec("str", "float32", choices=("float32", "bfloat16", "float16")), "lora": _LORA},
+           kwargs={"dtype": _DTYPE, "precision": _PRECISION, "lora": _LORA},
            doc="A transformers checkpoint: a local directory or a hub id."))
 _TINY_SHAPE = {
     "hidden": KwSpec("int", 128, min=32),
@@ -289,7 +296,7 @@ _op(OpSpec("tiny", OpKind.MODEL, (), role="trainable", facts_from=FactsFrom.OPTI
                    "warm_start": KwSpec("int", None, min=0, doc="most SFT steps (default: the task's; "
                                         "it stops sooner at its target accuracy; 0: random weights)"),
                    "seed": KwSpec("int", 0, doc="added to the run's `seed`: seeds the init and the SFT data order"),
-                   "lora": _LORA},
+                   "dtype": _DTYPE, "precision": _PRECISION, "lora": _LORA},
            doc="A tiny model (Llama-style unless `arch` says) built locally for `task` and warm-started by SFT (cached)."))
 _op(OpSpec("tiny_rm", OpKind.MODEL, (), role="reward", facts_from=FactsFrom.OPTIONS,
            kwargs={"task": KwSpec("str", "arith", choices=tuple(t for t in TASKS if TASKS[t].sft_turns is None),
