@@ -136,6 +136,9 @@ class EngineSpec:
     tensors. ``flowrl plan`` prints the bytes each rank is given."""
     lora_max_rank: int | None = None
     """An ``adapters`` engine's largest adapter rank (vLLM: 512); None: no limit."""
+    lora_refused: str = ""
+    """Why an engine without a :attr:`lora` mode takes no LoRA model, in the words ``flowrl check``'s
+    E613 says it (empty: it was never built for one)."""
     context_option: str | None = None
     """Rollout engines: the option bounding one sequence's prompt + completion tokens
     (``max_model_len``). A schedule that does not set it gets the checkpoint's maximum
@@ -263,6 +266,9 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="actors", frees_memory="offload", converts_weights=True,
         untied_axes=("pp",),  # tied embeddings: the engine refuses pp > 1 at start-up (megatron/worker.py)
+        lora_refused="megatron-core 0.19 has no LoRA layers (its adapters live in Megatron-Bridge and NeMo, which "
+                     "flowrl does not install), and PEFT's LoRA for Megatron's parallel linears would send adapters "
+                     "of its fused QKV layout, which no rollout engine loads",
         cpu_rank_gb=0.25,  # forked: 0.64 GB for an actor with 2 tp ranks; a rank actor: 0.38 GB (0.17 + ACTOR_GB)
         architectures=architectures_run_by("megatron"),  # the families its weight converter takes
         platforms={"cpu": RUNS, "cuda": RUNS,
@@ -276,6 +282,7 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         memory="fsdp", ranks="actors", frees_memory="offload",
         cpu_rank_gb=0.3,  # measured 0.82 GB for an actor with 2 dp ranks (forkserver included)
         architectures=architectures_run_by("fsdp"),  # it wraps each of model.model.layers (Llama-style)
+        lora="train",  # PEFT wraps the model in each rank, then FSDP2 shards it (flowrl.engines.fsdp_rank)
         token_batches=True,  # flowrl.engines.fsdp_rank._plan
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS}),
     EngineSpec(

@@ -449,6 +449,43 @@ _op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),), python_ref="class",
                                      "schedule, one per 64 episodes in flight)")},
            doc="An environment / tool class given as \"module:Class\" (protocol: flowrl.envs), in a pool of "
                "Ray actors (flowrl.runtime.env_pool)."))
+_ENV_POOL = {"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call past it "
+                               "ends its episode with an error (0: no limit)"),
+             "workers": KwSpec("int", None, min=1, doc="Ray actors hosting the environments (default: sized by the "
+                               "schedule, one per 64 episodes in flight)")}
+"""The pool options every environment declaration takes (python_env's and the libraries')."""
+# Environment libraries (flowrl.catalog.env_libraries): each served by its adapter through the env_step protocol.
+_op(OpSpec("textarena", OpKind.ENV, (_a("game", "str", doc="a TextArena environment id, e.g. \"GuessTheNumber-v0\""),),
+           handler="library_env",
+           kwargs={**_ENV_POOL,
+                   "players": KwSpec("int", 1, min=1, doc="players in the game; the model is player 0"),
+                   "opponent": KwSpec("str", None, doc="\"module:function\" (observation -> action) playing every "
+                                      "other player (needed when players > 1)")},
+           doc="A TextArena game, the model as player 0 (flowrl.envs.textarena_games); its first prompt is the "
+               "game's first observation for the row's `seed` (rows: `python -m flowrl.envs.textarena_games`)."))
+_op(OpSpec("gymnasium", OpKind.ENV, (_a("env_id", "str", doc="a registered id, or \"module:EnvId\""),),
+           handler="library_env",
+           kwargs={**_ENV_POOL,
+                   "max_steps": KwSpec("int", None, min=1, doc="ends an episode after this many steps (truncation)")},
+           doc="A Gymnasium environment with text observations; the model's turn is the action (text, or an "
+               "integer for a Discrete space) (flowrl.envs.gymnasium_envs)."))
+_op(OpSpec("openenv", OpKind.ENV, (_a("cls", "str", doc="\"module:Class\" of an openenv Environment"),),
+           python_ref="class", handler="library_env",
+           kwargs={**_ENV_POOL,
+                   "action": KwSpec("str", None, required=True, doc="\"module:Class\" of the environment's Action"),
+                   "field": KwSpec("str", "message", doc="the Action field the model's turn is put in"),
+                   "observation": KwSpec("str", "", doc="the Observation field shown to the model (default: its "
+                                         "fields other than done, reward and metadata, as JSON)")},
+           doc="An OpenEnv environment, in process (flowrl.envs.openenv_envs)."))
+_op(OpSpec("mcp", OpKind.ENV, (_a("command", "str", doc="the command starting an MCP server on stdio, e.g. "
+                                  "\"python -m my_server\""),),
+           handler="library_env",
+           kwargs={**_ENV_POOL,
+                   "format": KwSpec("str", "auto", choices=("auto", "hermes", "llama3"),
+                                    doc="the tool-call format the model writes (auto: from its chat template)")},
+           doc="Tools of an MCP server (stdio): listed into the prompt by the chat template, the model's calls "
+               "parsed in the template's format and answered as tool messages; a turn without a call is the "
+               "final answer (reward 1 if it equals the row's answer) (flowrl.envs.mcp_tools)."))
 
 # ---- step ops ----------------------------------------------------------------------
 _op(OpSpec("sample", OpKind.SAMPLE, (_a("dataset", "dataset"),),

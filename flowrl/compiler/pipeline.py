@@ -21,6 +21,7 @@ from flowrl.compiler.passes.check_chat_templates import check_chat_templates
 from flowrl.compiler.passes.check_datasets import check_datasets
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_model_fit import check_model_fit
+from flowrl.compiler.passes.check_env_libraries import check_env_libraries
 from flowrl.compiler.passes.check_platform import check_platform
 from flowrl.compiler.passes.check_resources import check_resources
 from flowrl.compiler.passes.check_roles import check_roles
@@ -71,6 +72,7 @@ PASSES: tuple[Pass, ...] = (
     check_resources,
     check_tokenizers,
     check_model_fit,
+    check_env_libraries,
     check_routing,
     check_adapters,
     check_packing,

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
+from flowrl.catalog.precision import DEFAULT_PRECISION, PRECISIONS
 from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn
 from flowrl.engines.fsdp_rank import FsdpOptions, FsdpRank
@@ -55,7 +56,11 @@ class FsdpTrainEngine(RankedTrainEngine):
         dp: number of rank processes (sharding and data-parallel degree).
         tp, pp: accepted so a schedule layout passes through; must be 1 (use megatron for tp/pp).
         offload: GPU only: FSDP2 CPU offload of parameters, grads and optimizer state.
-        dtype: parameter dtype name.
+        dtype: the dtype the model computes in and :meth:`named_weights` yields.
+        precision: a 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"`` shards
+            fp32 parameters, gradients and AdamW moments and all-gathers the parameters cast to ``dtype``
+            for the forward and backward (FSDP2's ``MixedPrecisionPolicy``, as veRL); ``"pure"`` shards
+            ``dtype`` itself.
         seed: rank seed and the critic head's init seed.
         compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
         attn_implementation: transformers attention backend; None keeps its default.
@@ -64,6 +69,10 @@ class FsdpTrainEngine(RankedTrainEngine):
         device: accepted for signature compatibility; ranks use CUDA when available, else CPU.
         placement: under Ray, where each rank's actor runs (the runtime passes it); None: the
             ranks are processes forked on this machine.
+        lora: train LoRA adapters only (an actor): the plan's ``{"r", "alpha", "dropout", "targets"}``.
+            PEFT wraps the model in each rank before FSDP shards it; only the adapters have gradients
+            (reduce-scattered over the ranks, summed) and AdamW states; :meth:`named_weights` gathers the
+            adapters alone; ``forward(adapters=False)`` computes the base model's outputs.
     """
 
     meta_file = META_FILE
@@ -82,6 +91,7 @@ class FsdpTrainEngine(RankedTrainEngine):
         pp: int = 1,
         offload: bool = False,
         dtype: str = "float32",
+        precision: str = DEFAULT_PRECISION,
         seed: int = 0,
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
@@ -89,15 +99,21 @@ class FsdpTrainEngine(RankedTrainEngine):
         timeout_s: float = 600.0,
         device: str | None = None,
         placement: RankPlacement | None = None,
+        lora: dict | None = None,
     ):
         _check_args(model_path, role, temperature, dp, tp, pp, dtype)
+        if precision not in PRECISIONS:
+            raise EngineConfigError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
+        if lora is not None and role != "actor":
+            raise EngineConfigError(f"lora is for actors (a policy's adapters), not a {role}")
         self.role = role
         self.temperature = float(temperature)
         self.timeout_s = float(timeout_s)
         self.options = FsdpOptions(
             model_path=str(model_path), dp=dp, role=role, optim=optim, temperature=float(temperature), dtype=dtype,
-            seed=seed, compute_entropy=compute_entropy, attn_implementation=attn_implementation, offload=offload,
-            threads=threads,
+            precision=precision, seed=seed, compute_entropy=compute_entropy,
+            attn_implementation=attn_implementation, offload=offload,
+            threads=threads, lora=lora,
         )
         self.step = 0
         self._start(start_ranks(FsdpRank, self.options, dp, self.timeout_s, name="fsdp", preload=_PRELOAD,
@@ -110,7 +126,7 @@ class FsdpTrainEngine(RankedTrainEngine):
 
     def forward(
         self, batch: TokenBatch, *, entropy: bool = False, values: bool = False, micro_batch_size: int | None = None,
-        micro_batch_tokens: int = 0, pack: bool = False,
+        micro_batch_tokens: int = 0, pack: bool = False, adapters: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Per-token outputs without grad, each ``[B, T]`` float32 on CPU (0 at position 0 and padding).
 
@@ -118,8 +134,13 @@ class FsdpTrainEngine(RankedTrainEngine):
         ``"values"`` (``values[b, t]`` = value of ``input_ids[b, :t]``). ``micro_batch_size``
         bounds the rows each rank runs at once (default: all its rows); ``micro_batch_tokens`` (> 0)
         the real tokens instead, rows balanced over ranks by tokens; ``pack`` runs each micro-batch
-        as one packed row (:mod:`flowrl.engines.batching`).
+        as one packed row (:mod:`flowrl.engines.batching`). ``adapters=False`` (a LoRA engine): the
+        base model's outputs, the adapters disabled: a frozen reference of this policy without a copy.
         """
+        if not adapters and self.options.lora is None:
+            raise EngineConfigError("adapters=False asked of an engine that trains no LoRA adapters: its weights "
+                                    "are the model's; a frozen reference of a full-weight policy has an engine "
+                                    "of its own")
         if values and self.role != "critic":
             raise EngineConfigError("values=True asked of an actor engine; build FsdpTrainEngine(role='critic')")
         if entropy and self.role != "actor":
@@ -132,7 +153,8 @@ class FsdpTrainEngine(RankedTrainEngine):
         if micro_batch_tokens < 0:
             raise EngineConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 0 (0: micro-batches by rows)")
         parts = self._group.call("forward", self.timeout_s, batch=batch, entropy=entropy, values=values,
-                                 micro_batch_size=size, micro_batch_tokens=micro_batch_tokens, pack=pack)
+                                 micro_batch_size=size, micro_batch_tokens=micro_batch_tokens, pack=pack,
+                                 adapters=adapters)
         plans = batching.plan_ranks(batching.lengths_of(batch), self.dp, max_rows=size, max_tokens=micro_batch_tokens,
                                     padded=not pack)
         order = torch.tensor([i for rows in batching.rank_rows(plans) for i in rows], dtype=torch.long)
@@ -178,6 +200,8 @@ class FsdpTrainEngine(RankedTrainEngine):
         """``(hf_name, tensor)`` full (all-gathered) CPU tensors in transformers naming.
 
         A critic yields its base model under ``model.`` plus ``value_head.weight`` / ``value_head.bias``.
+        With LoRA: the adapter tensors only, under PEFT's names
+        (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), as the torch engine's.
         """
         yield from self._group.call("gather_weights", self.timeout_s, source="weights")[0].items()
 

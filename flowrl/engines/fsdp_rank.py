@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from flowrl.algos.losses import combine_metrics
+from flowrl.catalog.precision import DEFAULT_PRECISION, keeps_masters
 from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, LossFn, accelerator, load_tensors_file
 from flowrl.engines.ranks import local_device_index
-from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine, _split_loss, trim_padding
+from flowrl.engines.precision import MasterWeights
+from flowrl.engines.torch_train import _DTYPES, OptimConfig, TorchTrainEngine, _split_loss, trim_padding
 from flowrl.engines.types import TokenBatch
 
 GRAD_STATS = ("grad_norm", "lr", "step", "skipped")
@@ -66,6 +68,21 @@ class FsdpOptions:
     """torch intra-op threads per rank; None = cpu_count // dp."""
     backend: str | None = None
     """torch.distributed backend; None = "nccl" with CUDA, else "gloo"."""
+    precision: str = DEFAULT_PRECISION
+    """A 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"`` shards fp32 parameters
+    (the masters) and computes in ``dtype`` (FSDP2's ``MixedPrecisionPolicy``), ``"pure"`` shards ``dtype``."""
+
+
+def _compute_dtype(options: FsdpOptions) -> torch.dtype | None:
+    """The 16-bit dtype a mixed-precision rank computes in while its sharded parameters, gradients and
+    AdamW moments are fp32 (veRL's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``);
+    None: it computes in its parameters' dtype."""
+    return _DTYPES[options.dtype] if keeps_masters(options.dtype, options.precision) else None
+    lora: dict | None = None
+    """Train LoRA adapters only (an actor): the plan's ``{"r", "alpha", "dropout", "targets"}``
+    (:mod:`flowrl.engines.lora`). PEFT wraps the model before FSDP shards it; the frozen base weights
+    are sharded like the adapters, only the adapters have gradients (reduce-scattered over dp) and
+    AdamW states, and a resync gathers the adapters alone."""
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -89,6 +106,15 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
             "the fsdp engine supports Llama/Qwen2-style transformers checkpoints"
         )
     return list(layers)
+
+
+def _trained_state(engine: TorchTrainEngine, state: dict) -> dict:
+    """What a checkpoint keeps of a model's state dict: all of it, or for a LoRA engine its adapters (the
+    trainable parameters; the frozen base is the model checkpoint's, never changed: a few % of the bytes)."""
+    if engine.lora is None:
+        return state
+    trained = {name for name, p in engine.model.named_parameters() if p.requires_grad}
+    return {name: t for name, t in state.items() if name in trained}
 
 
 class FsdpRank:
@@ -119,8 +145,9 @@ class FsdpRank:
         torch.manual_seed(options.seed)
         self.engine = TorchTrainEngine(
             options.model_path, role=options.role, optim=options.optim, temperature=options.temperature,
-            dtype=options.dtype, device=device, seed=options.seed, compute_entropy=options.compute_entropy,
-            attn_implementation=options.attn_implementation,
+            dtype="float32" if _compute_dtype(options) else options.dtype, precision=options.precision,
+            device=device, seed=options.seed, compute_entropy=options.compute_entropy,
+            attn_implementation=options.attn_implementation, lora=options.lora,
         )
         self._shard(offload=options.offload and cuda)
         self.coords = {"rank": rank, "dp": rank}
@@ -128,13 +155,19 @@ class FsdpRank:
 
     def _shard(self, offload: bool) -> None:
         """Wrap each decoder layer and the root with FSDP2, then rebuild AdamW over the DTensor parameters."""
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        from flowrl.engines.lora import base_model
 
         eng = self.engine
         policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-        for layer in _decoder_layers(eng.model):
-            fully_shard(layer, mesh=self.mesh, offload_policy=policy)
-        fully_shard(eng.model, mesh=self.mesh, offload_policy=policy)
+        # mixed precision: all-gather the fp32 shards cast to the 16-bit dtype, reduce-scatter grads in fp32
+        compute = _compute_dtype(self.options)
+        mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) if compute else MixedPrecisionPolicy()
+        root = base_model(eng.model)  # under PEFT's wrapper (LoRA): the transformers model, adapters inside
+        for layer in _decoder_layers(root):
+            fully_shard(layer, mesh=self.mesh, offload_policy=policy, mp_policy=mp)
+        fully_shard(root, mesh=self.mesh, offload_policy=policy, mp_policy=mp)
         for module in eng.model.modules():
             if hasattr(module, "set_gradient_divide_factor"):
                 # Losses are normalised by the global denominator: the dp gradients must add, not average.
@@ -143,8 +176,10 @@ class FsdpRank:
                 module.set_force_sum_reduction_for_comms(True)
         # fully_shard replaced the parameters by DTensors: the optimizer must hold the new ones.
         cfg = eng.optim_config
-        eng.optimizer = torch.optim.AdamW([p for p in eng.model.parameters() if p.requires_grad], lr=cfg.lr,
-                                          betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        # The sharded parameters are the masters themselves (fp32 under mixed precision, else the dtype's).
+        eng.masters = MasterWeights([p for p in eng.model.parameters() if p.requires_grad], enabled=False)
+        eng.optimizer = torch.optim.AdamW(eng.masters.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                          weight_decay=cfg.weight_decay)
         eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: cfg.lr_factor(step))
 
     # ---------------------------------------------------------------- batches
@@ -162,9 +197,10 @@ class FsdpRank:
     # ---------------------------------------------------------------- forward
 
     def forward(self, batch: TokenBatch, entropy: bool, values: bool, micro_batch_size: int,
-                micro_batch_tokens: int = 0, pack: bool = False) -> dict[str, torch.Tensor]:
+                micro_batch_tokens: int = 0, pack: bool = False, adapters: bool = True) -> dict[str, torch.Tensor]:
         """This rank's rows of the per-token outputs, in ascending row order
-        (:func:`batching.rank_rows`): ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0)."""
+        (:func:`batching.rank_rows`): ``{key: [rows_r, T]}`` float32 on CPU (rows_r may be 0);
+        ``adapters=False``: the base model's, the LoRA adapters disabled on every rank."""
         eng = self.engine
         eng._check_request(entropy=entropy, values=values)
         micros, padding = self._plan(batch, micro_batch_size, micro_batch_tokens, pack)
@@ -172,7 +208,9 @@ class FsdpRank:
         where = {row: k for k, row in enumerate(mine)}
         width = batch.input_ids.shape[1]
         out: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
+        if eng.lora is not None and eng.lora.dropout:
+            eng.model.eval()  # a log-prob pass runs without the adapters' dropout (the update's forward has it)
+        with torch.no_grad(), eng.base_weights(not adapters):
             for rows, micro in micros:
                 for key, value in eng._outputs(micro, entropy=entropy, pack=pack).items():
                     full = out.setdefault(key, torch.zeros(len(mine), width, dtype=torch.float32))
@@ -181,6 +219,7 @@ class FsdpRank:
                 dummy = eng._outputs(trim_padding(batch.select(slice(0, 1))), entropy=entropy, pack=pack)
                 for key in dummy:
                     out.setdefault(key, torch.zeros(len(mine), width, dtype=torch.float32))
+        eng.model.train()
         return out
 
     # --------------------------------------------------------------- training
@@ -242,7 +281,15 @@ class FsdpRank:
         captured by the last ``train_step(capture_grads=True)`` (``"grads"``); other ranks: None."""
         if source == "grads":
             return self._grads if self.rank == 0 else None
-        full = self._collect(lambda t: t, self.engine.model.state_dict().items())
+        if self.engine.lora is not None:  # the adapters only, under PEFT's names (the base never changes)
+            from flowrl.engines.lora import adapter_tensors
+
+            full = self._collect(lambda t: t, adapter_tensors(self.engine.model))
+            return full if self.rank == 0 else None
+        # mixed precision: the weights the ranks compute with, the fp32 masters cast (gathered in 16 bits)
+        compute = _compute_dtype(self.options)
+        cast = (lambda t: t.to(compute) if t.is_floating_point() else t) if compute else (lambda t: t)
+        full = self._collect(cast, self.engine.model.state_dict().items())
         return full if self.rank == 0 else None
 
     def save(self, path: str) -> None:
@@ -254,7 +301,7 @@ class FsdpRank:
         # Before the first step AdamW has no state; get_optimizer_state_dict would create it
         # (a step-1 state) and change later updates, so a fresh optimizer is not saved.
         has_optim = bool(eng.optimizer.state)
-        state = {"model": get_model_state_dict(eng.model)}
+        state = {"model": _trained_state(eng, get_model_state_dict(eng.model))}
         if has_optim:
             state["optim"] = get_optimizer_state_dict(eng.model, eng.optimizer)
         dcp.save(state, checkpoint_id=str(Path(path, DCP_DIR)))
@@ -265,6 +312,7 @@ class FsdpRank:
         """Restore what :meth:`save` wrote (same dp)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_model_state_dict,
             get_optimizer_state_dict,
             set_model_state_dict,
@@ -273,11 +321,12 @@ class FsdpRank:
 
         eng = self.engine
         extra = load_tensors_file(Path(path, f"rank{self.rank}.pt"))
-        state = {"model": get_model_state_dict(eng.model)}
+        state = {"model": _trained_state(eng, get_model_state_dict(eng.model))}
         if extra["has_optim"]:
             state["optim"] = get_optimizer_state_dict(eng.model, eng.optimizer)
         dcp.load(state, storage_reader=_safe_reader(str(Path(path, DCP_DIR))), planner=_safe_load_planner())
-        set_model_state_dict(eng.model, state["model"])
+        # LoRA: the adapters alone (the frozen base came from the model's checkpoint as the engine started)
+        set_model_state_dict(eng.model, state["model"], options=StateDictOptions(strict=eng.lora is None))
         if extra["has_optim"]:
             set_optimizer_state_dict(eng.model, eng.optimizer, state["optim"])
         else:

@@ -62,6 +62,20 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> torch.nn.Module:
         return get_peft_model(model, peft_cfg)
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT wrapper (``model`` itself when it has none): what FSDP shards
+    by decoder layer (its ``model.layers``) and at the root; the LoRA layers live inside it."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def adapters_disabled(model: torch.nn.Module):
+    """A context in which a PEFT model computes as its base model: every LoRA layer skipped (PEFT's
+    ``disable_adapter``), the same weights in memory. A frozen reference ``frozen(policy)`` of a LoRA
+    policy is its base: its log-prob pass runs here, on the policy's engine, with no copy of the weights."""
+    return model.disable_adapter()
+
+
 def adapter_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The adapters of a PEFT model under PEFT's saved names (detached views: consume them before
     the next update)."""
@@ -146,5 +160,5 @@ class Merger:
         return out
 
 
-__all__ = ["PEFT_PREFIX", "FUSED_GROUPS", "config_of", "wrap", "adapter_tensors", "peft_config_dict", "write_adapter",
-           "split_name", "Merger"]
+__all__ = ["PEFT_PREFIX", "FUSED_GROUPS", "config_of", "wrap", "base_model", "adapters_disabled", "adapter_tensors",
+           "peft_config_dict", "write_adapter", "split_name", "Merger"]

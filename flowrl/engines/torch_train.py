@@ -11,6 +11,7 @@ the loss function normalises by whole-batch counts (see :data:`~flowrl.engines.b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -22,10 +23,8 @@ from torch import nn
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
-from flowrl.catalog.precision import DEFAULT_PRECISION, PRECISIONS, keeps_masters
 from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn, accelerator, load_tensors_file
-from flowrl.engines.precision import MasterWeights
 from flowrl.engines.route_replay import replayed_routes
 from flowrl.engines.types import ROUTES, TokenBatch
 
@@ -204,12 +203,8 @@ class TorchTrainEngine:
         optim: AdamW / schedule / clipping settings.
         temperature: logits are divided by this before log_softmax, so logprobs match
             a rollout engine sampling at the same temperature.
-        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``): the dtype the
-            model computes in and :meth:`named_weights` yields; per-token outputs are always float32.
-        precision: a 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"``
-            keeps fp32 master weights of the trainable parameters and fp32 AdamW moments
-            (:class:`~flowrl.engines.precision.MasterWeights`), ``"pure"`` updates the 16-bit
-            weights themselves. A float32 model trains in float32 either way.
+        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``);
+            per-token outputs are always float32.
         device: torch device string; None: :func:`~flowrl.engines.base.accelerator` (``cuda`` where
             this process sees a GPU, else ``cpu``).
         seed: seeds the critic head's initialisation.
@@ -233,14 +228,11 @@ class TorchTrainEngine:
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
         lora: dict | None = None,
-        precision: str = DEFAULT_PRECISION,
     ):
         if role not in ("actor", "critic", "reward"):
             raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor', 'critic' or 'reward'")
         if dtype not in _DTYPES:
             raise EngineConfigError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
-        if precision not in PRECISIONS:
-            raise EngineConfigError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
         if not temperature > 0:
             raise EngineConfigError(f"temperature={temperature!r} must be > 0 for training (logits / T)")
         if not os.path.isdir(model_path):
@@ -262,11 +254,8 @@ class TorchTrainEngine:
             self.model = adapters.wrap(self.model, self.lora, seed)
         _own_storage(self.model)
         self.model.train()
-        # Mixed precision: AdamW updates fp32 masters of the 16-bit parameters (flowrl.engines.precision).
-        self.masters = MasterWeights([p for p in self.model.parameters() if p.requires_grad],
-                                     enabled=keeps_masters(dtype, precision))
         self.optimizer = torch.optim.AdamW(
-            self.masters.params,
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=optim.lr,
             betas=optim.betas,
             eps=optim.eps,
@@ -348,6 +337,7 @@ class TorchTrainEngine:
         micro_batch_size: int | None = None,
         micro_batch_tokens: int = 0,
         pack: bool = False,
+        adapters: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Per-token outputs without grad, each [B, T] float32 on CPU.
 
@@ -360,6 +350,8 @@ class TorchTrainEngine:
         ``values[b, t]`` is the value of the state ``input_ids[b, :t]``. Position 0
         and padding are 0. ``micro_batch_size`` bounds the rows run at once; ``micro_batch_tokens``
         (> 0) the real tokens instead; ``pack`` runs each micro-batch as one packed row.
+        ``adapters=False`` (a LoRA engine): the base model's outputs, the adapters disabled
+        (:meth:`base_weights`): a frozen reference made from this policy, computed without a copy.
         """
         self._check_request(entropy=entropy, values=values)
         size = micro_batch_size or max(batch.size, 1)
@@ -367,13 +359,27 @@ class TorchTrainEngine:
         out: dict[str, torch.Tensor] = {}
         if self.lora is not None and self.lora.dropout:
             self.model.eval()  # a log-prob pass runs without the adapters' dropout (the update's forward has it)
-        with torch.no_grad():
+        with torch.no_grad(), self.base_weights(not adapters):
             for rows, micro in self._micro_batches(batch, size, micro_batch_tokens, pack):
                 for key, value in self._outputs(micro, entropy=entropy, pack=pack).items():
                     full = out.setdefault(key, torch.zeros(batch.size, width, dtype=torch.float32))
                     full[rows, : value.shape[1]] = value.detach().float().cpu()
         self.model.train()
         return out
+
+    def base_weights(self, off: bool = True):
+        """A context in which the model computes as its base, the LoRA adapters disabled
+        (:func:`flowrl.engines.lora.adapters_disabled`); ``off=False``: as it is. An engine without
+        adapters has no base to fall back to: :class:`EngineConfigError`."""
+        if not off:
+            return contextlib.nullcontext()
+        if self.lora is None:
+            raise EngineConfigError("adapters=False asked of an engine that trains no LoRA adapters: its weights "
+                                    "are the model's; a frozen reference of a full-weight policy has an engine "
+                                    "of its own")
+        from flowrl.engines.lora import adapters_disabled
+
+        return adapters_disabled(self.model)
 
     def _check_request(self, *, entropy: bool, values: bool) -> None:
         if values and self.role != "critic":
@@ -419,7 +425,6 @@ class TorchTrainEngine:
         }
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self.masters.zero_grad()
         totals: dict[str, float] = {"loss": 0.0}
         micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens, pack)
         for _, micro in micros:
@@ -433,11 +438,8 @@ class TorchTrainEngine:
         return {**totals, "pad_fraction": pad, **self._apply_gradients(totals["loss"])}
 
     def _apply_gradients(self, loss: float = 0.0) -> dict[str, float]:
-        """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite.
-        Under mixed precision the gradients move to the fp32 masters first, and the 16-bit weights
-        are cast from the updated masters after the step."""
-        self.masters.grads_to_masters()
-        params = [p for p in self.masters.params if p.requires_grad]
+        """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optim_config.max_grad_norm
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf))
         lr = float(self.scheduler.get_last_lr()[0])
@@ -448,7 +450,6 @@ class TorchTrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
-            self.masters.masters_to_model()
         self.scheduler.step()
         self.step += 1
         return {"grad_norm": norm, "lr": lr, "step": float(self.step), "skipped": float(skipped)}
@@ -513,14 +514,12 @@ class TorchTrainEngine:
         return moved
 
     def save(self, path: str) -> None:
-        """Write ``path/engine_state.pt``: model, fp32 master weights (mixed precision), optimizer,
-        scheduler, step and torch RNG states."""
+        """Write ``path/engine_state.pt``: model, optimizer, scheduler, step and torch RNG states."""
         os.makedirs(path, exist_ok=True)
         state = {
             "role": self.role,
             "step": self.step,
             "model": self.model.state_dict(),
-            "masters": self.masters.state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng_cpu": torch.get_rng_state(),
@@ -540,10 +539,6 @@ class TorchTrainEngine:
                 f"build TorchTrainEngine(role={state['role']!r}) to load it"
             )
         self.model.load_state_dict(state["model"])
-        if state.get("masters"):
-            self.masters.load_state(state["masters"])
-        else:  # saved in float32 or pure: the masters start from the weights
-            self.masters.from_model()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])

@@ -245,6 +245,7 @@ class Runtime:
         """Check the plan, prepare the models, read the data, build the rewards, start the engines."""
         from flowrl.runtime.data import RunData
         from flowrl.runtime.env_pool import env_builder_of
+        from flowrl.runtime.env_prompts import with_tools
         from flowrl.runtime.materialize import load_tokenizer_for, materialize_models
         from flowrl.runtime.rewards import build_rewards
 
@@ -258,7 +259,9 @@ class Runtime:
         with span("start:data"):
             contexts = {m.id: checkpoint_context(paths[m.id]) for m in self.plan.models
                         if m.rollout_engine is not None and m.id in paths}
-            self.data = RunData(self.plan, load_tokenizer_for(self.plan, paths), self.plan.run.seed, contexts)
+            # An environment's tools (an MCP server's) are rendered into the chat prompts by the template.
+            tokenizer = with_tools(self.plan, load_tokenizer_for(self.plan, paths))
+            self.data = RunData(self.plan, tokenizer, self.plan.run.seed, contexts)
         for d in self.plan.datasets:
             if self.data.skipped[d.id]:
                 self.events.bad_rows(d, self.data.skipped[d.id])

@@ -67,6 +67,8 @@ class EnvOutcome:
     output: str = ""
     """What the environment printed during this call (see the module docstring)."""
 
+    messages: tuple = ()
+    """The observation as chat messages (:attr:`flowrl.envs.StepResult.messages`), when the environment gave them."""
 
 OUTPUT_KEEP = 4096
 """Characters kept of what an environment prints during one call (the rest is counted)."""
@@ -114,14 +116,17 @@ class _CallOutput(io.TextIOBase):
 class EnvWorker:
     """A Ray actor hosting environment instances by episode key (one class per pool)."""
 
-    def __init__(self, target: str, folder: str | None):
+    def __init__(self, target: str, folder: str | None, config: dict | None = None):
+        """``config``: a library environment's options (its adapter class is built with them); None: a
+        ``python_env`` class, built with no arguments."""
         from flowrl.pyrefs import import_module_from, split_ref
 
         self._calls = _CALLS
         if not isinstance(sys.stdout, _CallOutput):  # once per process
             sys.stdout, sys.stderr = _CallOutput(sys.stdout, _CALLS), _CallOutput(sys.stderr, _CALLS)
         module, attr = split_ref(target)
-        self.cls = getattr(import_module_from(module, folder), attr)
+        cls = getattr(import_module_from(module, folder), attr)
+        self.cls = cls if config is None else (lambda: cls(dict(config)))
         self.envs: dict[str, object] = {}
 
     def _capture(self) -> None:
@@ -153,7 +158,7 @@ class EnvWorker:
             if r.done:
                 self._close(key)
             return {"observation": r.observation, "reward": r.reward, "done": r.done, "info": r.info,
-                    "seconds": time.time() - t0, "output": self._captured()}
+                    "messages": r.messages, "seconds": time.time() - t0, "output": self._captured()}
         except Exception as e:  # noqa: BLE001 - user code may raise anything: it ends this episode only
             self._close(key)
             return {"error": f"{type(e).__name__}: {e}"[:500], "seconds": time.time() - t0,
@@ -189,11 +194,14 @@ class EnvWorker:
 class EnvPool:
     """``workers`` :class:`EnvWorker` actors for one environment resource (see the module docstring)."""
 
-    def __init__(self, env: EnvPlan, *, start: bool = True):
+    def __init__(self, env: EnvPlan, *, start: bool = True, adapter: str | None = None):
+        """``adapter``: a library environment's adapter class (``module:Class``), built with the
+        environment's options (:mod:`flowrl.catalog.env_libraries`); None: ``python_env``'s class."""
         from flowrl.pyrefs import folder_of
 
         self.plan = env
-        self.target = str(env.options["target"])
+        self.config = {**env.options, "flow_folder": folder_of(env.origin)} if adapter else None
+        self.target = adapter or str(env.options["target"])
         self.folder = folder_of(env.origin)  # the flow file's folder first, as `flowrl check` looks
         self.timeout = float(env.options.get("timeout", 10.0)) or None
         self.size = int(env.options["workers"])
@@ -220,7 +228,7 @@ class EnvPool:
         actor = ray.remote(EnvWorker).options(
             num_cpus=0, max_concurrency=MAX_CONCURRENCY,
             runtime_env={"env_vars": {k: os.environ[k] for k in ACTOR_ENV if k in os.environ}})
-        return actor.remote(self.target, self.folder)
+        return actor.remote(self.target, self.folder, self.config)
 
     def _wait_ready(self, indices: list[int]) -> None:
         import ray
@@ -269,7 +277,8 @@ class EnvPool:
             if "error" in r:
                 out[i] = EnvOutcome(error=r["error"], seconds=r["seconds"])
             else:
-                out[i] = EnvOutcome(r["observation"], r["reward"], r["done"], r["info"], None, r["seconds"])
+                out[i] = EnvOutcome(r["observation"], r["reward"], r["done"], r["info"], None, r["seconds"],
+                                    messages=tuple(r.get("messages") or ()))
             out[i].recovered = recovered.get(i)
             out[i].output = r.get("output", "")
             if out[i].done or out[i].error is not None:
@@ -376,7 +385,15 @@ def python_env(env: EnvPlan, plan: ExecutionPlan) -> EnvPool:
     return EnvPool(env)
 
 
-ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env,)}
+def library_env(env: EnvPlan, plan: ExecutionPlan) -> EnvPool:
+    """An environment of a library (``textarena(...)``, ``mcp(...)``...): a pool hosting the adapter its
+    library's record names (:data:`flowrl.catalog.env_libraries.ENV_LIBRARIES`), built with its options."""
+    from flowrl.catalog.env_libraries import ENV_LIBRARIES
+
+    return EnvPool(env, adapter=ENV_LIBRARIES[env.kind].adapter)
+
+
+ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env, library_env, agent)}
 """``OpSpec.handler`` of an environment op -> ``builder(env plan, plan)``."""
 
 
@@ -386,4 +403,5 @@ def env_builder_of(env: EnvPlan) -> Callable:
                        things="environments")
 
 
-__all__ = ["EnvOutcome", "EnvWorker", "EnvPool", "ENV_KINDS", "env_builder_of", "python_env", "MAX_CONCURRENCY"]
+__all__ = ["EnvOutcome", "EnvWorker", "EnvPool", "ENV_KINDS", "env_builder_of", "python_env", "library_env",
+           "MAX_CONCURRENCY"]

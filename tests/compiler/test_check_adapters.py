@@ -1,5 +1,5 @@
-"""`lora = lora(...)` at `flowrl check`: accepted on a dense Llama-style model trained by `torch` (one rank)
-and served by vLLM (adapters) or SGLang / hf_generate (merged); refused with E613 at the option as
+"""`lora = lora(...)` at `flowrl check`: accepted on a dense Llama-style model trained by `torch` or `fsdp` (any
+number of ranks) and served by vLLM (adapters) or SGLang / hf_generate (merged); refused with E613 at the option as
 written everywhere else. The builder writes the same value as the text."""
 
 from __future__ import annotations
@@ -78,14 +78,19 @@ def test_families_without_adaptable_layers_are_refused(tmp_path, arch, what):
     assert len(errors) == 1 and what in errors[0][2], errors
 
 
-@pytest.mark.parametrize("train, gpus, via", [("megatron(tp = 1)", 1, ""), ("fsdp(dp = 2)", 2, ""),
-                                              ("torch(dp = 2)", 2, " (with 2 ranks it runs on `fsdp`'s)")])
-def test_train_engines_that_cannot_train_adapters_are_refused(tmp_path, train, gpus, via):
-    (line, col, message, hint), = _errors(tmp_path, train=train, gpus=gpus)
+def test_megatron_cannot_train_adapters_and_says_why(tmp_path):
+    (line, col, message, hint), = _errors(tmp_path, train="megatron(tp = 1)")
     first = (tmp_path / "lora.flow").read_text().splitlines()[0]
     assert (line, col) == (1, first.index("lora(") + 1)  # at the option's value
-    assert message.endswith(f"its train engine `{train.split('(')[0]}`{via} cannot train them")
-    assert hint.startswith("give `policy.train` `torch(...)` with one rank")
+    assert "its train engine `megatron` cannot train them: megatron-core 0.19 has no LoRA layers" in message
+    assert hint == "give `policy.train` `fsdp(...)` or `torch(...)`, or drop `lora` to train the full weights"
+
+
+@pytest.mark.parametrize("train, gpus", [("fsdp(dp = 2)", 2), ("torch(dp = 2)", 2), ("fsdp(dp = 1)", 1)])
+def test_fsdp_and_torch_with_several_ranks_train_adapters(tmp_path, train, gpus):
+    plan = lower(_compile(tmp_path, train=train, gpus=gpus).graph)
+    policy = plan.model("policy")
+    assert policy.args["lora"]["r"] == 8 and policy.train_engine.world_size == gpus
 
 
 def test_a_rank_vllm_cannot_load_is_refused(tmp_path):
@@ -110,14 +115,15 @@ def test_the_builder_writes_the_same_lora_value(tmp_path):
 
 def test_schedule_auto_keeps_to_engines_that_train_adapters(tmp_path):
     """With LoRA, `schedule auto` on 2 GPUs rejects the engines that cannot train adapters (E613, counted in
-    its report: every train engine whose record's `lora` is not `train` refused) and picks torch(dp = 1); for
-    the full model an engine with model-parallel axes (megatron) is a candidate again."""
+    its report: every train engine whose record's `lora` is not `train` refused: megatron) and picks one that
+    does (torch on 2 ranks: fsdp's); for the full model an engine with model-parallel axes (megatron) is a
+    candidate again."""
     text = FLOW.split("schedule")[0] + "schedule main auto on cluster(gpus_per_node = 2) {{}}\n"
     path = tmp_path / "auto.flow"
     path.write_text(text.format(arch="llama", lora=LORA, data=DATA))
     plan = lower(compile_file(str(path)).graph)
     train = plan.model("policy").train_engine
-    assert (train.kind, train.world_size) == ("torch", 1)
+    assert ENGINES[train.kind].lora == "train"
     assert any(reason.startswith("E613") for reason in plan.search.rejected)
     verdicts = {v.engine: v.verdict for v in plan.search.engines if v.role == "train"}
     no_lora = {name for name in verdicts if ENGINES[name].lora != "train"}

@@ -10,7 +10,8 @@ Guarantees, for each model declared with ``lora = lora(...)`` (E613, at the opti
   projections); a name that is not one is refused naming those that are, and so is a family with
   none (GPT-2's ``Conv1D`` layers) or a mixture of experts (its experts are fused, not linear layers);
 * its train engine trains adapters (:attr:`~flowrl.catalog.engines.EngineSpec.lora` ``train``:
-  ``torch`` with one rank; with several it runs on fsdp's ranks, which do not);
+  ``torch``, whose several ranks run on ``fsdp``'s, and ``fsdp``; not ``megatron``, for the reason its
+  record gives, :attr:`~flowrl.catalog.engines.EngineSpec.lora_refused`);
 * its rollout engine takes them, loaded as an adapter (``adapters``: vLLM, up to its largest rank)
   or merged into the base weights by the runtime (``merged``: SGLang, ``hf_generate``).
 

@@ -339,9 +339,11 @@ def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int) -> tupl
     if runs.lora not in wanted:
         able = sorted(k for k, e in ENGINES.items() if e.serves == spec.serves and e.lora in wanted)
         via = f" (with {plan.world_size} ranks it runs on `{runs.name}`'s)" if runs is not spec else ""
+        why = f": {runs.lora_refused}" if runs.lora_refused else ""
+        one_rank = {k for k in able if ENGINES[k].multi_rank_as and ENGINES[ENGINES[k].multi_rank_as].lora not in wanted}
         return (f"`{model}` trains LoRA adapters, but its {role} engine `{plan.kind}`{via} cannot "
-                + ("train them" if role == "train" else "serve them"),
-                f"give `{key}` " + " or ".join(f"`{k}(...)`" + (" with one rank" if ENGINES[k].multi_rank_as else "")
+                + ("train them" if role == "train" else "serve them") + why,
+                f"give `{key}` " + " or ".join(f"`{k}(...)`" + (" with one rank" if k in one_rank else "")
                                              for k in able) + ", or drop `lora` to train the full weights")
     if runs.lora_max_rank is not None and r > runs.lora_max_rank:
         return (f"`lora` of `{model}` has rank r = {r}, above the {runs.lora_max_rank} its {role} engine "

@@ -1,0 +1,74 @@
+"""LoRA on fsdp(dp=2) (and so torch with dp > 1, which runs on fsdp's ranks): PEFT wraps the model in each rank
+before FSDP2 shards it; only the adapters train (their gradients summed over the ranks); the step, the
+adapters a resync gathers and the log-probs equal the one-process torch engine's (fp32, 1e-5); the base
+model's log-probs with the adapters disabled equal a plain engine's of the same checkpoint exactly; a
+checkpoint keeps the adapters and AdamW state alone and a resumed engine continues as the saved one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_testkit import random_batch, sft_loss
+
+from flowrl.engines.base import EngineConfigError
+from flowrl.engines.fsdp import FsdpTrainEngine
+from flowrl.engines.torch_train import OptimConfig, TorchTrainEngine
+
+pytest.importorskip("peft")
+
+LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "targets": ["q_proj", "v_proj", "down_proj"]}
+OPTIM = OptimConfig(lr=1e-2, max_grad_norm=1.0, eps=1e-3)  # eps: see test_fsdp_engine.OPTIM
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # three engines of 2 forked ranks each: ~50 s on 2 idle cores
+def test_lora_dp2_trains_adapters_as_one_process_does_and_disables_them_for_the_base(tiny_model_dir, tmp_path):
+    batches = [random_batch(rows=5, seed=s) for s in (3, 4)]
+    torch.manual_seed(0)
+    one = TorchTrainEngine(tiny_model_dir, optim=OPTIM, lora=LORA)
+    base = TorchTrainEngine(tiny_model_dir, optim=OPTIM)  # no adapters: the checkpoint's model
+    one_stats = [one.train_step(b, sft_loss, micro_batch_size=2) for b in batches]
+    one_lp = one.forward(batches[0])["logprobs"]
+    with FsdpTrainEngine(tiny_model_dir, optim=OPTIM, dp=2, lora=LORA) as eng:
+        before = eng.forward(batches[0], adapters=False)["logprobs"]
+        stats = [eng.train_step(b, sft_loss, micro_batch_size=2) for b in batches]
+        lp = eng.forward(batches[0], micro_batch_size=1)["logprobs"]
+        off = eng.forward(batches[0], adapters=False)["logprobs"]
+        sent = dict(eng.named_weights())
+        eng.save(str(tmp_path / "ckpt"))
+        after_save = eng.train_step(batches[1], sft_loss, micro_batch_size=2)
+        lp_after = eng.forward(batches[0])["logprobs"]
+    for got, want in zip(stats, one_stats):
+        for key in ("loss", "grad_norm", "lr", "step"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    torch.testing.assert_close(lp, one_lp, **TOL)
+    want_sent = dict(one.named_weights())
+    assert sent.keys() == want_sent.keys() and all(".lora_" in n for n in sent)  # the adapters alone
+    for name, t in want_sent.items():
+        torch.testing.assert_close(sent[name], t, **TOL, msg=name)
+    assert any(float(t.abs().max()) > 0 for n, t in sent.items() if ".lora_B." in n)  # they moved
+    # the reference pass: the base's log-probs, bit for bit the same before and after training
+    base_lp = base.forward(batches[0])["logprobs"]
+    assert torch.equal(off, before)
+    torch.testing.assert_close(off, base_lp, rtol=0, atol=1e-6)
+    assert (lp - off).abs().max() > 1e-3  # the adapters change the policy: the comparison has teeth
+
+    # the checkpoint holds the adapters (not the base) and AdamW's state; a fresh engine resumes exactly
+    with FsdpTrainEngine(tiny_model_dir, optim=OPTIM, dp=2, lora=LORA, seed=7) as again:
+        again.load(str(tmp_path / "ckpt"))
+        resumed = again.train_step(batches[1], sft_loss, micro_batch_size=2)
+        torch.testing.assert_close(again.forward(batches[0])["logprobs"], lp_after, rtol=0, atol=0)
+    assert resumed["loss"] == after_save["loss"] and resumed["grad_norm"] == after_save["grad_norm"]
+    from flowrl.engines.fsdp_rank import DCP_DIR
+
+    saved = sum(f.stat().st_size for f in (tmp_path / "ckpt" / DCP_DIR).iterdir())
+    full = sum(p.numel() * 4 for p in base.model.parameters())
+    assert saved < full / 2, (saved, full)  # adapters + their Adam moments, no copy of the base
+
+
+def test_adapters_off_needs_adapters(tiny_model_dir):
+    eng = TorchTrainEngine(tiny_model_dir, optim=OPTIM)
+    with pytest.raises(EngineConfigError, match="trains no LoRA adapters"):
+        eng.forward(random_batch(rows=2), adapters=False)
+    with pytest.raises(EngineConfigError, match="lora is for actors"):
+        FsdpTrainEngine(tiny_model_dir, role="critic", dp=2, lora=LORA)
