@@ -23,8 +23,10 @@ from torch import nn
 
 from flowrl.algos.losses import combine_metrics
 from flowrl.algos.schedules import lr_factor
+from flowrl.catalog.precision import DEFAULT_PRECISION, PRECISIONS, keeps_masters
 from flowrl.engines import batching
 from flowrl.engines.base import Denominator, EngineConfigError, EngineError, LossFn, accelerator, load_tensors_file
+from flowrl.engines.precision import MasterWeights
 from flowrl.engines.route_replay import replayed_routes
 from flowrl.engines.types import ROUTES, TokenBatch
 
@@ -203,8 +205,12 @@ class TorchTrainEngine:
         optim: AdamW / schedule / clipping settings.
         temperature: logits are divided by this before log_softmax, so logprobs match
             a rollout engine sampling at the same temperature.
-        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``);
-            per-token outputs are always float32.
+        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``): the dtype the
+            model computes in and :meth:`named_weights` yields; per-token outputs are always float32.
+        precision: a 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"``
+            keeps fp32 master weights of the trainable parameters and fp32 AdamW moments
+            (:class:`~flowrl.engines.precision.MasterWeights`), ``"pure"`` updates the 16-bit
+            weights themselves. A float32 model trains in float32 either way.
         device: torch device string; None: :func:`~flowrl.engines.base.accelerator` (``cuda`` where
             this process sees a GPU, else ``cpu``).
         seed: seeds the critic head's initialisation.
@@ -228,11 +234,14 @@ class TorchTrainEngine:
         compute_entropy: bool = True,
         attn_implementation: str | None = None,
         lora: dict | None = None,
+        precision: str = DEFAULT_PRECISION,
     ):
         if role not in ("actor", "critic", "reward"):
             raise EngineConfigError(f"role={role!r} is not a train-engine role; use 'actor', 'critic' or 'reward'")
         if dtype not in _DTYPES:
             raise EngineConfigError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+        if precision not in PRECISIONS:
+            raise EngineConfigError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
         if not temperature > 0:
             raise EngineConfigError(f"temperature={temperature!r} must be > 0 for training (logits / T)")
         if not os.path.isdir(model_path):
@@ -254,8 +263,11 @@ class TorchTrainEngine:
             self.model = adapters.wrap(self.model, self.lora, seed)
         _own_storage(self.model)
         self.model.train()
+        # Mixed precision: AdamW updates fp32 masters of the 16-bit parameters (flowrl.engines.precision).
+        self.masters = MasterWeights([p for p in self.model.parameters() if p.requires_grad],
+                                     enabled=keeps_masters(dtype, precision))
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            self.masters.params,
             lr=optim.lr,
             betas=optim.betas,
             eps=optim.eps,
@@ -425,6 +437,7 @@ class TorchTrainEngine:
         }
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        self.masters.zero_grad()
         totals: dict[str, float] = {"loss": 0.0}
         micros = self._micro_batches(batch, micro_batch_size, micro_batch_tokens, pack)
         for _, micro in micros:
@@ -438,8 +451,11 @@ class TorchTrainEngine:
         return {**totals, "pad_fraction": pad, **self._apply_gradients(totals["loss"])}
 
     def _apply_gradients(self, loss: float = 0.0) -> dict[str, float]:
-        """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """Clip, step optimizer and schedule; skip the update if the loss or the grad norm is not finite.
+        Under mixed precision the gradients move to the fp32 masters first, and the 16-bit weights
+        are cast from the updated masters after the step."""
+        self.masters.grads_to_masters()
+        params = [p for p in self.masters.params if p.requires_grad]
         max_norm = self.optim_config.max_grad_norm
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf))
         lr = float(self.scheduler.get_last_lr()[0])
@@ -450,6 +466,7 @@ class TorchTrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
+            self.masters.masters_to_model()
         self.scheduler.step()
         self.step += 1
         return {"grad_norm": norm, "lr": lr, "step": float(self.step), "skipped": float(skipped)}
@@ -514,12 +531,14 @@ class TorchTrainEngine:
         return moved
 
     def save(self, path: str) -> None:
-        """Write ``path/engine_state.pt``: model, optimizer, scheduler, step and torch RNG states."""
+        """Write ``path/engine_state.pt``: model, fp32 master weights (mixed precision), optimizer,
+        scheduler, step and torch RNG states."""
         os.makedirs(path, exist_ok=True)
         state = {
             "role": self.role,
             "step": self.step,
             "model": self.model.state_dict(),
+            "masters": self.masters.state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng_cpu": torch.get_rng_state(),
@@ -539,6 +558,10 @@ class TorchTrainEngine:
                 f"build TorchTrainEngine(role={state['role']!r}) to load it"
             )
         self.model.load_state_dict(state["model"])
+        if state.get("masters"):
+            self.masters.load_state(state["masters"])
+        else:  # saved in float32 or pure: the masters start from the weights
+            self.masters.from_model()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
