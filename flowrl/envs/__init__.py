@@ -57,6 +57,11 @@ class StepResult:
     """The episode is over: no more turns are generated for it."""
     info: dict = field(default_factory=dict)
     """Counted by the runtime: ``tool_call`` (the turn called a tool), ``tool_error`` (the call failed)."""
+    messages: tuple = field(default=(), repr=False)
+    """The observation as chat messages (``{"role": "user" | "tool", "content": ...}``): for a model
+    with a chat template the runtime appends their rendering by that template (the end of the
+    model's turn, the messages, the next assistant header) instead of ``observation``
+    (:func:`flowrl.data.chat_turns.continuation`); empty: ``observation`` as it is."""
 
 
 class EnvProtocolError(TypeError):
@@ -82,7 +87,11 @@ def coerce_result(value: Any) -> StepResult:
         raise EnvProtocolError(f"step(): the reward must be finite, got {reward}")
     if not isinstance(result.info, dict):
         raise EnvProtocolError(f"step(): info must be a dict, got {type(result.info).__name__}")
-    return StepResult(result.observation, reward, bool(result.done), dict(result.info))
+    messages = tuple(result.messages or ())
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise EnvProtocolError(f"step(): messages must be dicts with a string 'role' and 'content', got {m!r}"[:300])
+    return StepResult(result.observation, reward, bool(result.done), dict(result.info), messages)
 
 
 __all__ = ["Environment", "StepResult", "EnvProtocolError", "coerce_result"]

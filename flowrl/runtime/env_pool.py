@@ -393,7 +393,7 @@ def library_env(env: EnvPlan, plan: ExecutionPlan) -> EnvPool:
     return EnvPool(env, adapter=ENV_LIBRARIES[env.kind].adapter)
 
 
-ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env, library_env, agent)}
+ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env, library_env)}
 """``OpSpec.handler`` of an environment op -> ``builder(env plan, plan)``."""
 
 

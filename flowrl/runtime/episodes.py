@@ -44,6 +44,7 @@ import torch
 from flowrl.catalog.ops import OpKind
 from flowrl.engines.types import Completion, TokenBatch
 from flowrl.plan import ExecutionPlan, OpPlan
+from flowrl.runtime.env_prompts import chat_episodes, observation_texts
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.metric_names import metric_name
 from flowrl.runtime.step import Rollouts, StepContext, StepValue
@@ -124,7 +125,11 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
                else torch.zeros(n, dtype=torch.float32))
     observations: list[list[int]] = [[] for _ in range(n)]
     errors = []
-    texts = [o.observation for o in outcomes]
+    rows_now = _rows_of(episodes.batch)
+    tokenizer = getattr(ctx.services.data, "tokenizer", None)  # None: a data service without one (no chat)
+    # Messages become the chat template's own turn in a chat (flowrl.runtime.env_prompts); else the text.
+    texts = observation_texts(tokenizer, outcomes, [rows_now[i][0][-1] for i in active],
+                              chat_episodes(ctx.services.plan, op, tokenizer)) if outcomes else []
     tokens = ctx.services.data.tokenize(texts, special=False) if texts else []
     for i, o, obs in zip(active, outcomes, tokens):
         if o.error is not None:
@@ -146,7 +151,7 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
     if recovered:  # their worker died; replayed on a fresh one: nothing lost, said
         ctx.metrics["env/recovered"] = ctx.metrics.get("env/recovered", 0) + len(recovered)
         ctx.services.events.env_recovered(op, ctx.step, recovered)
-    contexts = [t + observations[i] for i, (t, _, _) in enumerate(_rows_of(episodes.batch))]
+    contexts = [t + observations[i] for i, (t, _, _) in enumerate(rows_now)]
     fields = dict(roll.fields)
     fields.update(prompt_ids=contexts, observations=observations, done=torch.tensor(done), rewards=rewards)
     return StepValue(fields, episodes)
@@ -288,7 +293,9 @@ def run_region(ops: list[OpPlan], ctx: StepContext, run_op: Callable[[OpPlan], N
             for producer in {p for args in carry.values() for p in args.values()}:
                 v = ctx.values.get(producer)
                 if v is not None and until in v and len(v[until]) == len(value[until]):
-                    ctx.values[producer] = StepValue({**v.fields, until: value[until]}, v.rollouts)
+                    # and so do their environment rewards: the last env_step's sums (a game's final score)
+                    carried = {f: value[f] for f in ("rewards",) if f in value and len(value[f]) == len(value[until])}
+                    ctx.values[producer] = StepValue({**v.fields, until: value[until], **carried}, v.rollouts)
             break
     for consumer, args in carry.items():  # a value re-bound in a loop that never reached it
         for arg, producer in args.items():
