@@ -654,6 +654,7 @@ class MegatronRank:
         os.makedirs(path, exist_ok=True)
         state = {
             "layout": self._layout(),
+            "coords": dict(self.coords),  # which tp/pp/dp/cp/ep rank wrote it (flowrl export gathers by these)
             "role": self.options.role,
             "step": self.step,
             "model": {k: v.clone() for k, v in self.local_weights().items()},
