@@ -770,6 +770,45 @@ register(Command(
     _eval_args, run_eval))
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a `flowrl run` (its --out)")
+    p.add_argument("--to", required=True, metavar="DIR", help="the directory to write (new, or empty)")
+    p.add_argument("--step", type=count(1, "checkpoints hold the state after a step, numbered from 1"), metavar="N",
+                   help="the checkpoint of step N (default: the latest)")
+    p.add_argument("--model", metavar="ID", help="the policy to export when the run trains several")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="a LoRA policy: the adapters merged into the base weights (default: a PEFT adapter directory)")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors file (default 5GB, as transformers); above it, shards and an index")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """A run's checkpoint as a Hugging Face directory (flowrl.runtime.export)."""
+    from flowrl.runtime.errors import RuntimeFlowError
+    from flowrl.runtime.export import export_run, parse_size
+
+    try:
+        done = export_run(args.run_dir, args.to, step=args.step, model=args.model, merge_lora=args.merge_lora,
+                          max_shard_bytes=parse_size(args.max_shard_size), log=lambda m: print(m, file=_err()))
+    except RuntimeFlowError as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot write {args.to}: {e.strerror or e}") from None
+    what = "a PEFT adapter directory" if done.kind == "adapter" else "a model directory"
+    print(f"exported `{done.model}` after step {done.step} to {done.path} ({what}: {', '.join(done.files)})",
+          file=_out())
+    return 0
+
+
+register(Command(
+    "export", "write a run's checkpoint as a Hugging Face model directory (transformers, vLLM, SGLang, PEFT)",
+    "flowrl export runs/a --to exported/a                        # the latest checkpoint\n"
+    "flowrl export runs/a --step 2 --to exported/a2              # the checkpoint of step 2\n"
+    "flowrl export runs/a --to exported/a-shards --max-shard-size 200KB  # safetensors shards + index\n"
+    "(a LoRA run exports a PEFT adapter directory; --merge-lora: the adapters merged into the base)",
+    _export_args, run_export))
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 
