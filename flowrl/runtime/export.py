@@ -173,6 +173,9 @@ def export_checkpoint(plan: ExecutionPlan, m: ModelPlan, ckpt: Path, base: Path,
     reader = reader_for(state_dir)
     _check_target(to)
     lora = m.args.get("lora")
+    if merge_lora and lora is None:
+        raise ExportError(f"--merge-lora: model `{m.id}` trains no LoRA adapters (its weights are the model's); "
+                          "drop --merge-lora")
     tmp = to.with_name(to.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

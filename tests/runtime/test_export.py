@@ -278,3 +278,17 @@ def test_readers_are_keyed_by_each_engines_own_file():
     from flowrl.engines.torch_train import STATE_FILE
 
     assert [name for name, _ in READERS] == [STATE_FILE, FSDP, MEGATRON]
+
+
+def test_the_command_line(torch_run, tmp_path, capsys):
+    from flowrl.cli import main
+
+    assert main(["export", str(torch_run), "--to", str(tmp_path / "out"), "--max-shard-size", "100KB"]) == 0
+    said = capsys.readouterr()
+    assert "exported `policy` after step 1 to" in said.out and "model.safetensors.index.json" in said.out
+    assert len(list((tmp_path / "out").glob("model-*-of-*.safetensors"))) > 1
+    assert main(["export", str(torch_run), "--to", str(tmp_path / "m"), "--merge-lora"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("flowrl: error: --merge-lora: model `policy` trains no LoRA adapters") and err.count("\n") == 1
+    assert main(["export", str(torch_run), "--to", str(tmp_path / "x"), "--max-shard-size", "big"]) == 1
+    assert "--max-shard-size 'big': give a size such as 5GB" in capsys.readouterr().err
