@@ -74,9 +74,18 @@ def _inputs(plan: ExecutionPlan) -> list[str]:
     lines = [f"  {m.id}: `{m.args['hub_id']}` from the local Hugging Face cache (offline)"
              for m in plan.models if m.args.get("hub_id")]
     for d in plan.datasets:
+        if d.parts:
+            weights = d.weights or tuple(1.0 for _ in d.parts)
+            total = sum(weights) or 1.0
+            lines.append(f"  {d.id}: mix of " + ", ".join(f"{p} ({w / total:.0%})" for p, w in zip(d.parts, weights)))
+            continue
         how = (f"chat messages rendered with the chat template of `{gen}`'s tokenizer (add_generation_prompt)"
-               if d.chat else "raw text (with the tokenizer's BOS where it has one)")
-        lines.append(f"  {d.id}: {d.format} {os.path.basename(d.path)}: prompts as {how}")
+               if d.chat else
+               f"rendered with the chat template of `{gen}`'s tokenizer where it has one, else raw text"
+               if d.chat_auto else "raw text (with the tokenizer's BOS where it has one)")
+        made = (" written by the template" if d.template else "") + (" after a system prompt" if d.system else "")
+        streamed = " (streamed)" if d.options.get("stream") == "on" else ""
+        lines.append(f"  {d.id}: {d.format} {os.path.basename(d.path)}{streamed}: prompts{made} as {how}")
     return ["inputs:"] + lines if lines else []
 
 

@@ -344,12 +344,10 @@ def hf_files(path: str | Path, split: str) -> tuple[list[Path], str]:
         raise DatasetError(f"{p}: holds no `datasets` save_to_disk files (dataset_dict.json, state.json) nor "
                            f"shards ({', '.join(sorted(SHARD_SUFFIXES))}); hint: name a folder written by "
                            "save_to_disk, or a glob of shards")
-    by_split: dict[str, list[Path]] = {}
-    for f in shards:
-        by_split.setdefault(_split_of(f.relative_to(p)), []).append(f)
-    if split in by_split:
-        return by_split[split], _one_kind(by_split[split], str(p))
-    named = sorted(s for s in by_split if s)
+    matched = [f for f in shards if _in_split(f.relative_to(p), split)]
+    if matched:
+        return matched, _one_kind(matched, str(p))
+    named = sorted({s for f in shards for s in KNOWN_SPLITS if _in_split(f.relative_to(p), s)})
     if not named and split == "train":  # shards without split names: all of them are the training split
         return shards, _one_kind(shards, str(p))
     raise DatasetError(f"{p}: no shards of split {split!r} (shards are named `{split}-00000-of-00001.parquet`, "
@@ -360,20 +358,17 @@ def hf_files(path: str | Path, split: str) -> tuple[list[Path], str]:
 SPLIT_SEPARATORS = "-_."
 
 
-def _split_of(rel: Path) -> str:
-    """The split a shard belongs to: its first folder below the dataset's, else its name up to the first
-    ``-``, ``_`` or ``.`` (HF's ``train-00000-of-00004.parquet``); "" for a name with no such part."""
+def _in_split(rel: Path, split: str) -> bool:
+    """Whether a shard (its path below the dataset's folder) belongs to ``split``: it is in a folder of that
+    name, or its name starts with it and ``-``, ``_`` or ``.`` (HF's ``train-00000-of-00004.parquet``)."""
     if len(rel.parts) > 1:
-        return rel.parts[0]
-    name = rel.name
-    for i, c in enumerate(name):
-        if c in SPLIT_SEPARATORS:
-            return name[:i] if name[:i] in KNOWN_SPLITS or c == "-" else ""
-    return ""
+        return rel.parts[0] == split
+    return any(rel.name.startswith(split + c) for c in SPLIT_SEPARATORS)
 
 
-KNOWN_SPLITS = ("train", "test", "validation", "valid", "dev", "eval")
-"""Split names recognised in a shard's name before ``_`` or ``.`` (``test.jsonl``); before ``-`` any name is one."""
+KNOWN_SPLITS = ("train", "test", "validation", "valid", "val", "dev", "eval")
+"""Split names that make a folder's shards split by name (a folder whose shards name none of these, and not
+the split asked for, is all training split)."""
 
 
 def _one_kind(files: list[Path], where: str) -> str:

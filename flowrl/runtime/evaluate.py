@@ -83,7 +83,7 @@ def evaluate(plan: ExecutionPlan, checkpoint: Path | None = None, *, n: int = 8,
                         "policy on prompts a `sample` draws from a dataset (and, multi-turn, the `repeat` loop of "
                         "`env_step` and `generate` after it), scored by a `score`")
     dataset = next(d for d in plan.datasets if d.id == hp.sample.inputs["dataset"])
-    if not dataset.eval_path:
+    if not (dataset.eval_path or dataset.options.get("eval") or dataset.parts):  # a file, a split, a mixture's
         raise EvalError(f"{dataset.origin}: dataset `{dataset.id}` has no held-out split; "
                         f'declare one: jsonl("train.jsonl", eval = "test.jsonl")')
     if checkpoint is not None:
