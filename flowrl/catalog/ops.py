@@ -369,7 +369,7 @@ _DATASET_KWARGS = {
                      "template, else written before the prompt (a blank line between)"),
     "stream": KwSpec("str", "auto", choices=STREAM_MODES,
                      doc="read the training split in blocks while the run goes, never whole (`on`), read it whole "
-                         "(`off`), or stream files over 256 MiB (`auto`); flowrl.data.stream"),
+                         "(`off`), or stream files over 256 MiB (`auto`); flowrl.data.sampler.StreamSampler"),
     "window": KwSpec("int", 64, min=1, doc="streaming: blocks read and shuffled together (a block: 1 MiB of a "
                      "JSON-lines file, a Parquet row group, an Arrow record batch); what the run holds of the data"),
 }

@@ -509,6 +509,8 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
                       "tests/golden/invalid/e620_hf_without_weights.flow)",
               "E622": "a dataset file without the field a verifier reads "
                       "(tests/golden/invalid/e622_code_verifier_without_tests.flow)",
+              "E662": "a dataset file whose rows lack a template's field (tests/compiler/test_check_datasets.py)",
+              "E663": "a save_to_disk folder without the split named (tests/compiler/test_check_datasets.py)",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",
               "E445": "no protocol record sends over a transport its platform lacks (tests/catalog/test_protocol_transports.py)",
               "E444": "every shipped op, loss and statement record runs on every platform "
