@@ -71,6 +71,11 @@ class FsdpOptions:
     precision: str = DEFAULT_PRECISION
     """A 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"`` shards fp32 parameters
     (the masters) and computes in ``dtype`` (FSDP2's ``MixedPrecisionPolicy``), ``"pure"`` shards ``dtype``."""
+    lora: dict | None = None
+    """Train LoRA adapters only (an actor): the plan's ``{"r", "alpha", "dropout", "targets"}``
+    (:mod:`flowrl.engines.lora`). PEFT wraps the model before FSDP shards it; the frozen base weights
+    are sharded like the adapters, only the adapters have gradients (reduce-scattered over dp) and
+    AdamW states, and a resync gathers the adapters alone."""
 
 
 def _compute_dtype(options: FsdpOptions) -> torch.dtype | None:
@@ -78,11 +83,6 @@ def _compute_dtype(options: FsdpOptions) -> torch.dtype | None:
     AdamW moments are fp32 (veRL's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``);
     None: it computes in its parameters' dtype."""
     return _DTYPES[options.dtype] if keeps_masters(options.dtype, options.precision) else None
-    lora: dict | None = None
-    """Train LoRA adapters only (an actor): the plan's ``{"r", "alpha", "dropout", "targets"}``
-    (:mod:`flowrl.engines.lora`). PEFT wraps the model before FSDP shards it; the frozen base weights
-    are sharded like the adapters, only the adapters have gradients (reduce-scattered over dp) and
-    AdamW states, and a resync gathers the adapters alone."""
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

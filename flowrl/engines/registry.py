@@ -33,13 +33,14 @@ from flowrl.engines.base import EngineConfigError, EngineError
 
 CONTEXT: dict[str, tuple[str, ...]] = {
     "rollout": ("model_path", "seed", "dtype", "max_model_len"),
-    "train": ("model_path", "role", "optim", "temperature", "seed", "dtype"),
+    "train": ("model_path", "role", "optim", "temperature", "seed", "dtype", "precision"),
 }
 """What the runtime gives every adapter of a role, besides the layout's options: the model
 directory, the seed, the parameter dtype; a rollout engine the longest prompt + completion
 (``max_model_len``, from the checkpoint unless the layout sets it); a train engine its role
 (``actor``/``critic``), AdamW settings (:class:`~flowrl.engines.torch_train.OptimConfig`) and
-the sampling temperature its log-probs must use."""
+the sampling temperature its log-probs must use, and how a 16-bit ``dtype`` trains (``precision``:
+:mod:`flowrl.catalog.precision`)."""
 
 ROLLOUT_ENGINES: dict[str, EngineSpec] = {k: e for k, e in ENGINES.items() if e.serves == "rollout"}
 """The catalogue's rollout engines (a view, by name)."""

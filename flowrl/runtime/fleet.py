@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from flowrl.catalog.precision import DEFAULT_PRECISION
 from flowrl.engines.base import DEVICE_ENV
 from flowrl.plan import ExecutionPlan, ModelPlan, OpPlan
 from flowrl.runtime.checkpoints import complete_checkpoints, step_of
@@ -358,6 +359,7 @@ class Fleet:
                 rec.train = self._actor(TrainWorker, e, 0, e, path, role=role,
                                         optim=m.optim, temperature=temps.get(m.id, temps.get(m.base, 1.0)),
                                         seed=self.plan.run.seed, dtype=dtype, share=share[node_of(self.plan, e, 0)],
+                                        precision=str(m.args.get("precision", DEFAULT_PRECISION)),
                                         lora=m.args.get("lora"), placement=placement,
                                         fraction=COORDINATOR_SHARE if ranked else 1.0)
                 pending.append((rec.train, rec.train.ready.remote(), f"{m.id}.train"))
@@ -589,14 +591,15 @@ class Fleet:
             groups += result
         return groups, version
 
-    def forward(self, model: str, batch, step: int, *, entropy: bool = False, values: bool = False) -> dict:
+    def forward(self, model: str, batch, step: int, *, entropy: bool = False, values: bool = False,
+                adapters: bool = True) -> dict:
         import torch
 
         from flowrl.runtime.workers import batch_to_numpy
 
         self.turns.before_train(model, step)
         actor = self.models[model].train
-        (out, t0, t1), = self._wait([(actor, actor.forward.remote(batch_to_numpy(batch), entropy, values),
+        (out, t0, t1), = self._wait([(actor, actor.forward.remote(batch_to_numpy(batch), entropy, values, adapters),
                                       _who("train", 0))], f"{model}.train", "forward", step)
         self.timeline.add(f"forward:{model}", f"{model}.train", step, t0, t1)
         return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}  # Ray hands back read-only arrays

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flowrl.catalog.models import checkpoint_context
+from flowrl.catalog.precision import DEFAULT_PRECISION
 
 
 def batch_to_numpy(batch) -> dict:
@@ -91,7 +92,7 @@ class TrainWorker:
 
     def __init__(self, engine, model_path: str, *, role: str, optim: dict, temperature: float, seed: int,
                  dtype: str = "float32", threads: int | None = None, share: int = 1, lora: dict | None = None,
-                 placement=None):
+                 placement=None, precision: str = DEFAULT_PRECISION):
         self.started = {"process": process_started(), "init": time.time()}
         _threads(threads, share)
         import torch
@@ -102,7 +103,7 @@ class TrainWorker:
         cfg = optim_config(optim)
         self.engine = build_engine(runs_on(engine.kind, engine.world_size), layout_of(engine), model_path=model_path,
                                    role=role, optim=cfg, temperature=temperature, seed=seed, dtype=dtype,
-                                   lora=lora, placement=placement)
+                                   precision=precision, lora=lora, placement=placement)
         self.started["built"] = time.time()
 
     def ready(self) -> dict[str, float]:
@@ -117,9 +118,13 @@ class TrainWorker:
         """Shut the engine's rank actors down and wait until they are gone (an engine with rank actors only)."""
         self.engine.shutdown()
 
-    def forward(self, batch: dict, entropy: bool = False, values: bool = False) -> tuple[dict, float, float]:
+    def forward(self, batch: dict, entropy: bool = False, values: bool = False,
+                adapters: bool = True) -> tuple[dict, float, float]:
+        """Per-token outputs; ``adapters=False``: the base model's, the LoRA adapters disabled (asked only of
+        an engine that trains adapters: the plan's ``adapters = "off"``)."""
         t0 = time.time()
-        out = self.engine.forward(batch_from_numpy(batch), entropy=entropy, values=values)
+        base = {} if adapters else {"adapters": False}
+        out = self.engine.forward(batch_from_numpy(batch), entropy=entropy, values=values, **base)
         return {k: v.numpy() for k, v in out.items()}, t0, time.time()
 
     def train(self, batch: dict, loss_spec: dict, micro_batch: int, minibatches: int, epochs: int,

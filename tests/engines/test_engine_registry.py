@@ -42,7 +42,7 @@ def test_records_build_engines_that_satisfy_the_protocols(tiny_model_dir):
 
     train = build_engine(engine_record("torch", "train"), {"tp": 1, "pp": 1, "dp": 1, "cp": 1},
                          model_path=tiny_model_dir, role="critic", optim=OptimConfig(), temperature=1.0, seed=0,
-                         dtype="float32")
+                         dtype="float32", precision="mixed")
     assert isinstance(rollout, RolloutEngine) and isinstance(train, TrainEngine)
     assert train.role == "critic" and rollout.max_model_len == 64
 
