@@ -616,7 +616,7 @@ register(Command(
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    from flowrl.catalog.loggers import LOGGERS
+    from flowrl.catalog.loggers import LOGGERS, TRACKING_SETTINGS
 
     _flow_args(p, file_required=False)
     p.add_argument("--out", type=out_dir, metavar="DIR",
@@ -636,7 +636,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "checkpoint, up to N times (default 0: stop and say how to resume)")
     p.add_argument("--log", metavar="NAMES",
                    help=f"experiment trackers, comma-separated: {', '.join(LOGGERS)} (default: the flow's `log` "
-                        "setting, else none); each writes into the run directory, W&B offline")
+                        "setting, else none); W&B goes online with credentials (WANDB_API_KEY, `wandb login`), else "
+                        "offline; MLflow to --log-uri or MLFLOW_TRACKING_URI, else RUN_DIR/mlruns")
+    for key, meaning in TRACKING_SETTINGS.items():  # the flow's settings of the same names, overridden
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar="TAGS" if key == "log_tags" else
+                       "URI" if key == "log_uri" else "NAME", help=meaning)
     p.add_argument("--log-samples", type=count(0, "0: never"), metavar="N",
                    help="every N steps, a table of sample completions (prompt, completion, reward, step) to "
                         "samples.jsonl and each tracker")
@@ -657,6 +661,7 @@ def _run_failure(e: BaseException) -> CliError | None:
 def run_run(args: argparse.Namespace) -> int:
     if args.file is None and not args.resume:
         raise UsageError("give the .flow file to run (or --resume RUN_DIR)")
+    from flowrl.catalog.loggers import TRACKING_SETTINGS
     from flowrl.launch import parse_sets, run_file
     from flowrl.runtime.preemption import Preempted
 
@@ -664,7 +669,7 @@ def run_run(args: argparse.Namespace) -> int:
         result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
                           resume=args.resume, save_every=args.save_every, overwrite=args.overwrite, log=args.log,
                           log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step,
-                          restarts=args.restarts)
+                          restarts=args.restarts, tracking={k: getattr(args, k) for k in TRACKING_SETTINGS})
     except FlowError:
         raise
     except Preempted as preempted:  # a stop signal (SIGTERM, SIGINT): stopped cleanly at a step boundary
@@ -695,6 +700,7 @@ register(Command(
     "flowrl run --resume runs/a --steps 20                        # continue from the latest checkpoint\n"
     "flowrl run flows/arith_grpo.flow --save-every 10 --restarts 2  # a dead engine: restart from the checkpoint\n"
     "flowrl run flows/arith_grpo.flow --log tensorboard,wandb,mlflow --log-samples 10\n"
+    "flowrl run flows/arith_grpo.flow --log mlflow --log-uri http://127.0.0.1:5000 --log-name baseline --log-tags grpo,arith\n"
     "RAY_ADDRESS=127.0.0.1:6379 flowrl run flows/arith_grpo.flow  # a cluster started by `ray start`",
     _run_args, run_run))
 

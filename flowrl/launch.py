@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from flowrl.catalog.loggers import LOGGERS, UnknownLoggerError, parse_loggers
+from flowrl.catalog.loggers import LOGGERS, TRACKING_SETTINGS, URI_HINT, UnknownLoggerError, parse_loggers, uri_problem
 from flowrl.compiler.lower import RUN_PARAMS, lower
 from flowrl.compiler.pipeline import compile_file
 from flowrl.diagnostics import report_warnings
@@ -100,6 +100,8 @@ def run_setting(key: str, value: str):
             return parse_loggers(value)
         except UnknownLoggerError as e:
             raise RunError(f"--set log={value}: {e}") from None
+    if key in TRACKING_SETTINGS:
+        return tracking_setting(key, value, f"--set {key}=")
     try:
         number = int(value)
     except ValueError:
@@ -242,7 +244,8 @@ def latest_checkpoint_step(out: Path) -> int | None:
 
 def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dict | None, steps: int | None,
                    out: str | None, save_every: int | None, overwrite: bool, log: str | None,
-                   log_samples: int | None, resume_step: int | None = None) -> tuple[ExecutionPlan, FinishedRun | None]:
+                   log_samples: int | None, resume_step: int | None = None,
+                   tracking: dict | None = None) -> tuple[ExecutionPlan, FinishedRun | None]:
     """The plan to continue ``resume`` with, or a :class:`FinishedRun` when there is nothing to do.
 
     Honours ``steps`` (go further, or stop earlier) and ``save_every``; refuses what would change the
@@ -272,6 +275,9 @@ def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dic
         raise RunError(f"{keep}: its loggers are {','.join(plan.run.log) or 'none'}; drop --log")
     if log_samples is not None and log_samples != plan.run.log_samples:
         raise RunError(f"{keep}: it logs samples every {plan.run.log_samples} step(s); drop --log-samples")
+    for key, value in (tracking or {}).items():  # the trackers' run it continues is the one it started
+        if value != getattr(plan.run, key):
+            raise RunError(f"{keep}: its {key} is {getattr(plan.run, key) or 'not set'!r}; drop --{key.replace('_', '-')}")
     run = plan.run
     if steps is not None:
         run = replace(run, steps=steps)
@@ -319,6 +325,17 @@ def loggers_setting(text: str) -> tuple[str, ...]:
         return parse_loggers(text)
     except UnknownLoggerError as e:
         raise RunError(f"--log {text}: {e}") from None
+
+
+def tracking_setting(key: str, value: str, said: str):
+    """A tracker setting (:data:`~flowrl.catalog.loggers.TRACKING_SETTINGS`) as the run setting: ``log_tags``
+    a tuple of tags, the others a string; RunError for a ``log_uri`` with a password (``said`` names the
+    option, e.g. ``--log-uri ``)."""
+    if key == "log_tags":
+        return tuple(t.strip() for t in str(value).split(",") if t.strip())
+    if key == "log_uri" and uri_problem(value):
+        raise RunError(f"{said.strip()}: {uri_problem(value)}; {URI_HINT}")  # the message masks the password
+    return str(value).strip()
 
 
 def check_loggers(names: tuple[str, ...]) -> None:
@@ -422,7 +439,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
              out: str | None = None, resume: str | None = None, save_every: int | None = None,
              overwrite: bool = False, log: str | None = None, log_samples: int | None = None,
              ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None,
-             restarts: int = 0):
+             restarts: int = 0, tracking: dict | None = None):
     """``flowrl run``: compile and run a flow into a new run directory, or continue one (``resume``).
 
     Returns the driver's ``RunResult`` (or a :class:`FinishedRun` when ``resume`` names a run that
@@ -431,7 +448,11 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     (unless it is a run and ``overwrite``), options a resumed run cannot honour, missing packages.
     A fresh run that fails before its first step leaves nothing behind; one that fails later keeps
     its directory (metrics, summary, plots) and says how to resume it. ``restarts``: see :func:`run_built`.
+    ``tracking``: tracker settings from the command line (``{"log_name": "baseline", "log_tags": "a,b"}``:
+    :data:`~flowrl.catalog.loggers.TRACKING_SETTINGS`), over the flow's.
     """
+    tracking = {k: tracking_setting(k, v, f"--{k.replace('_', '-')} ") for k, v in (tracking or {}).items()
+                if v is not None}
     stream = stream or sys.stderr
     if steps is not None and steps < 1:
         raise RunError(f"--steps {steps}: a run trains at least one step; "
@@ -444,7 +465,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     if resume:
         plan, finished = prepare_resume(resume, path=path, flow=flow, sets=sets, steps=steps, out=out,
                                         save_every=save_every, overwrite=overwrite, log=log, log_samples=log_samples,
-                                        resume_step=resume_step)
+                                        resume_step=resume_step, tracking=tracking)
         if finished is not None:
             return finished
         out_dir = Path(resume)
@@ -456,6 +477,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
             run["log"] = loggers_setting(log)
         if log_samples is not None:
             run["log_samples"] = log_samples
+        run.update(tracking)
         plan = build_plan(path, flow=flow, sets=sets, steps=steps, save_every=save_every, run=run)
         out_dir = Path(out) if out else default_out(path)
     return run_built(plan, out_dir, resume=bool(resume), overwrite=overwrite, ray_address=ray_address,

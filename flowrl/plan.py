@@ -476,23 +476,54 @@ class RunPlan:
     seed: int = 0
     eval_every: int = 10
     save_every: int = 0
+    keep_last: int = 0
+    """Checkpoint retention: keep the newest this many (0, and ``keep_best`` 0: keep every one); older
+    ones are deleted as they are superseded (TRL's ``save_total_limit``)."""
+    keep_best: int = 0
+    """Also keep this many checkpoints with the best held-out accuracy (``eval/accuracy``; TRL's
+    ``load_best_model_at_end``); with ``keep_last`` 0 the newest one is kept too (a run resumes from it)."""
+    export_every: int = 0
+    """Every this many steps, and after the last, the policy is exported as a Hugging Face directory to
+    ``RUN_DIR/exports/step_NNNNNN`` (``flowrl export``); 0: never."""
     log: tuple[str, ...] = ()
     """Experiment trackers the run writes every metric to (names of ``flowrl.catalog.loggers.LOGGERS``)."""
     log_samples: int = 0
     """Every this many steps, a table of sample completions (prompt, completion, reward, step)
     goes to ``samples.jsonl`` and to each tracker (0: never)."""
+    log_name: str = ""
+    """The trackers' run name (W&B, MLflow); empty: ``$WANDB_NAME`` for W&B, else the run directory's name."""
+    log_project: str = ""
+    """W&B project and MLflow experiment; empty: ``$WANDB_PROJECT`` / ``$MLFLOW_EXPERIMENT_NAME``, else ``flowrl``."""
+    log_entity: str = ""
+    """W&B entity (team or user); empty: ``$WANDB_ENTITY``, else the account's default."""
+    log_group: str = ""
+    """W&B run group (MLflow: the tag ``group``); empty: ``$WANDB_RUN_GROUP``, else none."""
+    log_tags: tuple[str, ...] = ()
+    """Tags of the trackers' run (W&B tags; MLflow tags, ``key=value`` or a bare key)."""
+    log_uri: str = ""
+    """MLflow tracking URI (``http://host:5000``, a database, ``file:``); empty: ``$MLFLOW_TRACKING_URI``, else
+    the file store ``RUN_DIR/mlruns``. Never holds a password (credentials come from MLflow's variables)."""
 
     @classmethod
     def from_settings(cls, values: dict) -> "RunPlan":
-        """From run settings as a flow or the command line gives them: ints, and ``log`` as
-        ``"tensorboard,wandb"`` (or a sequence of names). Names are checked by the compiler's
-        run-settings pass and the command line, not here."""
-        typed = {k: int(v) for k, v in values.items() if k != "log"}
+        """From run settings as a flow or the command line gives them: ints, ``log`` as
+        ``"tensorboard,wandb"`` (or a sequence of names), ``log_tags`` as ``"a,b"`` (or a sequence),
+        the other ``log_*`` strings. Names are checked by the compiler's run-settings pass and the
+        command line, not here."""
+        typed = {k: (str(v).strip() if k in TEXT_SETTINGS else int(v)) for k, v in values.items()
+                 if k not in ("log", "log_tags")}
         if "log" in values:
             log = values["log"]
             names = log.split(",") if isinstance(log, str) else log
             typed["log"] = tuple(n.strip().lower() for n in names if n.strip() and n.strip().lower() != "none")
+        if "log_tags" in values:
+            tags = values["log_tags"]
+            typed["log_tags"] = tuple(t.strip() for t in (tags.split(",") if isinstance(tags, str) else tags) if t.strip())
         return cls(**typed)
+
+
+TEXT_SETTINGS = ("log_name", "log_project", "log_entity", "log_group", "log_uri")
+"""Run settings that are plain strings (``log`` and ``log_tags`` are comma-separated lists)."""
 
 
 @dataclass(frozen=True)
@@ -528,6 +559,9 @@ class ExecutionPlan:
     """Each pool's memory phases: which engine sleeps or offloads when, and each phase's peak."""
     envs: tuple[EnvPlan, ...] = ()
     """Environment resources read by ``env_step`` ops."""
+    params: dict = field(default_factory=dict)
+    """The entry flow's scalar parameters as this run uses them (defaults after ``--set``): the
+    trackers' run configuration."""
 
     def model(self, mid: str) -> ModelPlan:
         return next(m for m in self.models if m.id == mid)

@@ -30,7 +30,9 @@ from flowrl.catalog.engines import ENGINES
 from flowrl.catalog.ops import OPS, OPTIMIZER_OPTIONS, RESOURCE_KINDS, OpKind
 from flowrl.syntax import ast
 
-RUN_PARAMS = ("steps", "seed", "eval_every", "save_every", "log", "log_samples")
+RUN_PARAMS = ("steps", "seed", "eval_every", "save_every", "log", "log_samples", "log_name", "log_project",
+              "log_entity", "log_group", "log_tags", "log_uri",
+              "keep_last", "keep_best", "export_every")
 """Entry-flow parameters the runtime reads as run settings (``--set steps=100`` overrides)."""
 
 
@@ -46,7 +48,8 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
     models = _models(graph, st, errors, run)
     datasets, rewards = _resources(graph, errors)
     elided = graph.elided  # passes the update makes redundant (the elide_logprobs pass)
-    ops = tuple(_op(n, elided) for n in graph.topo_order() if n.kind not in RESOURCE_KINDS and n.id not in elided)
+    ops = tuple(_op(n, elided, graph.on_base) for n in graph.topo_order()
+                if n.kind not in RESOURCE_KINDS and n.id not in elided)
     resyncs = tuple(st.resyncs[n.id] for n in graph.nodes() if n.kind == OpKind.RESYNC)
     errors.raise_if_any()
     return ExecutionPlan(
@@ -55,7 +58,7 @@ def lower(graph: FlowGraph, run_overrides: dict | None = None) -> ExecutionPlan:
         staleness=st.staleness, run=run,
         regions=_regions(graph),
         pipeline=st.pipeline, estimate=st.estimate, search=st.search, auto=st.spec.auto, memory=st.memory,
-        scheduled=st.spec.written, envs=_envs(graph, st))
+        scheduled=st.spec.written, envs=_envs(graph, st), params=_params(graph))
 
 
 def _regions(graph: FlowGraph) -> dict:
@@ -176,7 +179,13 @@ def _dataset_plan(graph: FlowGraph, n: Node) -> DatasetPlan:
     (prompt or template, answer, system, chat), a mixture's parts and weights, the rest as ``options``."""
     spec = OPS.get(n.op)
     files = spec is not None and bool(spec.paths)  # `eval` names a file (jsonl, parquet), not a split
-    path = _abspath(graph, n, str(plain(n.args[0]))) if n.args and isinstance(n.args[0], Const) else ""
+    path = _abspath(graph, n, str(plain(n.args[0]))) if _path_arg(n) and isinstance(n.args[0], Const) else ""
+    # Another constant argument is an option of its source (`reasoning_gym("chain_sum")`'s `task`), and a
+    # library's own config (options beyond the record's) is one option, `config`.
+    named = {a.name: plain(v) for a, v in zip(spec.args, n.args) if a.name != "path" and isinstance(v, Const)} \
+        if spec is not None else {}
+    library = {"config": {k: plain(v) for k, v in n.attrs if k not in spec.kwargs}} \
+        if spec is not None and spec.library else {}
     ev = str(plain(n.attr("eval")) or "")
     text = {k: str(plain(n.attr(k)) or "") for k in ("template", "system")}
     chat = plain(n.attr("chat"))
@@ -193,11 +202,11 @@ def _dataset_plan(graph: FlowGraph, n: Node) -> DatasetPlan:
                        template=text["template"], system=text["system"],
                        chat_auto=chat is None and bool(text["template"] or text["system"]),
                        parts=parts, weights=tuple(float(w) for w in weights) if weights else (),
-                       options={k: plain(v) for k, v in n.attrs if k not in known}
-                       | ({"eval": ev} if ev and not files else {}))
+                       options={k: plain(v) for k, v in n.attrs if k not in known and not (library and k not in spec.kwargs)}
+                       | ({"eval": ev} if ev and not files else {}) | named | library)
 
 
-def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:
+def _op(n: Node, elided: dict[str, tuple[str, str]], on_base: dict[str, str]) -> OpPlan:
     spec = OPS.get(n.op)
     inputs = {}
     options = {k: _opt(v) for k, v in n.attrs}
@@ -213,6 +222,8 @@ def _op(n: Node, elided: dict[str, tuple[str, str]]) -> OpPlan:
     consts = [plain(a) for a in n.args if isinstance(a, Const)]
     if consts:
         options["args"] = consts
+    if n.id in on_base:  # a frozen reference of a LoRA policy: the policy's engine, adapters off (share_base_weights)
+        options.update(adapters="off", reference=on_base[n.id])
     return OpPlan(n.id, n.kind.value, n.op, inputs, options, n.model, spec.engine if spec else None,
                   tuple(sorted(n.fields)), str(n.span), n.region)
 
@@ -223,6 +234,11 @@ def _opt(v):
     if isinstance(v, Symbol):
         return None
     return plain(v)
+
+
+def _params(graph: FlowGraph) -> dict:
+    """The entry flow's scalar parameters with their values (``--set`` already applied to the defaults)."""
+    return {p.name: p.default.value for p in graph.params if isinstance(p.default, ast.Literal)}
 
 
 def _run(graph: FlowGraph, overrides: dict) -> RunPlan:

@@ -29,6 +29,7 @@ from pathlib import Path
 from flowrl.catalog.ops import OpKind
 from flowrl.plan import ExecutionPlan, OpPlan
 from flowrl.runtime.checkpoints import resumable_checkpoint
+from flowrl.runtime.export import exports_at
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.fleet import Faults, Fleet
 from flowrl.runtime.observe import SETUP_STEP, startup_report
@@ -379,7 +380,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     # preemption: the first SIGTERM or SIGINT stops the run at a step boundary (also while it cleans up)
     with SigtermGuard(note=lambda message: rt.log(message)) as guard:
         try:
-            trackers = Trackers(out, plan.run.log, out.name, _tracker_config(plan), plan.run.log_samples)
+            trackers = Trackers.for_plan(plan, out, resume=resume)
             ckpt = resumable_checkpoint(out, resume_step, note=progress.message) if resume else None
             if ckpt is not None:
                 check_state(ckpt)  # before any engine starts: a replaced state file fails in a moment, unread pickles
@@ -412,6 +413,7 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                     reward.on_wait = lambda done, total: progress.status(f"waiting on rewards ({done}/{total})")
             pipe = StepPipeline(plan, rt.context, depth=producer_depth(plan))
             pipe.start(start, inflight)
+            last_saved = None
             for step in range(start, plan.run.steps):  # `step` indexes the loop; users see step + 1
                 number = step + 1
                 guard.reclaim()  # a library the step started (a reward's, an engine client's) may have taken one
@@ -430,14 +432,18 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
                 if faults is not None and faults.sigterm_after_step == step:
                     os.kill(os.getpid(), signal.SIGTERM)
                 saved = bool(plan.run.save_every and number % plan.run.save_every == 0)
-                if saved or (guard.requested and number < plan.run.steps):
-                    rt.save(number, pipe.completed_inflight())
+                exported = exports_at(plan, number)  # from the checkpoint, which it writes
+                if saved or exported or (guard.requested and number < plan.run.steps):
+                    _after_save(plan, out, rt.save(number, pipe.completed_inflight()), exported, log.rows(),
+                                start if resume else None, progress.message)
+                    last_saved = number
                 if guard.requested and number < plan.run.steps:
                     raise Preempted(out, number, plan.run.steps, checkpoint=True, signal=guard.signal_name)
                 if faults is not None and faults.stop_after_step == step:
                     raise SystemExit(f"fault injection: stopped after step {step}")
-            if start < plan.run.steps and not (plan.run.save_every and plan.run.steps % plan.run.save_every == 0):
-                rt.save(plan.run.steps, pipe.completed_inflight())  # the final weights: `flowrl eval --from`, `--resume`
+            if start < plan.run.steps and last_saved != plan.run.steps:
+                _after_save(plan, out, rt.save(plan.run.steps, pipe.completed_inflight()), False,  # the final weights:
+                            log.rows(), start if resume else None, progress.message)  # `eval --from`, `--resume`
             finished = True
         finally:
             rows = log.rows() if log is not None else []
@@ -470,6 +476,22 @@ def run_plan(plan: ExecutionPlan, out: Path, *, resume: bool = False, ray_addres
     return RunResult(out, plan.run.steps, before, after, steps)
 
 
+def _after_save(plan: ExecutionPlan, out: Path, ckpt: Path, export: bool, rows: list, resumed_from: int | None,
+                note) -> None:
+    """After checkpoint ``ckpt``: its export when due (``export_every``), then retention (``keep_last``,
+    ``keep_best`` by ``eval/accuracy``), which never deletes the checkpoint a resumed run started from."""
+    from flowrl.runtime.checkpoints import prune_checkpoints
+    from flowrl.runtime.export import export_in_run
+
+    if export:
+        export_in_run(plan, out, ckpt, note)
+    scores = {r["step"]: r["eval/accuracy"] for r in rows if isinstance(r.get("eval/accuracy"), (int, float))}
+    protect = frozenset() if resumed_from is None else frozenset({resumed_from})
+    for gone in prune_checkpoints(out, keep_last=plan.run.keep_last, keep_best=plan.run.keep_best, scores=scores,
+                                  protect=protect, note=note):
+        note(f"retention: deleted {gone} (keep_last={plan.run.keep_last}, keep_best={plan.run.keep_best})")
+
+
 def _in_background(fn, *args) -> Future:
     """``fn(*args)`` started at once on a thread of its own; the future's ``exception()`` waits for it."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flowrl-{fn.__name__}")
@@ -477,12 +499,6 @@ def _in_background(fn, *args) -> Future:
         return pool.submit(fn, *args)
     finally:
         pool.shutdown(wait=False)  # the submitted call still runs; the thread ends with it
-
-
-def _tracker_config(plan: ExecutionPlan) -> dict:
-    """What the trackers record as the run's configuration: the flow, its file and run settings."""
-    return {"flow": plan.flow, "source": plan.source, "staleness": plan.staleness,
-            "run": asdict(plan.run), "cluster": dict(plan.cluster)}
 
 
 def _write_results(plan: ExecutionPlan, out: Path, rows: list, before, startup: dict | None = None) -> None:

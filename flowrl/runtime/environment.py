@@ -1,7 +1,8 @@
 """One environment policy for every process a run starts, and Ray in a session of its own.
 
-The driver (the ``flowrl`` process) keeps the user's environment: it reads the tracker's key
-(``WANDB_API_KEY``) and the Hub's token (``HF_TOKEN``) itself. Every process it starts gets a
+The driver (the ``flowrl`` process) keeps the user's environment: it reads the trackers' credentials
+(``WANDB_API_KEY`` or ``wandb login``'s netrc entry, ``MLFLOW_TRACKING_TOKEN``/``_PASSWORD``) and the
+Hub's token (``HF_TOKEN``) itself: the trackers run in the driver, and no Ray process needs them. Every process it starts gets a
 *scrubbed* environment instead (:func:`scrubbed`): only the variables a run needs to work, by name
 (:data:`BASE_NAMES`, :data:`BASE_PREFIXES`: ``PATH``, ``HOME``, the locale, the Python, CUDA, Ray,
 thread, cache and library settings, and flowrl's own ``FLOWRL_*``), never one whose name says it is
@@ -14,7 +15,10 @@ of process in :data:`GIVEN`, the one table of who gets which secret:
   own credential: every Ray process needs it to join the session) and the variables the user names
   in ``FLOWRL_PASS_ENV`` (comma-separated: e.g. ``HF_TOKEN`` for an engine that downloads itself).
 * ``reward``: a ``python_reward``'s worker processes: the variables named in ``FLOWRL_PASS_ENV``.
-* ``tracker``: a tracker's helper process (W&B's service, offline: it needs no key): no secret.
+* ``tracker``: a tracker's helper process (W&B's service): no secret, and the proxy settings it needs to
+  reach a server (``HTTPS_PROXY``...: they may hold a proxy's password, so only this process gets them).
+  Online, the W&B key reaches the service with the run's settings over its socket (``wandb.init``'s
+  ``api_key``), never in its environment. MLflow runs inside the driver (no process of its own).
 * ``tool``: helper processes (Graphviz's ``dot``, the automatic CPU benchmark, ``flowrl profile``'s
   workers): no secret.
 * the code sandbox's workers build their own, smaller environment (:mod:`flowrl.sandbox`).
@@ -74,7 +78,7 @@ processes of a local instance and to reward workers, never through a ``runtime_e
 GIVEN: dict[str, tuple[str, ...]] = {
     "ray": ("RAY_AUTH_TOKEN",),
     "reward": (),
-    "tracker": (),
+    "tracker": ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"),
     "tool": (),
 }
 """The one table of which kind of process gets which secret (besides :data:`PASS_ENV`'s names)."""

@@ -29,11 +29,14 @@ SAMPLES = [{"step": 2, "prompt": "1+2=", "completion": "3", "reward": 1.0},
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory, monkeypatch_module):
     """One run's records sent to all three trackers (samples at step 2), then closed."""
-    from flowrl.runtime.tracking import Trackers
+    from flowrl.runtime.tracking import TrackedRun, Trackers
 
     out = tmp_path_factory.mktemp("run")
     monkeypatch_module.setenv("WANDB_DIR", str(out))
-    trackers = Trackers(out, tuple(LOGGERS), "test-run", {"flow": "main", "run": {"steps": 3}}, samples_every=2)
+    monkeypatch_module.setenv("WANDB_MODE", "offline")  # whatever credentials this machine has
+    monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = TrackedRun("test-run", config={"flow": "main", "run": {"steps": 3}})
+    trackers = Trackers(out, tuple(LOGGERS), run, samples_every=2)
     for step, metrics in STEPS.items():
         trackers.log(step, metrics, SAMPLES if trackers.wants_samples(step) and step else None)
     trackers.close()
@@ -102,11 +105,11 @@ def test_samples_jsonl(tracked):
 
 def test_a_resumed_run_drops_the_samples_of_the_steps_it_does_again(tmp_path):
     """Resuming from step 2's checkpoint: step 3's rows (and a line a crash cut) go; steps 1..2 stay."""
-    from flowrl.runtime.tracking import Trackers
+    from flowrl.runtime.tracking import TrackedRun, Trackers
 
     rows = [{"step": s, "prompt": f"{s}+1=", "completion": str(s + 1), "reward": 1.0} for s in (1, 2, 3)]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "pro')
-    trackers = Trackers(tmp_path, (), "resumed", {}, samples_every=1)
+    trackers = Trackers(tmp_path, (), TrackedRun("resumed"), samples_every=1)
     trackers.resume_after(2)
     trackers.log(3, {"reward/mean": 0.5}, [{**rows[2], "completion": "again"}])
     trackers.close()

@@ -46,6 +46,8 @@ PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*[A-Z0-9](\.\w+)?$|\[|\]|\.\.\.|^<.*>$
 
 NEEDS = {
     "RAY_ADDRESS=": "a running Ray cluster (tests/cli/test_ray_cluster.py starts one and runs a flow on it)",
+    "MLFLOW_TRACKING_URI=http": "an MLflow tracking server (tests/runtime/test_trackers_mlflow_server.py starts one)",
+    "--log-uri http": "an MLflow tracking server (tests/runtime/test_trackers_mlflow_server.py starts one)",
 }
 """Text in a command -> what it needs that a docs test cannot give it, and which test covers it."""
 

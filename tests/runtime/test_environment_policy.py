@@ -34,7 +34,10 @@ def test_the_table_names_each_secret_a_kind_of_process_gets_and_the_user_adds_by
     passing = {**env, PASS_ENV: "HF_TOKEN, DATABASE_URL"}
     assert process_env("reward", passing) == {**NEEDED, PASS_ENV: "HF_TOKEN, DATABASE_URL",
                                              "HF_TOKEN": SECRETS["HF_TOKEN"], "DATABASE_URL": SECRETS["DATABASE_URL"]}
-    assert set(GIVEN) == {"ray", "reward", "tracker", "tool"} and not any(GIVEN[k] for k in ("reward", "tracker", "tool"))
+    assert set(GIVEN) == {"ray", "reward", "tracker", "tool"} and not any(GIVEN[k] for k in ("reward", "tool"))
+    # a tracker's service gets the proxy settings it needs to reach a server, no credential
+    assert set(GIVEN["tracker"]) == {"HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"}
+    assert process_env("tracker", env) == NEEDED
     assert not [n for n in ACTOR_ENV if is_secret_name(n) or not keeps(n)]  # what goes through runtime_env
 
 
@@ -101,16 +104,18 @@ def test_stop_processes_ends_by_process_id(tmp_path):
 
 
 def test_the_wandb_trackers_service_process_gets_no_secret(tmp_path, monkeypatch):
+    """Offline here (the online service, with a key that reaches the server: tests/runtime/test_trackers_online.py)."""
     wandb = pytest.importorskip("wandb")
-    from flowrl.runtime.tracking import WandbLogger
+    from flowrl.runtime.tracking import TrackedRun, WandbLogger
 
     wandb.teardown()  # W&B keeps one service process per process: an earlier test's would be reused
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_PROJECT", "flowrl-env-test")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the fake key is not one W&B accepts
     before = _children()
-    logger = WandbLogger(tmp_path, "env-test", {})
+    logger = WandbLogger(tmp_path, TrackedRun("env-test"))
     try:
         started = _children() - before
         assert started, "W&B started no process"
