@@ -224,5 +224,56 @@ def resumable_checkpoint(out: Path, step: int | None = None, *,
     return newest
 
 
+# ---- retention -----------------------------------------------------------------------------------
+
+
+def retained(steps: list[int], *, keep_last: int, keep_best: int, scores: dict[int, float],
+             protect: frozenset[int] = frozenset()) -> set[int]:
+    """The checkpoint steps retention keeps of ``steps``: the newest ``keep_last`` (at least the newest
+    one: a run resumes from it), the ``keep_best`` with the highest held-out accuracy among those with a
+    score (``scores``: step -> ``eval/accuracy``; ties: the earlier step, which reached it first), and
+    ``protect`` (the checkpoint a resumed run started from). ``keep_last = keep_best = 0``: all.
+
+    >>> sorted(retained([2, 4, 6, 8], keep_last=1, keep_best=1, scores={2: 0.5, 4: 0.9, 6: 0.9, 8: 0.1}))
+    [4, 8]
+    >>> sorted(retained([2, 4, 6, 8], keep_last=2, keep_best=0, scores={}, protect=frozenset({2})))
+    [2, 6, 8]
+    """
+    if keep_last <= 0 and keep_best <= 0:
+        return set(steps)
+    ordered = sorted(steps)
+    keep = set(ordered[-max(keep_last, 1):]) | (set(protect) & set(steps))
+    scored = sorted((s for s in ordered if s in scores), key=lambda s: (-scores[s], s))
+    return keep | set(scored[:max(keep_best, 0)])
+
+
+def prune_checkpoints(out: Path, *, keep_last: int, keep_best: int, scores: dict[int, float],
+                      protect: frozenset[int] = frozenset(), note: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """Delete ``out``'s complete checkpoints that :func:`retained` does not keep; returns those deleted.
+
+    Only what flowrl wrote goes (a checkpoint listed in the run directory's list, :mod:`flowrl.runtime.rundir`);
+    a checkpoint that is not listed, or is a link, is kept with a ``note``. Half-written directories are
+    left to the next run's clean-up (a kill may have left them; ``--resume`` ignores them)."""
+    from flowrl.runtime.rundir import PATH, listed
+
+    ckpts = {step_of(p): p for p in complete_checkpoints(out)}
+    keep = retained(list(ckpts), keep_last=keep_last, keep_best=keep_best, scores=scores, protect=protect)
+    owned = listed(out)
+    deleted = []
+    for step in sorted(set(ckpts) - keep):
+        path = ckpts[step]
+        rel = path.relative_to(out).as_posix()
+        if owned.get(rel) != PATH or path.is_symlink():
+            note(f"note: retention keeps {path}: flowrl did not write it (not in the run directory's list)")
+            continue
+        (path / MANIFEST).unlink()  # first: a deletion cut short leaves a half-written checkpoint, never a "complete" one
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    if deleted:
+        _fsync_dir(out / "checkpoints")
+    return deleted
+
+
 __all__ = ["MANIFEST", "CheckpointError", "checkpoint_dir", "write_checkpoint", "disk_full", "step_of",
-           "complete_checkpoints", "half_written", "verify_checkpoint", "resumable_checkpoint"]
+           "complete_checkpoints", "half_written", "verify_checkpoint", "resumable_checkpoint", "retained",
+           "prune_checkpoints"]

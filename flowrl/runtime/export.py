@@ -486,3 +486,39 @@ def _first_line(e: BaseException) -> str:
 __all__ = ["ExportError", "Exported", "READERS", "EXPORTS", "DEFAULT_SHARD_BYTES", "parse_size", "read_plan",
            "checkpoint_for", "exported_model", "export_run", "export_checkpoint", "reader_for",
            "checkpoint_tensors", "write_model_dir", "copy_model_files"]
+
+
+# ---- exports a run makes itself (`export_every`) -------------------------------------------------
+
+
+def exports_at(plan: ExecutionPlan, step: int) -> bool:
+    """Whether the run exports after ``step`` (1-based): every ``export_every`` steps and after the last."""
+    every = plan.run.export_every
+    return bool(every) and (step % every == 0 or step == plan.run.steps)
+
+
+def export_in_run(plan: ExecutionPlan, out: Path, ckpt: Path, log: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """Export each policy the run trains from its checkpoint ``ckpt`` into ``out/exports/step_NNNNNN`` (one
+    policy; ``.../<model>`` for several): a model directory, or a PEFT adapter directory for LoRA. Listed in
+    the run directory's list before it is written (:func:`flowrl.runtime.rundir.own`); an export of the
+    same step from before (a resumed run) is replaced."""
+    from flowrl.runtime.materialize import materialize_models
+    from flowrl.runtime.rundir import own
+
+    trained = [m for m in plan.models if m.train_engine is not None and m.role == "trainable"]
+    step = step_of(ckpt) or 0
+    written = []
+    for m in trained:
+        folder = out / EXPORTS / f"step_{step:06d}"
+        target = folder / m.id if len(trained) > 1 else folder
+        own(out, target, target.with_name(target.name + ".tmp"))
+        base = materialize_models(_only(plan, m), lambda _: None)[m.id]
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        done = export_checkpoint(plan, m, ckpt, Path(base), target)
+        log(f"exported `{m.id}` after step {step} to {done.path}")
+        written.append(done.path)
+    return written
+
+
+__all__ += ["exports_at", "export_in_run"]
