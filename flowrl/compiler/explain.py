@@ -162,6 +162,8 @@ def _steps(plan: ExecutionPlan) -> list[str]:
         est = f"  ~{_s(cost.seconds)}" if cost is not None else ""
         if cost is not None and op.kind == OpKind.SCORE and cost.where != where:  # a reward model's, a judge's
             where += f" (its pass on {cost.where})"
+        if op.options.get("adapters") == "off":  # flowrl.compiler.passes.share_base_weights
+            where += f" (adapters off: `{op.options['reference']}` is its base, no copy)"
         lines.append(f"  {op.id:<28} {op.op:<16} on {where}{est}")
         for arg, dropped in sorted(op.options.get("elided", {}).items()):
             why = _ELIDED_WHY.get(arg, "nothing reads it")
@@ -272,6 +274,9 @@ def _estimate(plan: ExecutionPlan) -> list[str]:
                      f"({m['engines']})")
         if pool in phases:
             lines += _phases(phases[pool])
+    shared = {op.options["reference"]: op.model for op in plan.ops if op.options.get("adapters") == "off"}
+    lines += [f"  no weights of `{ref}`: its passes run on {base}.train with the LoRA adapters off (its base)"
+              for ref, base in sorted(shared.items())]
     if e.utilization:
         lines.append("  utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in e.utilization.items()))
     a = e.assumptions

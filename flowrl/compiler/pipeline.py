@@ -40,6 +40,7 @@ from flowrl.compiler.passes.resolve_names import resolve_names
 from flowrl.compiler.passes.resolve_staleness import resolve_staleness
 from flowrl.compiler.passes.size_env_pools import size_env_pools
 from flowrl.compiler.passes.select_sync_protocol import select_sync_protocol
+from flowrl.compiler.passes.share_base_weights import share_base_weights
 from flowrl.compiler.unit import Unit, read_source as _read_source
 from flowrl.diagnostics import Collector, Diagnostic, FlowError, SourceMap, Span, did_you_mean
 from flowrl.ir.build import build_flow
@@ -60,6 +61,7 @@ PASSES: tuple[Pass, ...] = (
     check_schedule_once,
     check_schedule,
     check_platform,
+    share_base_weights,
     choose_schedule,
     assign_placement,
     plan_layouts,

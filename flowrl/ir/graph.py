@@ -197,6 +197,10 @@ class FlowGraph:
     """Log-prob passes an update makes redundant (written by the ``elide_logprobs`` pass):
     logprobs op id -> (update op id, the update's argument it fed). Lowering drops them and
     the cost model does not count them."""
+    on_base: dict = field(default_factory=dict, compare=False, repr=False)
+    """Log-prob passes of a LoRA policy's frozen reference that run on the policy's train engine with
+    its adapters disabled (written by the ``share_base_weights`` pass): op id -> the frozen model
+    (the op's ``model`` is the policy). Lowering marks them ``adapters = "off"``."""
 
     # -- nodes
     def add(self, node: Node) -> Node:
@@ -295,7 +299,7 @@ class FlowGraph:
         return FlowGraph(self.name, self.span, self.g.copy(), self.params, self.returns,
                          self.schedule, self.sources, self.unit, dict(self.regions), dict(self.bindings),
                          self.sched, binding_spans=dict(self.binding_spans), warnings=self.warnings,
-                         elided=dict(self.elided))
+                         elided=dict(self.elided), on_base=dict(self.on_base))
 
     def users(self, node_id: str, kind: EdgeKind | None = None) -> list[str]:
         return [v for v, e in self.out_edges(node_id) if kind is None or e.kind == kind]

@@ -229,9 +229,11 @@ def logprobs(op: OpPlan, ctx: StepContext) -> StepValue:
     engines = ctx.services.engines
     entropy = bool(op.options.get("entropy", False))
     batch = _routed(op, rollouts.batch)
-    out = engines.forward(op.model, batch, ctx.step, entropy=entropy)
+    # adapters "off": a LoRA policy's frozen reference, its base, on the policy's engine (share_base_weights)
+    base = op.options.get("adapters") == "off"
+    out = engines.forward(op.model, batch, ctx.step, entropy=entropy, **({"adapters": False} if base else {}))
     lp = out["logprobs"]
-    if rollouts.model == op.model and all(v == engines.train_version(op.model) for v in roll["version"]):
+    if not base and rollouts.model == op.model and all(v == engines.train_version(op.model) for v in roll["version"]):
         # Same weights on both engines: any gap is the train/inference mismatch.
         m = mismatch_metrics(lp, roll["rollout_logprobs"], roll["response_mask"])
         if "routes_differ" in out:  # replayed routes: how many the trainer's router would have changed

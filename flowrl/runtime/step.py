@@ -122,8 +122,9 @@ class EngineService(Protocol):
         """Completions grouped per prompt and the rollout version (weights) that produced them."""
 
     def forward(self, model: str, batch: TokenBatch, step: int, *, entropy: bool = False,
-                values: bool = False) -> dict:
-        """Per-token outputs of the model's train engine (``logprobs``, ``entropy``, ``values``)."""
+                values: bool = False, adapters: bool = True) -> dict:
+        """Per-token outputs of the model's train engine (``logprobs``, ``entropy``, ``values``);
+        ``adapters=False``: of its base model, its LoRA adapters disabled (a plan's ``adapters = "off"``)."""
 
     def train(self, model: str, batch: TokenBatch, loss: dict, op: OpPlan, step: int) -> list[dict]:
         """One update of the model's train engine; returns its per-minibatch stats."""
