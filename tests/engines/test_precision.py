@@ -87,3 +87,42 @@ def test_mixed_checkpoint_round_trips_the_masters_and_resumes_bit_identically(ti
     pure = TorchTrainEngine(tiny_model_dir, dtype="bfloat16", precision="pure", optim=SMALL)
     with pytest.raises(EngineError, match="master weights.*precision and dtype it was saved with"):
         pure.load(str(tmp_path / "ckpt"))
+
+
+def _dcp_dtypes(path) -> dict[str, torch.dtype]:
+    """Each tensor's dtype in an fsdp checkpoint's torch.distributed.checkpoint metadata."""
+    from flowrl.engines.fsdp_rank import DCP_DIR, _safe_metadata
+
+    with open(path / DCP_DIR / ".metadata", "rb") as f:
+        meta = _safe_metadata(f)
+    return {k: v.properties.dtype for k, v in meta.state_dict_metadata.items() if hasattr(v, "properties")}
+
+
+# Fewer steps for the two-process engine: AdamW's first steps on a fixed batch move a weight by ~lr each
+# (under half of bf16's spacing at 1.0 each time), so 6 steps of 5e-4 cross it in the fp32 shards.
+FSDP_SMALL, FSDP_STEPS = OptimConfig(lr=5e-4, max_grad_norm=None), 6
+
+
+@pytest.mark.slow  # two 2-rank engines, 12 steps: over a minute on a loaded 2-core machine
+def test_fsdp_mixed_keeps_small_updates_in_fp32_shards_and_checkpoints_them_pure_loses_them(tiny_model_dir,
+                                                                                            tmp_path):
+    from flowrl.engines.fsdp import FsdpTrainEngine
+
+    batch = random_batch(4, seed=4)
+    norms = {}
+    for precision in ("mixed", "pure"):
+        with FsdpTrainEngine(tiny_model_dir, dtype="bfloat16", precision=precision, optim=FSDP_SMALL, dp=2,
+                             threads=1) as eng:
+            for _ in range(FSDP_STEPS):
+                eng.train_step(batch, sft_loss, micro_batch_size=2)
+            weights = dict(eng.named_weights())
+            assert {t.dtype for t in weights.values()} == {torch.bfloat16}  # what a resync sends
+            norms[precision] = _norms(weights.items())
+            eng.save(str(tmp_path / precision))
+    assert sum(int((t != 1.0).sum()) for t in norms["mixed"].values()) > 0  # accumulated in the fp32 shards
+    assert all(torch.all(t == 1.0) for t in norms["pure"].values())  # each step rounded back to 1.0
+    for precision, kept in (("mixed", torch.float32), ("pure", torch.bfloat16)):
+        dtypes = _dcp_dtypes(tmp_path / precision)
+        model = {d for k, d in dtypes.items() if k.startswith("model.")}
+        moments = {d for k, d in dtypes.items() if "exp_avg" in k}
+        assert model == {kept} and moments == {kept}, precision  # mixed: the masters, not the bf16 casts
