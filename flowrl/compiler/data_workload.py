@@ -82,7 +82,8 @@ def measured_workload(graph: FlowGraph, ctx: CompileContext | None) -> dict[str,
                 continue
             completion, answer = text_option(dataset, "completion"), text_option(dataset, "answer") or "answer"
             rows = _rows(str(train.path), file_version(train), OPS[dataset.op].file_format,
-                         text_option(dataset, "prompt") or "prompt", (answer, *((completion,) if completion else ())))
+                         text_option(dataset, "prompt") or "prompt", (answer, *((completion,) if completion else ())),
+                         text_option(dataset, "template") or "")
             if not rows:
                 continue
             prompts.append(statistics.fmean(count(p) for p, _ in rows))
@@ -141,12 +142,14 @@ def _is_integer(answer) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _rows(path: str, version, file_format: str | None, prompt_field: str, fields: tuple[str, ...]) -> tuple:
-    """The first rows' ``(prompt, (answer[, completion]))`` of a file, read once per file version (a check
-    compiles every flow of a file)."""
+def _rows(path: str, version, file_format: str | None, prompt_field: str, fields: tuple[str, ...],
+          template: str = "") -> tuple:
+    """The first rows' ``(prompt, (answer[, completion]))`` of a file (the prompt written by the dataset's
+    template where it has one), read once per file version (a check compiles every flow of a file)."""
     if version is None:
         return ()
-    return tuple(head_rows(path, prompt_field=prompt_field, fields=fields, format=file_format, rows=ROWS))
+    return tuple(head_rows(path, prompt_field=prompt_field, fields=fields, format=file_format, rows=ROWS,
+                           template=template))
 
 
 __all__ = ["DataWorkload", "measured_workload", "ROWS"]

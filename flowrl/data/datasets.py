@@ -228,11 +228,12 @@ def check_head(
 
 
 def head_rows(path: str | Path, *, prompt_field: str = "prompt", fields: tuple[str, ...] = ("answer",),
-              format: str | None = None, rows: int = 64) -> list[tuple[str, tuple]]:
+              format: str | None = None, rows: int = 64, template: str = "") -> list[tuple[str, tuple]]:
     """``(prompt, (value of each of fields))`` of the first ``rows`` rows of a JSON-lines file that
     have a prompt (as :func:`check_head` returns it; a value None where the row has no such field),
     reading no further; rows that are not JSON objects with a non-empty prompt are passed over
-    (:func:`check_head` is what reports them). Parquet files, whose values are not decoded here,
+    (:func:`check_head` is what reports them). With a ``template`` the prompt is the template filled
+    (a row lacking one of its fields is passed over). Parquet files, whose values are not decoded here,
     and files that cannot be read give ``[]``.
 
     >>> import tempfile, os
@@ -257,6 +258,8 @@ def head_rows(path: str | Path, *, prompt_field: str = "prompt", fields: tuple[s
                 except (UnicodeDecodeError, ValueError):
                     continue
                 prompt = row.get(prompt_field) if isinstance(row, dict) else None
+                if template and isinstance(row, dict):
+                    prompt = _templated("", row, (), template)
                 if (isinstance(prompt, str) and prompt.strip()) or (isinstance(prompt, list) and prompt
                                                                     and message_problem(prompt) is None):
                     out.append((prompt_words(prompt), tuple(row.get(k) for k in fields)))

@@ -200,11 +200,17 @@ class ParquetFiles:
         return out
 
     def columns(self) -> tuple[str, ...] | None:
-        names: set[str] | None = None
+        """The first file's top-level columns, from its footer (no pyarrow: ``flowrl check`` imports none)."""
+        from flowrl.data.parquet_footer import ParquetFooterError, read_footer
+
         for f in self.files[:1]:
-            with self._open(f) as pf:
-                names = set(pf.schema_arrow.names)
-        return tuple(sorted(names)) if names is not None else None
+            try:
+                return tuple(sorted(read_footer(f).columns))
+            except ParquetFooterError as e:
+                raise DatasetError(f"{f}: not a readable Parquet file ({e}); hint: check the file is complete") from None
+            except OSError as e:
+                raise DatasetError(f"{f}: cannot read the dataset ({e.strerror})") from None
+        return None
 
     def read(self, block: Block) -> Iterator[Row]:
         i, g = block

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flowrl.compiler.explain import describe_plan
 from flowrl.compiler.lower import lower
 from flowrl.compiler.pipeline import check_file, compile_file
 from flowrl.diagnostics import FlowError
@@ -62,9 +63,14 @@ def test_a_template_over_the_rows_fields_checks_and_lowers(tmp_path):
     f = flow(tmp_path, 'dataset d = jsonl("qa.jsonl", template = "Question: {question}\\nAnswer:", answer = "solution", '
                        'system = "Answer with a number.")')
     assert diagnostics(f) == []
-    (plan_d,) = lower(compile_file(str(f)).graph).datasets
+    plan = lower(compile_file(str(f)).graph)
+    (plan_d,) = plan.datasets
     assert (plan_d.template, plan_d.system, plan_d.chat_auto, plan_d.chat) == \
         ("Question: {question}\nAnswer:", "Answer with a number.", True, False)
+    shown = describe_plan(plan, explain=True)
+    assert "mean of the first 5 rows of `qa.jsonl`" in shown  # the prompts as the template writes them
+    assert "d: jsonl qa.jsonl: prompts written by the template after a system prompt as rendered with the chat " \
+           "template of `policy`'s tokenizer where it has one, else raw text" in shown
 
 
 def test_an_unknown_slot_is_reported_at_the_slot(tmp_path):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.library_checks import check_library
 from flowrl.compiler.resources import checked, folder_of, shown_folder, text_option
 from flowrl.data.datasets import DatasetError
 from flowrl.data.rows import RowFormat, TemplateError, template_slots
@@ -57,10 +58,16 @@ def check_datasets(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             _check_mix(node, errors)
             continue
         slots = _slots(node, errors)
+        spec = OPS[node.op]
+        if spec.library and (ctx.options.get("resources") is False or not check_library(node, spec, errors)):
+            continue  # its rows cannot be made (E640-E642 said why) or are not to be checked
         opener = SOURCES.get(OPS[node.op].handler)
-        if opener is None or not checked(node, ctx) or not node.args or not isinstance(node.args[0], Const):
+        if opener is None or not (checked(node, ctx) or spec.library) or not node.args \
+                or not isinstance(node.args[0], Const):
             continue
         files = bool(OPS[node.op].paths)  # jsonl, parquet: check_resources checks the files themselves
+        if files and not slots:
+            continue  # nothing of theirs to check here
         for which in ("train", "eval"):
             source = _open(node, opener, which, files, errors)
             if source is not None:
@@ -131,7 +138,8 @@ def _check_rows(node: Node, source: RowSource, slots, files: bool, sources: Sour
     the runtime would refuse."""
     try:
         columns = source.columns()
-        head = source.head(1 if columns is not None else HEAD_ROWS)
+        # a file of columns (Parquet, Arrow) says what rows hold; JSON lines, its first rows
+        head = source.head(HEAD_ROWS) if columns is None else source.head(1) if not files else []
     except DatasetError as e:
         if not files:
             errors.error("E602", f"dataset `{node.id}` cannot be read as `{node.op}`: {e}", node.args[0].span, None)

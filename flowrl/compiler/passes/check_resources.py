@@ -158,7 +158,7 @@ def _missing_fields(reward: Node | None, span, ds: Node, f: DatasetFile, fields:
         else:
             prompt = text_option(ds, "prompt") or "prompt"
             rows = head_rows(f.path, prompt_field=prompt, fields=(field,), format=OPS[ds.op].file_format,
-                             rows=ROW_FIELD_ROWS)
+                             rows=ROW_FIELD_ROWS, template=text_option(ds, "template") or "")
             lacking = [i for i, (_, values) in enumerate(rows, start=1) if values[0] is None]
             if not lacking:
                 continue
