@@ -624,13 +624,22 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the earlier run in --out DIR")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a run from its latest checkpoint, with its own settings (FILE may be left out; "
-                        "--steps and --save-every may change)")
+                        "--steps, --save-every, --keep-last, --keep-best and --export-every may change)")
     p.add_argument("--resume-step", type=count(1, "checkpoints hold the state after a step, numbered from 1"),
                    metavar="N",
                    help="with --resume: continue from step N's checkpoint rather than the newest (e.g. when "
                         "--resume reports the newest damaged)")
     p.add_argument("--save-every", type=count(0, "0: no checkpoint but the last"), metavar="N",
                    help="checkpoint every N steps")
+    p.add_argument("--keep-last", type=count(0, "0: keep every checkpoint"), metavar="K",
+                   help="checkpoint retention: keep the newest K checkpoints, deleting older ones as they are "
+                        "superseded (TRL's save_total_limit; default: the flow's `keep_last`, else 0: all)")
+    p.add_argument("--keep-best", type=count(0, "0: none"), nargs="?", const=1, metavar="N",
+                   help="also keep the N (default 1) checkpoints with the best held-out accuracy (eval/accuracy; "
+                        "TRL's load_best_model_at_end)")
+    p.add_argument("--export-every", type=count(0, "0: never"), metavar="N",
+                   help="every N steps and after the last, export the policy as a Hugging Face directory to "
+                        "RUN_DIR/exports/step_N (what `flowrl export` writes)")
     p.add_argument("--restarts", type=count(0, "0: never restart"), default=0, metavar="N",
                    help="when an engine dies, hangs or loses its node, restart the engines from the last "
                         "checkpoint, up to N times (default 0: stop and say how to resume)")
@@ -662,14 +671,15 @@ def run_run(args: argparse.Namespace) -> int:
     if args.file is None and not args.resume:
         raise UsageError("give the .flow file to run (or --resume RUN_DIR)")
     from flowrl.catalog.loggers import TRACKING_SETTINGS
-    from flowrl.launch import parse_sets, run_file
+    from flowrl.launch import RETENTION_SETTINGS, parse_sets, run_file
     from flowrl.runtime.preemption import Preempted
 
     try:
         result = run_file(args.file, flow=args.flow, sets=parse_sets(args.set), steps=args.steps, out=args.out,
                           resume=args.resume, save_every=args.save_every, overwrite=args.overwrite, log=args.log,
                           log_samples=args.log_samples, ray_address=args.ray, resume_step=args.resume_step,
-                          restarts=args.restarts, tracking={k: getattr(args, k) for k in TRACKING_SETTINGS})
+                          restarts=args.restarts, tracking={k: getattr(args, k) for k in TRACKING_SETTINGS},
+                          retention={k: getattr(args, k) for k in RETENTION_SETTINGS})
     except FlowError:
         raise
     except Preempted as preempted:  # a stop signal (SIGTERM, SIGINT): stopped cleanly at a step boundary
@@ -699,6 +709,8 @@ register(Command(
     "flowrl run flows/arith_grpo.flow --save-every 10 --out runs/a\n"
     "flowrl run --resume runs/a --steps 20                        # continue from the latest checkpoint\n"
     "flowrl run flows/arith_grpo.flow --save-every 10 --restarts 2  # a dead engine: restart from the checkpoint\n"
+    "flowrl run flows/arith_grpo.flow --save-every 5 --keep-last 2 --keep-best  # retention: the 2 newest + the best\n"
+    "flowrl run flows/arith_grpo.flow --export-every 10              # RUN_DIR/exports/step_N: Hugging Face dirs\n"
     "flowrl run flows/arith_grpo.flow --log tensorboard,wandb,mlflow --log-samples 10\n"
     "flowrl run flows/arith_grpo.flow --log mlflow --log-uri http://127.0.0.1:5000 --log-name baseline --log-tags grpo,arith\n"
     "RAY_ADDRESS=127.0.0.1:6379 flowrl run flows/arith_grpo.flow  # a cluster started by `ray start`",

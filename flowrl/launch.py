@@ -245,11 +245,12 @@ def latest_checkpoint_step(out: Path) -> int | None:
 def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dict | None, steps: int | None,
                    out: str | None, save_every: int | None, overwrite: bool, log: str | None,
                    log_samples: int | None, resume_step: int | None = None,
-                   tracking: dict | None = None) -> tuple[ExecutionPlan, FinishedRun | None]:
+                   tracking: dict | None = None, retention: dict | None = None) -> tuple[ExecutionPlan, FinishedRun | None]:
     """The plan to continue ``resume`` with, or a :class:`FinishedRun` when there is nothing to do.
 
-    Honours ``steps`` (go further, or stop earlier) and ``save_every``; refuses what would change the
-    run it continues (another ``FILE`` or ``--flow``, ``--set``, ``--out``, ``--overwrite``, other
+    Honours ``steps`` (go further, or stop earlier), ``save_every`` and ``retention`` (``keep_last``,
+    ``keep_best``, ``export_every``); refuses what would change the run it continues (another ``FILE`` or
+    ``--flow``, ``--set``, ``--out``, ``--overwrite``, other
     loggers). Reads only ``plan.json``, ``summary.json`` and the checkpoint names: no engine starts.
     ``resume_step``: continue from that step's checkpoint (one before a damaged newest one).
     """
@@ -283,6 +284,8 @@ def prepare_resume(resume: str, *, path: str | None, flow: str | None, sets: dic
         run = replace(run, steps=steps)
     if save_every is not None:
         run = replace(run, save_every=save_every)
+    if retention:  # what is kept and exported from now on: the training does not change
+        run = replace(run, **retention)
     done = steps_done(d)
     if resume_step is not None:
         if resume_step not in {step_of(p) for p in complete_checkpoints(d)}:
@@ -435,11 +438,15 @@ def run_plan(plan: ExecutionPlan, out: Path, **kwargs):
     return drive(plan, out, **kwargs)
 
 
+RETENTION_SETTINGS = ("keep_last", "keep_best", "export_every")
+"""Run settings ``flowrl run`` takes as options (``--keep-last``...), a resumed run too."""
+
+
 def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = None, steps: int | None = None,
              out: str | None = None, resume: str | None = None, save_every: int | None = None,
              overwrite: bool = False, log: str | None = None, log_samples: int | None = None,
              ray_address: str | None = None, faults=None, stream=None, resume_step: int | None = None,
-             restarts: int = 0, tracking: dict | None = None):
+             restarts: int = 0, tracking: dict | None = None, retention: dict | None = None):
     """``flowrl run``: compile and run a flow into a new run directory, or continue one (``resume``).
 
     Returns the driver's ``RunResult`` (or a :class:`FinishedRun` when ``resume`` names a run that
@@ -449,8 +456,15 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     A fresh run that fails before its first step leaves nothing behind; one that fails later keeps
     its directory (metrics, summary, plots) and says how to resume it. ``restarts``: see :func:`run_built`.
     ``tracking``: tracker settings from the command line (``{"log_name": "baseline", "log_tags": "a,b"}``:
-    :data:`~flowrl.catalog.loggers.TRACKING_SETTINGS`), over the flow's.
+    :data:`~flowrl.catalog.loggers.TRACKING_SETTINGS`), over the flow's. ``retention``: checkpoint retention
+    and exports from the command line (``{"keep_last": 3, "keep_best": 1, "export_every": 10}``), over the
+    flow's; a resumed run takes them too (they change what is kept from now on, not the training).
     """
+    retention = {k: v for k, v in (retention or {}).items() if v is not None}
+    bad = {k: v for k, v in retention.items() if k not in RETENTION_SETTINGS or not isinstance(v, int) or v < 0}
+    if bad:
+        key, value = next(iter(bad.items()))
+        raise RunError(f"--{key.replace('_', '-')} {value}: give a number >= 0 (0: off)")
     tracking = {k: tracking_setting(k, v, f"--{k.replace('_', '-')} ") for k, v in (tracking or {}).items()
                 if v is not None}
     stream = stream or sys.stderr
@@ -465,7 +479,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     if resume:
         plan, finished = prepare_resume(resume, path=path, flow=flow, sets=sets, steps=steps, out=out,
                                         save_every=save_every, overwrite=overwrite, log=log, log_samples=log_samples,
-                                        resume_step=resume_step, tracking=tracking)
+                                        resume_step=resume_step, tracking=tracking, retention=retention)
         if finished is not None:
             return finished
         out_dir = Path(resume)
@@ -478,6 +492,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
         if log_samples is not None:
             run["log_samples"] = log_samples
         run.update(tracking)
+        run.update(retention)
         plan = build_plan(path, flow=flow, sets=sets, steps=steps, save_every=save_every, run=run)
         out_dir = Path(out) if out else default_out(path)
     return run_built(plan, out_dir, resume=bool(resume), overwrite=overwrite, ray_address=ray_address,

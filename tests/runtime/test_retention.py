@@ -75,3 +75,61 @@ def test_only_what_flowrl_wrote_is_deleted(tmp_path):
     assert prune_checkpoints(out, keep_last=1, keep_best=0, scores={}, note=notes.append) == []
     assert _left(out) == [1, 2, 3]
     assert len(notes) == 2 and "flowrl did not write it" in notes[0]
+
+
+# ---- the settings: flow parameters, --set, `flowrl run` options (a resumed run takes them too) ----------
+
+
+def _flow(tmp: Path, params: str = "") -> Path:
+    import json
+
+    from flowrl.models.tiny import build_tiny_model
+    from flowrl.tasks.arith import make_split
+
+    build_tiny_model(tmp / "model", seed=0)
+    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_split(8, 1)))
+    (tmp / "f.flow").write_text(f"""import stdlib.grpo
+model policy = hf("model")
+dataset prompts = jsonl("train.jsonl", eval = "train.jsonl")
+reward exact = verifier("math")
+flow main(steps: int = 4{params}) {{
+  grpo(policy, prompts, exact, batch = 4, group = 2, max_tokens = 4)
+}}
+""")
+    return tmp / "f.flow"
+
+
+def test_retention_settings_reach_the_plan(tmp_path):
+    import pytest
+
+    from flowrl.diagnostics import FlowError
+    from flowrl.launch import build_plan, prepare_resume
+
+    path = _flow(tmp_path, ", keep_last: int = 2, export_every: int = 5")
+    plan = build_plan(str(path), sets={"keep_best": "1"})
+    assert (plan.run.keep_last, plan.run.keep_best, plan.run.export_every) == (2, 1, 5)
+    assert build_plan(str(path), run={"keep_last": 7}).run.keep_last == 7  # the command line's, over the flow's
+    # a resumed run takes new retention options (what is kept from now on), and its plan.json says so
+    run = tmp_path / "run"
+    run.mkdir()
+    _run(run, [2])
+    (run / "plan.json").write_text(plan.to_json())
+    resumed, finished = prepare_resume(str(run), path=None, flow=None, sets=None, steps=None, out=None,
+                                       save_every=None, overwrite=False, log=None, log_samples=None,
+                                       retention={"keep_last": 1, "export_every": 0})
+    assert finished is None and (resumed.run.keep_last, resumed.run.export_every) == (1, 0)
+    assert '"keep_last": 1' in (run / "plan.json").read_text()
+    (tmp_path / "bad").mkdir()
+    bad = _flow(tmp_path / "bad", ', keep_last: str = "3"')
+    with pytest.raises(FlowError, match=r"E510.*run setting `keep_last` must be declared `int`"):
+        build_plan(str(bad))
+
+
+def test_run_options(tmp_path, capsys):
+    from flowrl.cli import build_parser, main
+
+    args = build_parser().parse_args(["run", "f.flow", "--keep-last", "3", "--keep-best", "--export-every", "10"])
+    assert (args.keep_last, args.keep_best, args.export_every) == (3, 1, 10)
+    assert build_parser().parse_args(["run", "f.flow", "--keep-best", "2"]).keep_best == 2
+    assert main(["run", "f.flow", "--keep-last", "-1"]) == 2
+    assert "--keep-last" in capsys.readouterr().err
