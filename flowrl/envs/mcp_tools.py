@@ -69,7 +69,7 @@ def schema_problems(tools: list[dict]) -> list[str]:
     """What is wrong with each tool's input schema (OpenAI ``tools`` entries): not valid JSON Schema (the
     meta-schema's verdict, with the path inside the schema), or not an object schema. Empty: all valid.
 
-    >>> schema_problems([{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])[0][:60]
+    >>> schema_problems([{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])[0][:61]
     "tool `f`: its input schema is not valid JSON Schema at 'type'"
     """
     import jsonschema

@@ -75,6 +75,10 @@ def observation_texts(tokenizer: Any, outcomes: list, last_ids: list[int], chat:
     return out
 
 
+SCHEMA_CODE = "E643"
+"""The diagnostic of a tool whose input schema is not valid JSON Schema (docs/language.md)."""
+
+
 class ToolsTokenizer:
     """A tokenizer whose ``apply_chat_template`` renders ``tools`` unless the caller passes its own;
     everything else is the wrapped tokenizer's."""
@@ -122,7 +126,7 @@ def env_tools(plan: ExecutionPlan) -> list[dict]:
                                    f"could not be listed: {type(e).__name__}: {e}") from None
         problems = schema_problems(listed)
         if problems:
-            raise RuntimeFlowError(f"{env.origin}: error[E643]: environment `{env.id}`: " + "; ".join(problems)
+            raise RuntimeFlowError(f"{env.origin}: error[{SCHEMA_CODE}]: environment `{env.id}`: " + "; ".join(problems)
                                    + "; hint: fix the tool's input schema in the server (JSON Schema, an object)")
         tools += listed
     return tools

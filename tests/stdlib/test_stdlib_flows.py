@@ -513,6 +513,8 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
               "E663": "a save_to_disk folder without the split named (tests/compiler/test_check_datasets.py)",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",
               "E445": "no protocol record sends over a transport its platform lacks (tests/catalog/test_protocol_transports.py)",
+              "E640": "an environment library that is not installed (tests/envs/test_libraries.py hides one)",
+              "E643": "an MCP server's tools, listed when the run starts (tests/envs/test_libraries.py)",
               "E444": "every shipped op, loss and statement record runs on every platform "
                       "(tests/compiler/test_check_platform.py refuses records made for the test)"}
 """Codes the catalogue describes without a one-file example, and why."""
