@@ -139,6 +139,9 @@ class EngineSpec:
     lora_refused: str = ""
     """Why an engine without a :attr:`lora` mode takes no LoRA model, in the words ``flowrl check``'s
     E613 says it (empty: it was never built for one)."""
+    lora_experts_refused: str = ""
+    """An ``adapters`` rollout engine that cannot serve a mixture of experts' adapters (on its attention
+    layers): why, as E613 says it; empty: it serves them as a dense model's."""
     context_option: str | None = None
     """Rollout engines: the option bounding one sequence's prompt + completion tokens
     (``max_model_len``). A schedule that does not set it gets the checkpoint's maximum
@@ -313,6 +316,9 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         sampling_limits={"temperature": 2.0}, weights="vllm", rank_shards=True, frees_memory="sleep", context_option="max_model_len",
         routing_replay=True,  # router hooks on CPU, enable_return_routed_experts on GPUs (flowrl.engines.vllm_engine)
         lora="adapters", lora_max_rank=512,  # enable_lora + a LoRARequest per resync (vLLM's max_lora_rank values)
+        lora_experts_refused="vLLM 0.32 serves a mixture of experts' adapters with its Triton MoE-LoRA kernels, "
+                             "which fail at start-up on CPU (attention-only targets too) and flowrl has not run "
+                             "on GPUs",
         # On CPU, tp > 1 runs through vLLM's multiprocessing executor (its Ray executor refuses the
         # CPU platform): flowrl.engines.vllm_engine picks it; tests/engines/test_vllm_multiprocess.py.
         platforms={"cpu": RUNS, "cuda": RUNS, "rocm": RUNS},

@@ -398,7 +398,7 @@ def _layouts(prob: _Problem, role: str, placement, pools, engines) -> tuple[list
                 # after the search refuse them: E607, E438)
                 probs = probs or architecture_problems(key, plan, facts, prob.spec.span)
                 lora = prob.work.lora.get(model_of(key))
-                why = lora_engine_problem(model_of(key), role, plan, lora[0]) if lora and not probs else None
+                why = lora_engine_problem(model_of(key), role, plan, lora[0], facts) if lora and not probs else None
                 if why is not None:  # a LoRA model: only engines that train / serve adapters
                     probs = [Diagnostic("E613", why[0], prob.spec.span, why[1])]
                 if probs:

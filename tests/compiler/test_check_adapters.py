@@ -71,11 +71,24 @@ def test_unknown_targets_are_refused_naming_the_modules(tmp_path):
     assert "must be \"all-linear\" or a list" in _errors(tmp_path, lora="lora(targets = [8])")[0][2]
 
 
-@pytest.mark.parametrize("arch, what", [("gpt2", "no linear modules flowrl adapts"),
-                                        ("qwen3_moe", "is a mixture of experts")])
-def test_families_without_adaptable_layers_are_refused(tmp_path, arch, what):
-    errors = _errors(tmp_path, arch=arch, lora="lora()", train="torch()")
-    assert len(errors) == 1 and what in errors[0][2], errors
+def test_families_without_adaptable_layers_are_refused(tmp_path):
+    errors = _errors(tmp_path, arch="gpt2", lora="lora()", train="torch()")
+    assert len(errors) == 1 and "no linear modules flowrl adapts" in errors[0][2], errors
+
+
+def test_a_mixture_of_experts_adapts_its_attention_served_merged_not_by_vllm(tmp_path):
+    """A MoE's attention layers take adapters (its experts are fused tensors: not targets); vLLM cannot serve
+    them (its Triton MoE-LoRA kernels), the engines that get them merged can."""
+    plan = lower(_compile(tmp_path, arch="qwen3_moe", rollout="hf_generate()").graph)
+    assert plan.model("policy").args["lora"]["targets"] == ["q_proj", "v_proj"]
+    (_, _, message, hint), = _errors(tmp_path, arch="qwen3_moe", rollout="vllm(tp = 1)")
+    assert "is a mixture of experts (8 experts) with LoRA adapters, which its rollout engine `vllm` cannot " \
+           "serve: vLLM 0.32 serves a mixture of experts' adapters with its Triton MoE-LoRA kernels" in message
+    assert hint.startswith("give `policy.rollout` `hf_generate(...)` or `sglang(...)`")
+    (_, _, message, hint), = _errors(tmp_path, arch="qwen3_moe", rollout="hf_generate()",
+                                     lora='lora(targets = ["q_proj", "gate_proj"])')
+    assert "targets `gate_proj`" in message and "experts are fused tensors" in message
+    assert hint.startswith("its modules: q_proj, k_proj, v_proj, o_proj")
 
 
 def test_megatron_cannot_train_adapters_and_says_why(tmp_path):

@@ -170,3 +170,34 @@ def test_engine_records_pair_with_their_adapters():
         assert ("lora" in adapter_parameters(cls)) == LORA_KWARG[spec.lora], spec.name
         assert hasattr(cls, "load_adapter" if spec.lora == "adapters" else
                        "update_weights" if spec.lora == "merged" else "named_weights"), spec.name
+
+
+def test_a_mixture_of_experts_trains_attention_adapters_served_merged(tmp_path):
+    """A tiny Qwen3-MoE: "all-linear" is its attention projections (its experts are fused tensors); PEFT
+    trains them, the base with the adapters disabled is the checkpoint's model exactly, and hf_generate
+    serves the adapters merged in with the trainer's log-probs."""
+    import json
+    from types import SimpleNamespace
+
+    from flowrl.models.tiny import build_tiny_model
+    from flowrl.runtime.workers import RolloutWorker
+
+    path = str(build_tiny_model(tmp_path / "moe", arch="qwen3_moe", seed=3))
+    assert from_config(path).experts
+    lora = {"r": 4, "alpha": 8.0, "dropout": 0.0, "targets": "all-linear"}
+    eng = make_trainer(path, lora=lora, temperature=0.7)
+    assert eng.lora.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+    vocab = json.loads((tmp_path / "moe" / "config.json").read_text())["vocab_size"]
+    batch = random_batch(8, seed=5, vocab=vocab)
+    base = make_trainer(path, temperature=0.7).forward(batch)["logprobs"]
+    assert torch.equal(eng.forward(batch, adapters=False)["logprobs"], base)
+    for _ in range(3):
+        eng.train_step(batch, sft_loss, micro_batch_size=4)
+    assert torch.equal(eng.forward(batch, adapters=False)["logprobs"], base)  # the base never moves
+    assert float((eng.forward(batch)["logprobs"] - base).abs().max()) > 1e-3
+    plan = SimpleNamespace(kind="hf_generate", tp=1, pp=1, dp=1, cp=1, options={})
+    worker = RolloutWorker(plan, path, seed=0, threads=1, lora=lora)
+    worker._load(eng.named_weights())
+    prompts = [[1, 4, 5, 6], [1, 7, 8], [1, 9, 4, 10, 11]]
+    groups = worker.engine.generate(prompts, SamplingSpec(n=2, temperature=0.7, max_tokens=8, seed=1))
+    assert _gap(groups, eng) < TOL

@@ -7,13 +7,15 @@ Guarantees, for each model declared with ``lora = lora(...)`` (E613, at the opti
 
 * ``targets`` is ``"all-linear"`` or a list of module names, each a linear module of the model's
   decoder layers (:func:`~flowrl.catalog.adapters.lora_modules`: attention and dense-MLP
-  projections); a name that is not one is refused naming those that are, and so is a family with
-  none (GPT-2's ``Conv1D`` layers) or a mixture of experts (its experts are fused, not linear layers);
+  projections; a mixture of experts' attention and dense layers, not its experts: fused tensors, not
+  linear layers); a name that is not one is refused naming those that are, and so is a family with
+  none (GPT-2's ``Conv1D`` layers);
 * its train engine trains adapters (:attr:`~flowrl.catalog.engines.EngineSpec.lora` ``train``:
   ``torch``, whose several ranks run on ``fsdp``'s, and ``fsdp``; not ``megatron``, for the reason its
   record gives, :attr:`~flowrl.catalog.engines.EngineSpec.lora_refused`);
-* its rollout engine takes them, loaded as an adapter (``adapters``: vLLM, up to its largest rank)
-  or merged into the base weights by the runtime (``merged``: SGLang, ``hf_generate``).
+* its rollout engine takes them, loaded as an adapter (``adapters``: vLLM, up to its largest rank; not a
+  mixture of experts', :attr:`~flowrl.catalog.engines.EngineSpec.lora_experts_refused`) or merged into the
+  base weights by the runtime (``merged``: SGLang, ``hf_generate``).
 
 The graph is returned unchanged.
 
@@ -52,8 +54,8 @@ def check_adapters(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         if facts is not None:
             _check_targets(node, lora, facts, errors)
         if st is not None:
-            _check_engine(node, lora, st, "train", errors)
-            _check_engine(node, lora, st, "rollout", errors)
+            _check_engine(node, lora, st, "train", facts, errors)
+            _check_engine(node, lora, st, "rollout", facts, errors)
     errors.raise_if_any()
     return graph
 
@@ -63,13 +65,8 @@ def _check_targets(node: Node, lora: Config, facts, errors: Collector) -> None:
     value = dict(lora.options).get("targets")  # the value as written (Const / tuple of Consts), with spans
     span = getattr(value, "span", None) or lora.span
     what = f"{facts.name}'s layers ({facts.architecture or 'architecture unknown'})"
-    if facts.experts:
-        errors.error("E613", f"`{node.id}` is a mixture of experts ({facts.name}: {facts.experts} experts); flowrl "
-                             "trains LoRA adapters on dense models only", lora.span,
-                     "train the full weights (drop `lora`): its experts are fused tensors, not linear layers "
-                     "an adapter wraps, and vLLM serves a MoE's adapters with Triton kernels (its CPU build "
-                     "fails at start-up)")
-        return
+    if facts.experts:  # its experts are fused tensors, not linear layers: its attention (and dense layers) adapt
+        what += "; a mixture of experts' experts are fused tensors, which no adapter wraps"
     if not modules:
         errors.error("E613", f"`{node.id}` has no linear modules flowrl adapts ({what}: GPT-2-style `Conv1D` "
                              "layers)", lora.span, "drop `lora`, or use a Llama-style family (q/k/v/o and "
@@ -93,12 +90,12 @@ def _check_targets(node: Node, lora: Config, facts, errors: Collector) -> None:
                      f"name some of {', '.join(modules)}, or write `targets = \"{ALL_LINEAR}\"`")
 
 
-def _check_engine(node: Node, lora: Config, st, role: str, errors: Collector) -> None:
+def _check_engine(node: Node, lora: Config, st, role: str, facts, errors: Collector) -> None:
     eng = st.engines.get(f"{node.id}.{role}")
     if eng is None or eng.kind not in ENGINES:
         return
     rank = dict(lora.options).get("r")
-    problem = lora_engine_problem(node.id, role, eng, int(plain(rank) or 0))
+    problem = lora_engine_problem(node.id, role, eng, int(plain(rank) or 0), facts)
     if problem is not None:
         message, hint = problem
         at = getattr(rank, "span", None) if message.startswith("`lora` of") else None  # a rank: at the rank

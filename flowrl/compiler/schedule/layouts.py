@@ -328,10 +328,12 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
                         n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None)
 
 
-def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int) -> tuple[str, str] | None:
+def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int,
+                        facts: ModelFacts | None = None) -> tuple[str, str] | None:
     """Why ``model``'s ``role`` engine (``plan``) cannot take its LoRA of rank ``r`` (message, hint), or None:
     the engine that runs the layout (a single-rank engine with more ranks runs on its ``multi_rank_as``)
-    must train adapters (``train``) or serve them (``adapters``, ``merged``), within its largest rank."""
+    must train adapters (``train``) or serve them (``adapters``, ``merged``), within its largest rank, and
+    of a mixture of experts (``facts``) serve them unless its record says why not (``lora_experts_refused``)."""
     spec = ENGINES[plan.kind]
     runs = ENGINES[spec.multi_rank_as] if spec.multi_rank_as and plan.world_size > 1 else spec
     wanted = ("train",) if role == "train" else ("adapters", "merged")
@@ -348,6 +350,12 @@ def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int) -> tupl
     if runs.lora_max_rank is not None and r > runs.lora_max_rank:
         return (f"`lora` of `{model}` has rank r = {r}, above the {runs.lora_max_rank} its {role} engine "
                 f"`{plan.kind}` loads adapters of", f"use r <= {runs.lora_max_rank}")
+    if facts is not None and facts.experts and runs.lora_experts_refused:
+        merged = sorted(k for k, e in ENGINES.items() if e.serves == spec.serves and e.lora == "merged")
+        return (f"`{model}` is a mixture of experts ({facts.experts} experts) with LoRA adapters, which its {role} "
+                f"engine `{plan.kind}` cannot serve: {runs.lora_experts_refused}",
+                f"give `{key}` " + " or ".join(f"`{k}(...)`" for k in merged) + " (they get the adapters merged "
+                "into the base weights)")
     return None
 
 
