@@ -196,6 +196,21 @@ class OpSpec:
     more prompts until the batch is full (DAPO's dynamic sampling): which options say how many
     groups, how many draws at most, and how many groups a draw is expected to keep (the
     workload model's oversampling, :meth:`RedrawSpec.expected_draws`)."""
+    library: str | None = None
+    """The procedural library an op needs (``reasoning_gym``), checked through its entry of
+    :data:`flowrl.compiler.library_checks.LIBRARY_CHECKS` (the package installed, E642). A dataset it
+    generates takes options beyond ``kwargs``, the library's own config: passed through by
+    ``check_edge_types`` (constants and lists only), checked against the library by ``check_datasets``
+    without generating a split, and lowered as one option, ``config``."""
+    row_fields: tuple[str, ...] = ()
+    """Rewards: fields of each dataset row they read besides the answer (``reasoning_gym_score``: the
+    row's ``metadata``); ``flowrl check`` refuses a dataset file they score whose first rows lack one
+    (E622), as it does a verifier's (:attr:`VerifierCost.row_fields`)."""
+    protocol: str | None = None
+    """Environments: how their episodes meet the policy. None: the ``env_step`` protocol (the runtime
+    hands each model turn to the environment); ``openai``: the environment drives the policy itself,
+    through the rollout endpoint's OpenAI API (:mod:`flowrl.runtime.endpoint`), in ``agent_rollout``.
+    Ops that take an environment say which protocol they need (``check_agents`` pairs them)."""
 
     def arg_spec(self, i: int) -> ArgSpec | None:
         """The spec of positional argument ``i``: one of ``args``, else ``rest``, else None."""
@@ -339,6 +354,9 @@ VERIFIER_COSTS = {
     # (flowrl.rewards.code.TESTS_FIELD)
     "code": VerifierCost(0.1, row_fields=("tests",)),
     "final": VerifierCost(3e-6),  # a regex over the completion: 1.3 us measured
+    # the row's Reasoning Gym task scores it (flowrl.rewards.reasoning_gym): its entry generated again
+    # (cached) and its `score_answer`; ~20 us measured on chain_sum
+    "reasoning_gym": VerifierCost(2e-5, row_fields=("metadata",)),
 }
 """The built-in rule verifiers ``verifier(NAME)`` names (served by ``flowrl.rewards.verifiers.VERIFIERS``)
 and what each costs per completion."""
@@ -403,8 +421,37 @@ _op(OpSpec("verifier", OpKind.REWARD_FN, (ArgSpec("name", "str", choices=VERIFIE
                                          "compares under it; past it the completion scores `wrong`")},
            costs_by_name=VERIFIER_COSTS,
            doc="A named rule verifier: \"math\" (math-verify), \"exact\", \"code\" (runs the "
-               "completion's program against its dataset row's `tests` in the sandbox), or \"final\" (the "
-               "digits after the completion's last `=` equal the answer)."))
+               "completion's program against its dataset row's `tests` in the sandbox), \"final\" (the "
+               "digits after the completion's last `=` equal the answer), or \"reasoning_gym\" (the row's "
+               "Reasoning Gym task scores it full marks)."))
+_op(OpSpec("reasoning_gym", OpKind.DATASET, (ArgSpec("task", "str", doc="a task of the reasoning_gym package"),),
+           library="reasoning_gym",
+           kwargs={"size": KwSpec("int", 1000, min=1, max=1_000_000, doc="training rows (items 0..size-1 of the "
+                                  "task's stream for `seed`), generated when the run starts"),
+                   "seed": KwSpec("int", 0, min=0, max=2**31, doc="the generator's seed (the run's `seed` does not "
+                                  "change the data)"),
+                   "eval_size": KwSpec("int", 0, min=0, max=100_000, doc="held-out rows: the stream continued past "
+                                       "the training rows, questions the training split holds left out"),
+                   "prompt": KwSpec("str", "question", doc="the row field that is the prompt"),
+                   "answer": KwSpec("str", "answer", doc="the row field of the reference answer"),
+                   "eval_reward": KwSpec("str", None, choices=VERIFIER_NAMES, requires="eval_size",
+                                         doc="the rule verifier that scores the held-out split (default: the flow's "
+                                             "reward; `reasoning_gym`: the task's own scorer)"),
+                   **{k: _DATASET_KWARGS[k] for k in ("chat", "bad_rows", "template", "system") if k in _DATASET_KWARGS}},
+           doc="A Reasoning Gym task's generated rows (`question`, `answer`, `metadata`), offline; options beyond "
+               "these are the task's own config (`min_terms = 2`), checked against its config class "
+               "(flowrl.data.reasoning_gym)."))
+_op(OpSpec("reasoning_gym_score", OpKind.REWARD_FN, (), row_fields=("metadata",), library="reasoning_gym",
+           kwargs={"extract": KwSpec("str", "auto", choices=("auto", "tag", "raw"),
+                                     doc="the answer read from a completion: `tag`, the last <answer>...</answer> "
+                                         "(reasoning_gym's own rule); `raw`, the whole completion; `auto`, the tag "
+                                         "where there is one, else the whole completion"),
+                   "on_error": KwSpec("float", 0.0, doc="the reward of a sample that cannot be scored (a row "
+                                      "without its task), reported in events.log")},
+           seconds_per_item=2e-5,
+           doc="The score of each completion by its row's Reasoning Gym task (`score_answer`: 1 right, partial "
+               "credit for some tasks), as reasoning_gym evaluates; rows of `reasoning_gym(...)` or rows "
+               "reasoning_gym wrote (`metadata.source_dataset`)."))
 _op(OpSpec("python_reward", OpKind.REWARD_FN, (_a("function", "str"),), python_ref="function",
            kwargs={"workers": KwSpec("int", 2, min=1), "on_error": KwSpec("float", 0.0),
                    "timeout": KwSpec("float", 60.0, min=0.1, max=86400,
@@ -449,6 +496,21 @@ _op(OpSpec("python_env", OpKind.ENV, (_a("cls", "str"),), python_ref="class",
                                      "schedule, one per 64 episodes in flight)")},
            doc="An environment / tool class given as \"module:Class\" (protocol: flowrl.envs), in a pool of "
                "Ray actors (flowrl.runtime.env_pool)."))
+AGENT_MAX_TURNS = 1000
+"""The most model calls ``agent(max_turns = ...)`` allows one episode (each call is one turn of its row)."""
+AGENT_MAX_TIMEOUT = 86400.0
+"""The longest ``agent(timeout = ...)``, seconds (a day)."""
+_op(OpSpec("agent", OpKind.ENV, (_a("function", "str"),), python_ref="function", protocol="openai",
+           kwargs={"max_turns": KwSpec("int", 16, min=1, max=AGENT_MAX_TURNS,
+                                       doc="model calls one episode may make; a call past it is refused (400)"),
+                   "timeout": KwSpec("float", 300.0, min=0, max=AGENT_MAX_TIMEOUT,
+                                     doc="seconds one episode (the whole run(client, row)) may take; past it the "
+                                     "episode ends with an error (0: no limit)"),
+                   "workers": KwSpec("int", None, min=1, doc="Ray actors running the episodes, 64 at a time each "
+                                     "(default: sized by the schedule, one per 64 episodes in flight)")},
+           doc="An agent program `module:function`, `run(client, row)` (async or not): it talks to the policy "
+               "through an OpenAI client pointed at the rollout endpoint, and returns its answer or a reward "
+               "(flowrl.runtime.agents)."))
 _ENV_POOL = {"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call past it "
                                "ends its episode with an error (0: no limit)"),
              "workers": KwSpec("int", None, min=1, doc="Ray actors hosting the environments (default: sized by the "
@@ -631,6 +693,20 @@ _op(OpSpec("env_step", OpKind.ENV_STEP, (_a("env", "env"), _a("rollouts", "data"
            doc="Run the environment / tools on each unfinished conversation: the observation's tokens are "
                "appended to it (masked out of the loss), `done` ends it; a `generate` reading the result "
                "continues each unfinished conversation (flowrl.runtime.episodes)."))
+_op(OpSpec("agent_rollout", OpKind.GENERATE,
+           (_a("model", "model"), _a("prompts", "data", "prompt_ids"), _a("env", "env")),
+           kwargs={"n": KwSpec("int", 1, min=1, doc="episodes per prompt (the group)"),
+                   "temperature": KwSpec("float", 1.0, min=0.0, doc="sampling temperature of every call; 0 is greedy"),
+                   "top_p": KwSpec("float", 1.0, min=0.0, max=1.0),
+                   "top_k": KwSpec("int", -1, min=-1),
+                   "max_tokens": KwSpec("int", 64, min=1, doc="longest completion of one call"),
+                   "stop": KwSpec("list", []),
+                   "seed": KwSpec("int", 0)},
+           produces=_F({*_TOKENS, "rollout_logprobs", "group_ids", "version", "rewards", "done", "truncated"}),
+           passthrough=1, engine="rollout", effect=True, protocol="openai",
+           doc="Run n episodes per prompt of an environment that drives the policy through the rollout endpoint "
+               "(`agent(...)`): each episode's row is the tokens the engine saw and sampled, the model's masked in; "
+               "`rewards` are what the programs returned (flowrl.runtime.agents)."))
 _op(OpSpec("call", OpKind.USER_CALL, (_a("function", "str"),), variadic=True, python_ref="function",
            kwargs={"produces": KwSpec("list", [], doc="fields the function returns")},
            engine="driver", effect=True, doc="A user's Python function `module:function` on data values."))

@@ -23,9 +23,11 @@ from __future__ import annotations
 import glob as globlib
 import json
 import os
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+from flowrl.data import reasoning_gym
 from flowrl.data.datasets import HEAD_BYTES, DatasetError, _parse_line, not_found_hint, open_data
 from flowrl.userfiles import read_bounded
 
@@ -150,6 +152,10 @@ class JsonlFiles:
                 if row is not None:
                     yield row
 
+    def window(self, blocks: list[Block]) -> "JsonlWindow":
+        """The rows of ``blocks`` as bytes, parsed one by one when drawn (what a streamed run holds)."""
+        return JsonlWindow(self, blocks)
+
     def rows(self) -> Iterator[Row]:
         for path in self.files:
             with open_data(path) as f:
@@ -170,6 +176,39 @@ class JsonlFiles:
                     if len(out) >= n or self.bytes_read - start > HEAD_BYTES:
                         return out
         return out
+
+
+class JsonlWindow:
+    """Rows of some blocks of JSON-lines files, held as their bytes in one buffer and an offset, a file and a
+    position per row (about 20 bytes a row beyond the text); :meth:`get` parses one."""
+
+    def __init__(self, source: JsonlFiles, blocks: list[Block]) -> None:
+        self.source = source
+        self.buf = bytearray()
+        self.starts, self.at, self.file = array("Q"), array("Q"), array("I")
+        self.long: set[int] = set()  # rows over MAX_ROW_BYTES: bad rows, their bytes not kept
+        for i, k in blocks:
+            with open_data(source.files[i]) as f:
+                start = k * source.block_bytes
+                for at, raw in source._lines(f, start, start + source.block_bytes):
+                    if raw is not None and not raw.strip():
+                        continue
+                    if raw is None:
+                        self.long.add(len(self.starts))
+                    self.starts.append(len(self.buf))
+                    self.at.append(at)
+                    self.file.append(i)
+                    self.buf += raw or b""
+        self.ends = len(self.buf)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def get(self, n: int) -> Row:
+        end = self.starts[n + 1] if n + 1 < len(self.starts) else self.ends
+        raw = None if n in self.long else bytes(self.buf[self.starts[n]:end])
+        path = self.source.files[self.file[n]]
+        return self.source._row(f"{path}@byte {self.at[n]}", path, None, raw)
 
 
 class ParquetFiles:
@@ -465,7 +504,8 @@ def open_hf(path: str, options: dict, which: str, folder: str) -> RowSource | No
     return files_source(files, kind, f"{path} (split {ev!r})")
 
 
-SOURCES: dict[str, Opener] = {"jsonl": _file(".jsonl"), "parquet": _file(".parquet"), "hf_dataset": open_hf}
+SOURCES: dict[str, Opener] = {"jsonl": _file(".jsonl"), "parquet": _file(".parquet"), "hf_dataset": open_hf,
+                               "reasoning_gym": reasoning_gym.open_source}
 """A dataset op's catalogue ``handler`` -> its opener (:data:`Opener`)."""
 
 

@@ -7,7 +7,8 @@ Every verifier has the reward-function signature used throughout flowrl::
 one reward per completion, 1.0 for correct and 0.0 for wrong. They are looked up by
 name (``get_verifier("math")``); a flow names them the same way. A verifier that needs
 more of a sample than its answer takes the keyword ``rows`` (each sample's dataset row,
-every field): ``code`` (:mod:`flowrl.rewards.code`) reads the row's ``tests``.
+every field): ``code`` (:mod:`flowrl.rewards.code`) reads the row's ``tests``, ``reasoning_gym``
+(:mod:`flowrl.rewards.reasoning_gym`) the row's task and entry.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from typing import Callable
 
 from flowrl.rewards.code import code_tests
+from flowrl.rewards.reasoning_gym import reasoning_gym_score
 from flowrl.tasks.longtail import final_answer
 
 Verifier = Callable[[list[str], list[str]], list[float]]
@@ -99,6 +101,7 @@ VERIFIERS: dict[str, Verifier] = {
     "math": math_equivalence,
     "code": code_tests,
     "final": final_match,
+    "reasoning_gym": reasoning_gym_score,
 }
 
 

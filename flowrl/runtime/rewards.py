@@ -112,6 +112,16 @@ def eval_verifier(name: str) -> _Scaled:
     return _Scaled(RewardPool(name, workers=0), 1.0, 0.0)
 
 
+def reasoning_gym_score(r: RewardPlan, plan: ExecutionPlan, built: dict):
+    """Each completion's score by its row's Reasoning Gym task (:mod:`flowrl.rewards.reasoning_gym`), partial
+    credit kept; in the driver (a cached generator and a scorer call per sample). A row it cannot score costs
+    that sample ``on_error`` and is reported, as any reward's error."""
+    from flowrl.rewards.pool import RewardPool
+
+    return RewardPool("reasoning_gym", workers=0, error_reward=float(r.options.get("on_error", 0.0)),
+                      fn_kwargs={"extract_mode": str(r.options.get("extract", "auto"))})
+
+
 def python_reward(r: RewardPlan, plan: ExecutionPlan, built: dict):
     """A user's ``module:function`` in a pool of worker processes."""
     from flowrl.pyrefs import folder_of
@@ -145,7 +155,7 @@ def weighted_sum(r: RewardPlan, plan: ExecutionPlan, built: dict):
 
 
 REWARD_KINDS: dict[str, Callable] = {f.__name__: f for f in (verifier, python_reward, reward_model, llm_judge,
-                                                             weighted_sum)}
+                                                             weighted_sum, reasoning_gym_score)}
 """``OpSpec.handler`` of a reward op -> ``builder(reward plan, plan, rewards built so far by name)``."""
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.library_checks import check_library
 from flowrl.compiler.resources import checked, folder_of, shown_folder, text_option
 from flowrl.data.datasets import DatasetError
 from flowrl.data.rows import RowFormat, TemplateError, template_slots
@@ -57,8 +58,12 @@ def check_datasets(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             _check_mix(node, errors)
             continue
         slots = _slots(node, errors)
+        spec = OPS[node.op]
+        if spec.library and (ctx.options.get("resources") is False or not check_library(node, spec, errors)):
+            continue  # its rows cannot be made (E640-E642 said why) or are not to be checked
         opener = SOURCES.get(OPS[node.op].handler)
-        if opener is None or not checked(node, ctx) or not node.args or not isinstance(node.args[0], Const):
+        if opener is None or not (checked(node, ctx) or spec.library) or not node.args \
+                or not isinstance(node.args[0], Const):
             continue
         files = bool(OPS[node.op].paths)  # jsonl, parquet: check_resources checks the files themselves
         if files and not slots:

@@ -40,8 +40,10 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         spec = OPS.get(node.op)
         if node.op == "param" or spec is None:
             continue
-        attrs = check_kwargs(node.attrs, spec.kwargs, errors, f"`{node.op}`", node.span, node.key_spans)
-        node = replace(node, attrs=attrs)
+        library = _library_options(node, spec, errors) if spec.library and node.kind == OpKind.DATASET else ()
+        own = tuple((k, v) for k, v in node.attrs if k not in dict(library))
+        attrs = check_kwargs(own, spec.kwargs, errors, f"`{node.op}`", node.span, node.key_spans)
+        node = replace(node, attrs=tuple(sorted(attrs + library)))
         loss = _loss_spec(node)
         fields = set(spec.produces)
         _check_arity(node, spec, errors)
@@ -78,6 +80,29 @@ def check_edge_types(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     _check_continuations(out, errors)
     errors.raise_if_any()
     return out
+
+
+def _library_options(node: Node, spec, errors: Collector) -> tuple:
+    """The options of a library's dataset beyond its record's own (the library's config, ``min_terms = 2``):
+    constants or lists of constants, kept as written; ``check_resources`` checks them against the library."""
+    out = []
+    spans = dict(node.key_spans)
+    for key, value in node.attrs:
+        if key in spec.kwargs:
+            continue
+        items = value if isinstance(value, tuple) else (value,)
+        if all(isinstance(v, (Const, Symbol)) for v in items):  # a Symbol: a parameter without a value yet
+            out.append((key, value))
+            continue
+        bad = next(v for v in items if not isinstance(v, (Const, Symbol)))
+        errors.error("E207", f"option `{key}` of `{node.op}` (a {spec.library} config option) must be a number, a "
+                             "string, a bool or a list of them" + (f", got the name `{bad.target}`"
+                                                                  if isinstance(bad, Ref) else ""),
+                     getattr(bad, "span", None) or spans.get(key, node.span),
+                     f"strings are in double quotes: `{key} = \"{bad.target}\"`" if isinstance(bad, Ref)
+                     else f"write the value itself, e.g. `{key} = 2`")
+        out.append((key, value))
+    return tuple(out)
 
 
 def _loss_spec(node: Node):

@@ -51,6 +51,7 @@ from pathlib import Path
 from flowrl.catalog.models import PRESETS, preset
 from flowrl.catalog.ops import OPS, VERIFIER_COSTS, FactsFrom, OpKind, OpSpec
 from flowrl.compiler.context import CompileContext
+from flowrl.compiler.library_checks import check_library
 from flowrl.compiler.model_info import shown_path
 from flowrl.compiler.resources import (DatasetFile, checked, dataset_files, folder_of, prompt_datasets, read_head,
                                        shown_folder, text_option)
@@ -66,12 +67,14 @@ def check_resources(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     seen_refs: set[tuple[str, str]] = set()
     for node in graph.nodes():
         spec = OPS.get(node.op)
-        if spec is None or not checked(node, ctx):
+        if spec is None or not (checked(node, ctx) or (spec.library and node.kind != OpKind.DATASET)):
             continue
         if spec.file_format:
             _check_dataset(node, spec, errors)
         if spec.facts_from == FactsFrom.CHECKPOINT:
             _check_checkpoint(node, errors)
+        if spec.library and node.kind != OpKind.DATASET and ctx.options.get("resources") is not False:
+            check_library(node, spec, errors)  # a library's datasets: check_datasets checks them
         if spec.python_ref and node.args and isinstance(node.args[0], Const):
             key = (str(node.args[0].value), folder_of(node))
             if key not in seen_refs:  # one report per reference, however many calls name it
@@ -131,6 +134,8 @@ def _rewards(graph: FlowGraph, node: Node) -> list[Node]:
 def _row_fields(reward: Node) -> tuple[str, ...]:
     """The row fields a reward reads, from its catalogue record (a built-in verifier's ``row_fields``)."""
     spec = OPS.get(reward.op)
+    if spec is not None and spec.row_fields:
+        return spec.row_fields
     if spec is None or not spec.costs_by_name or not reward.args or not isinstance(reward.args[0], Const):
         return ()
     cost = spec.costs_by_name.get(reward.args[0].value)
@@ -144,7 +149,7 @@ def _missing_fields(reward: Node | None, span, ds: Node, f: DatasetFile, fields:
 
     if not f.path.is_file():
         return  # E601 says so
-    what = what or f"`{reward.op}(\"{reward.args[0].value}\")`"
+    what = what or (f"`{reward.op}(\"{reward.args[0].value}\")`" if reward.args else f"`{reward.op}()`")
     split = "eval split" if f.option == "eval" else "file"
     for field in fields:
         if OPS[ds.op].file_format == ".parquet":
