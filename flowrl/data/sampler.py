@@ -19,6 +19,7 @@ would have produced.
 from __future__ import annotations
 
 import random
+from array import array
 from typing import Any, Callable, Iterator, Sequence
 
 
@@ -115,15 +116,31 @@ class RowsSampler:
         self.sampler.load_state_dict(state)
 
 
+class ListWindow:
+    """A window of rows as a source's ``read`` gives them: ``(where, row)`` pairs in a list."""
+
+    def __init__(self, source: Any, blocks: list) -> None:
+        self.rows = [pair for b in blocks for pair in source.read(b)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, i: int) -> tuple[str, Any]:
+        return self.rows[i]
+
+
 class StreamSampler:
     """Rows read from a source block by block, shuffled within a window, never held whole.
 
     Epoch ``e`` visits the source's blocks in a permutation seeded by ``(seed, e)``; consecutive
-    ``window`` blocks of it are read together, their rows checked (``prepare``) and shuffled
-    (seeded by ``(seed, e, window index)``). Only the current window's rows are held. Every row is
-    drawn once per epoch, as with :class:`BatchSampler`; a batch running past an epoch's end goes on
-    into the next. The state is ``(epoch, window, taken)``: a resumed sampler re-reads its window
-    and skips the rows already taken, so it continues with the rows the original would have drawn.
+    ``window`` blocks of it are read together and their rows shuffled (seeded by ``(seed, e, window
+    index)``). Only the current window is held: as the source keeps it (a JSON-lines source, its
+    bytes and an offset per row: :meth:`flowrl.data.sources.JsonlFiles.window`; others, a list); a
+    row is parsed and checked (``prepare``) when it is drawn. Every row is drawn once per epoch, as
+    with :class:`BatchSampler`; a batch running past an epoch's end goes on into the next. The state
+    is ``(epoch, window, taken)`` (``taken``: rows of the window passed, bad ones included): a resumed
+    sampler re-reads its window and skips those, so it continues with the rows the original would
+    have drawn.
 
     ``prepare(where, row)``: the training row, None for a row left out (``bad_rows = "skip"``), or it
     raises (a bad row under ``bad_rows = "error"``).
@@ -136,7 +153,8 @@ class StreamSampler:
         if not self.blocks:
             raise ValueError(f"{source.name}: the dataset is empty; hint: a training run needs at least one row")
         self.epoch = self.window = self.taken = 0
-        self._rows: list | None = None
+        self._rows: Any = None
+        self._perm: Any = None
         self._order_epoch, self._order = -1, []
         self.rows_read = 0
         """Rows read from the source so far (re-reads on resume included)."""
@@ -158,39 +176,41 @@ class StreamSampler:
             self._order, self._order_epoch = order, epoch
         return self._order
 
-    def _load(self) -> list:
+    def _load(self) -> None:
         order = self._block_order(self.epoch)
-        rows = []
-        for b in order[self.window * self.window_blocks:(self.window + 1) * self.window_blocks]:
-            for where, raw in self.source.read(self.blocks[b]):
-                self.rows_read += 1
-                row = self.prepare(where, raw)
-                if row is not None:
-                    rows.append(row)
+        blocks = [self.blocks[b] for b in order[self.window * self.window_blocks:(self.window + 1) * self.window_blocks]]
+        make = getattr(self.source, "window", None)
+        self._rows = make(blocks) if make is not None else ListWindow(self.source, blocks)
+        self.rows_read += len(self._rows)
+        self._perm = array("L", range(len(self._rows)))  # 8 bytes a row, not a list of ints
         if self.shuffle:
-            random.Random(f"flowrl.stream:{self.seed}:{self.epoch}:{self.window}").shuffle(rows)
-        return rows
+            random.Random(f"flowrl.stream:{self.seed}:{self.epoch}:{self.window}").shuffle(self._perm)
 
     def _advance(self) -> None:
-        self._rows, self.taken = None, 0
+        self._rows, self._perm, self.taken = None, None, 0
         self.window += 1
         if self.window == self.windows:
             self.epoch, self.window = self.epoch + 1, 0
 
     def take(self, n: int) -> list[Any]:
         out: list[Any] = []
-        empty = 0  # windows in a row without a good row: a whole epoch of them is an empty dataset
+        barren = 0  # windows in a row without a good row: a whole epoch of them is a dataset with none
         while len(out) < n:
             if self._rows is None:
-                self._rows = self._load()
-                empty = empty + 1 if not self._rows else 0
-                if empty > self.windows:
+                self._load()
+            found = False
+            while self.taken < len(self._rows) and len(out) < n:
+                where, raw = self._rows.get(self._perm[self.taken])
+                self.taken += 1
+                row = self.prepare(where, raw)
+                if row is not None:
+                    out.append(row)
+                    found = True
+            if self.taken >= len(self._rows):
+                barren = 0 if found else barren + 1
+                if barren > self.windows:
                     raise ValueError(f"{self.source.name}: no good row in the whole dataset; hint: a training "
                                      "run needs at least one row")
-            grab = self._rows[self.taken:self.taken + n - len(out)]
-            out += grab
-            self.taken += len(grab)
-            if self.taken >= len(self._rows):
                 self._advance()
         return out
 
@@ -216,8 +236,8 @@ class StreamSampler:
         if epoch < 0 or not 0 <= window < self.windows or taken < 0:
             raise SamplerStateError(f"streamed sampler state epoch={epoch}, window={window}, taken={taken} is out "
                                     f"of range for {self.windows} windows")
-        self.epoch, self.window, self._rows = epoch, window, None
-        self._rows = self._load()
+        self.epoch, self.window = epoch, window
+        self._load()
         self.taken = min(taken, len(self._rows))
         if self.taken >= len(self._rows):
             self._advance()
