@@ -17,6 +17,9 @@ os.environ["FLOWRL_AUTO_PROFILE"] = "0"
 # priority, as flowrl's own do (flowrl.runtime.environment.RAY_DEFAULTS): at Ray's default nice 15 a
 # suite run beside other work starved its engines (a vLLM start-up took 13 minutes)
 os.environ.setdefault("RAY_worker_niceness", "0")
+# W&B goes online when the environment has a credential (a developer's `wandb login`): the suite's runs stay
+# offline unless a test asks otherwise (tests/runtime/test_trackers_online.py sets its own W&B environment)
+os.environ.setdefault("WANDB_MODE", "offline")
 
 
 @pytest.fixture(scope="session")

@@ -340,10 +340,14 @@ class MlflowLogger:
     one MLflow run per flowrl run, its id kept in ``RUN_DIR/mlruns/flowrl_run.json`` for a resumed run."""
 
     RECORD = "flowrl_run.json"
+    OWN_STORE = "mlruns"
+    """The record's ``tracking_uri`` for the run directory's own store: relative, so a run directory moved
+    or copied elsewhere resumes into its own store."""
 
     def __init__(self, out: Path, run: TrackedRun):
         folder = out / LOGGERS["mlflow"].folder
-        uri = run.uri or os.environ.get("MLFLOW_TRACKING_URI", "").strip() or folder.resolve().as_uri()
+        own_store = folder.resolve().as_uri()
+        uri = run.uri or os.environ.get("MLFLOW_TRACKING_URI", "").strip() or own_store
         if urlsplit(uri).scheme in ("", "file"):
             # The file store is in maintenance mode in MLflow 3 and refuses to open unless asked: it is the
             # store that needs no database or server, which is what a run directory wants.
@@ -353,6 +357,7 @@ class MlflowLogger:
 
         self._Metric = Metric
         self.uri = shown_uri(uri)
+        recorded = self.OWN_STORE if uri == own_store else self.uri
         folder.mkdir(parents=True, exist_ok=True)
         record_file = folder / self.RECORD
         experiment_name = run.project or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or "flowrl"
@@ -360,10 +365,15 @@ class MlflowLogger:
             self.client = MlflowClient(tracking_uri=uri)
             record = _mlflow_record(record_file)
             if record is not None:  # this run directory's MLflow run: a resumed run continues it
-                if record["tracking_uri"] != self.uri:
-                    raise _error(f"this run logs to the MLflow run {record['run_id']} at {record['tracking_uri']}, not "
-                                 f"{self.uri}; hint: resume with MLFLOW_TRACKING_URI={record['tracking_uri']}, or move "
-                                 f"{record_file} away to start a new MLflow run")
+                if record["tracking_uri"] != recorded:
+                    def where(u: str) -> str:
+                        return f"its own store {folder}" if u == self.OWN_STORE else u
+
+                    how = "without MLFLOW_TRACKING_URI and --log-uri" if record["tracking_uri"] == self.OWN_STORE \
+                        else f"with MLFLOW_TRACKING_URI={record['tracking_uri']}"
+                    raise _error(f"this run logs to the MLflow run {record['run_id']} at {where(record['tracking_uri'])}, "
+                                 f"not {where(recorded)}; hint: resume {how}, or move {record_file} away to start a "
+                                 "new MLflow run")
                 self.run_id = record["run_id"]
                 self.client.update_run(self.run_id, status="RUNNING")
                 earlier = None
@@ -384,7 +394,7 @@ class MlflowLogger:
                     for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                         self.client.log_batch(self.run_id, params=params[i:i + 100])
                 atomic_write_text(record_file, json.dumps({"run_id": self.run_id, "experiment_id": exp_id,
-                                                           "tracking_uri": self.uri}, indent=1) + "\n")
+                                                           "tracking_uri": recorded}, indent=1) + "\n")
             for name, text in run.files:  # the flow's source and plan.json as artifacts
                 self.client.log_text(self.run_id, text, name)
         except Exception as e:  # noqa: BLE001 - MLflow's own errors, YAML's, the server's, a file that is not text
