@@ -118,8 +118,9 @@ def _check_vllm(out: Path, trainer) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "gpt2"])
 def test_torch_checkpoint_exports_for_transformers_and_vllm(arch, tmp_path):
+    """A dense family, the mixture of experts, and GPT-2 (its LM head tied to the embedding: written once)."""
     work = _workdir(tmp_path, arch)
     trainer = TorchTrainEngine(str(work / "model"), optim=OPTIM)
     _train(trainer)
@@ -130,6 +131,9 @@ def test_torch_checkpoint_exports_for_transformers_and_vllm(arch, tmp_path):
     if arch == "qwen3_moe":  # the experts one tensor each, as the family's checkpoints (and vLLM) name them
         assert "model.layers.0.mlp.experts.7.down_proj.weight" in index["weight_map"]
     _check_model_dir(tmp_path / "out", trainer, work / "model", shards=True)
+    if arch == "gpt2":
+        assert "lm_head.weight" not in index["weight_map"]
+        return  # its vLLM round trip: tests/families/test_family_logprobs.py (the resync's tensors are these)
     _check_vllm(tmp_path / "out", trainer)
 
 
@@ -189,15 +193,24 @@ def test_fsdp_dp2_checkpoint_is_gathered(tmp_path):
         trainer.shutdown()
 
 
+MEGATRON = [pytest.param("llama", {"tp": 2}, id="tp2"),
+            pytest.param("llama", {"pp": 2}, id="pp2", marks=pytest.mark.long),
+            pytest.param("qwen3_moe", {"dp": 2, "ep": 2}, id="moe-ep2", marks=pytest.mark.long)]
+"""Megatron layouts: tensor-parallel shards (in ``make test``); pipeline stages and expert-parallel ranks
+(``long``: ~50 s each, two more rank processes): each gathered into one transformers checkpoint."""
+
+
 @pytest.mark.slow
-def test_megatron_tp2_checkpoint_is_gathered_to_transformers_names(tmp_path):
+@pytest.mark.parametrize("arch,layout", MEGATRON)
+def test_megatron_checkpoint_is_gathered_to_transformers_names(arch, layout, tmp_path):
     pytest.importorskip("megatron.core")
     from flowrl.engines.megatron import MegatronTrainEngine
 
-    work = _workdir(tmp_path, schedule="""schedule main on cluster(nodes = 1, gpus_per_node = 2) {
-  policy.train = megatron(tp = 2)
-}""")
-    trainer = MegatronTrainEngine(str(work / "model"), optim=OPTIM, tp=2, threads=1)
+    written = ", ".join(f"{k} = {v}" for k, v in layout.items())
+    work = _workdir(tmp_path, arch, schedule=f"""schedule main on cluster(nodes = 1, gpus_per_node = 2) {{
+  policy.train = megatron({written})
+}}""")
+    trainer = MegatronTrainEngine(str(work / "model"), optim=OPTIM, threads=1, **layout)
     try:
         _train(trainer)
         run = _run_dir(work, trainer)
