@@ -160,6 +160,49 @@ _BLOCKS = (ast.If, ast.Try, ast.With, ast.For, ast.While, ast.ExceptHandler) + \
     ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
 
 
+@dataclass(frozen=True)
+class Params:
+    """What a function's ``def`` says about its positional parameters (read from source, not run)."""
+
+    required: int
+    """Positional parameters without a default."""
+    total: int
+    """Positional parameters (with or without a default)."""
+    star: bool
+    """It takes ``*args``."""
+    is_async: bool
+    line: int
+
+    def takes(self, count: int) -> bool:
+        """Whether a call with ``count`` positional arguments fits."""
+        return self.required <= count and (self.star or count <= self.total)
+
+
+def function_params(path: Path, name: str) -> Params | None:
+    """The positional parameters of the top-level ``def name`` in the module at ``path``; None when
+    the module binds ``name`` otherwise (an import, an assignment, a class) or not at all.
+
+    >>> import tempfile; f = Path(tempfile.mkdtemp()) / "m.py"; _ = f.write_text("async def run(client, row, k=1): pass")
+    >>> p = function_params(f, "run"); (p.required, p.total, p.is_async, p.takes(2), p.takes(4))
+    (2, 3, True, True, False)
+    """
+    tree = ast.parse(read_bounded(path, MODULE_MAX_BYTES).decode("utf-8"), str(path))
+    found = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            found = node  # the last definition wins, as when the module runs
+        elif isinstance(node, (ast.ClassDef, ast.Assign, ast.Import, ast.ImportFrom)) and name in \
+                {getattr(node, "name", None)} | {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+                {a.asname or a.name for a in getattr(node, "names", ())}:
+            found = None
+    if found is None:
+        return None
+    a = found.args
+    positional = len(a.posonlyargs) + len(a.args)
+    return Params(positional - len(a.defaults), positional, a.vararg is not None,
+                  isinstance(found, ast.AsyncFunctionDef), found.lineno)
+
+
 def folder_of(origin: str) -> str | None:
     """The folder of the flow file an origin (``path:line:col``, a plan record's) points into;
     None for text that came from no file (``<input>``)."""
@@ -181,4 +224,5 @@ def import_module_from(module: str, folder: str | None):
 
 
 __all__ = ["RefError", "split_ref", "Found", "find_module", "search_folders", "looked_in", "defined_names",
+           "Params", "function_params",
            "defined_names_of_source", "folder_of", "import_module_from"]

@@ -20,7 +20,7 @@ import os
 import string
 
 from flowrl.catalog.engines import ENGINES
-from flowrl.catalog.ops import OpKind
+from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.reshard import rank_elements, rank_shardable
 from flowrl.compiler.sched import engine_label
 from flowrl.compiler.schedule.placement import ranges
@@ -149,7 +149,9 @@ def _envs(plan: ExecutionPlan) -> list[str]:
         return []
     return ["environments:"] + [f"  {e.id}: {e.kind}(\"{e.options.get('target', '')}\"), {e.options['workers']} "
                                 f"worker{'s' if e.options['workers'] != 1 else ''} ({e.workers_why}), "
-                                f"timeout {e.options.get('timeout', 0):g} s a call" for e in plan.envs]
+                                f"timeout {e.options.get('timeout', 0):g} s "
+                                f"{'an episode' if getattr(OPS.get(e.kind), 'protocol', None) else 'a call'}"
+                                for e in plan.envs]
 
 
 def _steps(plan: ExecutionPlan) -> list[str]:

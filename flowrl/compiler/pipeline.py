@@ -19,6 +19,7 @@ from flowrl.compiler.passes.check_adapters import check_adapters
 from flowrl.compiler.passes.check_packing import check_packing
 from flowrl.compiler.passes.check_chat_templates import check_chat_templates
 from flowrl.compiler.passes.check_datasets import check_datasets
+from flowrl.compiler.passes.check_agents import check_agents
 from flowrl.compiler.passes.check_edge_types import check_edge_types
 from flowrl.compiler.passes.check_model_fit import check_model_fit
 from flowrl.compiler.passes.check_env_libraries import check_env_libraries
@@ -54,6 +55,7 @@ PASSES: tuple[Pass, ...] = (
     resolve_names,
     check_run_settings,
     check_edge_types,
+    check_agents,
     check_roles,
     eliminate_dead_code,
     insert_resyncs,

@@ -32,7 +32,7 @@ import networkx as nx
 from flowrl.catalog.adapters import ALL_LINEAR
 from flowrl.catalog.models import ModelFacts
 from flowrl.cost.sim import LengthDist
-from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, plain
+from flowrl.ir.graph import Config, Const, EdgeKind, FlowGraph, Node, Ref, plain
 from flowrl.catalog.ops import OPS, PRODUCER_KINDS, OpKind
 
 LENGTH_MEDIAN_FRACTION = 0.25
@@ -127,6 +127,9 @@ def workload(graph: FlowGraph) -> Workload:
             if n.region and n.region in graph.regions:
                 c = graph.regions[n.region].count
                 turns = int(c.value) if isinstance(c, Const) and isinstance(c.value, int) else 1
+            env = _env_of(graph, n)
+            if env is not None and OPS.get(env.op) is not None and "max_turns" in OPS[env.op].kwargs:
+                turns = max(turns, int_option(env, "max_turns", 1))  # an agent's calls: one row of up to that many turns
             g = GenWork(n.id, n.model, prompts, int_option(n, "n", 1), int_option(n, "max_tokens", 64), turns)
             gens.append(g)
             max_tok[n.model] = max(max_tok.get(n.model, 0), g.max_tokens)
@@ -173,6 +176,15 @@ def _expected_draws(graph: FlowGraph, samples: dict) -> dict[str, float]:
             if graph.node(u).kind in PRODUCER_KINDS:
                 out[u] = max(out.get(u, 1.0), d)
     return out
+
+
+def _env_of(graph: FlowGraph, n: Node) -> Node | None:
+    """The environment resource an op takes as an argument (``agent_rollout``'s agent), if any."""
+    spec = OPS.get(n.op)
+    for i, a in enumerate(spec.args if spec is not None else ()):
+        if a.type == "env" and i < len(n.args) and isinstance(n.args[i], Ref) and n.args[i].target in graph:
+            return graph.node(n.args[i].target)
+    return None
 
 
 def _input(graph: FlowGraph, n: Node, arg: str) -> str | None:

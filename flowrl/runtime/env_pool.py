@@ -41,6 +41,7 @@ from typing import Callable
 
 from flowrl.catalog.ops import ENV_CALLS_PER_WORKER, OpKind
 from flowrl.plan import EnvPlan, ExecutionPlan
+from flowrl.runtime.agents import agent
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.kinds import builder_for
 
@@ -393,7 +394,7 @@ def library_env(env: EnvPlan, plan: ExecutionPlan) -> EnvPool:
     return EnvPool(env, adapter=ENV_LIBRARIES[env.kind].adapter)
 
 
-ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env, library_env)}
+ENV_KINDS: dict[str, Callable] = {f.__name__: f for f in (python_env, library_env, agent)}
 """``OpSpec.handler`` of an environment op -> ``builder(env plan, plan)``."""
 
 

@@ -34,6 +34,7 @@ from flowrl.algos.shaping import overlong_penalty as overlong_shaping
 from flowrl.catalog.ops import OPS, ROUTES, OpKind
 from flowrl.engines.types import SamplingSpec, TokenBatch
 from flowrl.plan import OpPlan
+from flowrl.runtime.agents import agent_rollout
 from flowrl.runtime.episodes import continue_episodes, env_step, response_length_name
 from flowrl.runtime.errors import RuntimeFlowError
 from flowrl.runtime.losses import loss_record
@@ -484,7 +485,7 @@ def call(op: OpPlan, ctx: StepContext) -> StepValue:
 HANDLERS: dict[str, Handler] = {f.__name__: f for f in (
     sample, generate, score, filter_groups, logprobs, values, update, resync,
     group_advantage, rloo, reinforce_pp, reinforce_pp_baseline, overlong_penalty, gae, kl_penalty, call,
-    env_step,
+    env_step, agent_rollout,
 )}
 """``OpSpec.handler`` -> the handler of that name. Ops whose records name a handler absent here
 are refused by ``flowrl check`` on every platform (the op's ``platforms``)."""

@@ -426,7 +426,7 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
     assert task.parent == ROOT / "data" and Path(data.path) == task / "train.jsonl"
     assert Path(data.eval_path) == task / "test.jsonl"
     # the default run is longer; the calculator flow learns its tool in fewer (bench/agentic.py)
-    expected = {"arith_grpo.flow": (300, 50, 0), "agentic_calc.flow": (40, 10, 0),
+    expected = {"arith_grpo.flow": (300, 50, 0), "agentic_calc.flow": (40, 10, 0), "agent_calc.flow": (40, 10, 0),
                 "longtail_grpo.flow": (40, 10, 0),
                 "arith_reward_model.flow": (100, 25, 0)}.get(path.name, (60, 10, 0))
     assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == expected
@@ -509,6 +509,7 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
                       "tests/golden/invalid/e620_hf_without_weights.flow)",
               "E622": "a dataset file without the field a verifier reads "
                       "(tests/golden/invalid/e622_code_verifier_without_tests.flow)",
+              "E642": "the reasoning-gym package missing (tests/compiler/test_check_reasoning_gym.py)",
               "E662": "a dataset file whose rows lack a template's field (tests/compiler/test_check_datasets.py)",
               "E663": "a save_to_disk folder without the split named (tests/compiler/test_check_datasets.py)",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flowrl.catalog.ops import OpKind
+from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.sched import SchedState
 from flowrl.compiler.schedule.envs import env_sizing
-from flowrl.compiler.workload import workload
+from flowrl.compiler.workload import int_option, workload
 from flowrl.ir.graph import FlowGraph, Ref, plain
 
 
@@ -44,13 +44,34 @@ def size_env_pools(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
     rows = workload(graph).samples
     per_step: dict[str, int] = {}  # environment -> episodes a step (its busiest env_step's rows)
     for n in graph.nodes():
-        if n.kind == OpKind.ENV_STEP and n.args and isinstance(n.args[0], Ref):
-            env = n.args[0].target
-            per_step[env] = max(per_step.get(env, 0), rows.get(n.id, 0))
-    envs = {env: env_sizing(plain(graph.node(env).attr("workers")), count, st)
+        spec = OPS.get(n.op)
+        for i, a in enumerate(spec.args if spec is not None and spec.kind != OpKind.ENV else ()):
+            if a.type == "env" and i < len(n.args) and isinstance(n.args[i], Ref):  # env_step, agent_rollout
+                env = n.args[i].target
+                per_step[env] = max(per_step.get(env, 0), rows.get(n.id, 0))
+    envs = {env: env_sizing(plain(graph.node(env).attr("workers")), count, st, _endpoint_rows(graph, env, st))
             for env, count in sorted(per_step.items())
             if env in graph and graph.node(env).kind == OpKind.ENV and graph.node(env).op != "param"}
     return replace(graph, sched=replace(st, envs=envs)) if envs else graph
+
+
+def _endpoint_rows(graph: FlowGraph, env: str, st: SchedState) -> int | None:
+    """Tokens one episode of an environment that drives the policy through the rollout endpoint may
+    hold (its ``max_turns`` calls of the longest ``max_tokens`` that runs it, as long again for what
+    comes back between them, within its policy's context); None for the ``env_step`` protocol."""
+    node = graph.node(env)
+    spec = OPS.get(node.op)
+    if spec is None or spec.protocol is None:
+        return None
+    turns = int_option(node, "max_turns", 1)
+    longest, context = 0, None
+    for n in graph.nodes():
+        if any(isinstance(a, Ref) and a.target == env for a in n.args) and n.kind != OpKind.ENV:
+            longest = max(longest, int_option(n, "max_tokens", 64))
+            facts = st.facts.get(n.model) if n.model else None
+            context = getattr(facts, "max_len", None) or context
+    tokens = 2 * turns * longest
+    return min(tokens, context) if isinstance(context, int) and context > 0 else tokens
 
 
 __all__ = ["size_env_pools"]
