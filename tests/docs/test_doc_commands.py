@@ -48,6 +48,7 @@ NEEDS = {
     "RAY_ADDRESS=": "a running Ray cluster (tests/cli/test_ray_cluster.py starts one and runs a flow on it)",
     "MLFLOW_TRACKING_URI=http": "an MLflow tracking server (tests/runtime/test_trackers_mlflow_server.py starts one)",
     "--log-uri http": "an MLflow tracking server (tests/runtime/test_trackers_mlflow_server.py starts one)",
+    "WANDB_API_KEY=": "a W&B account (tests/runtime/test_trackers_online.py runs against a local stand-in server)",
 }
 """Text in a command -> what it needs that a docs test cannot give it, and which test covers it."""
 
