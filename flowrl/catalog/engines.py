@@ -187,6 +187,10 @@ class MemoryModel:
     checkpointing: each layer's input, plus one layer recomputed)."""
     offload_option: str | None = None
     """The engine option that keeps gradients and optimizer states in host memory."""
+    sharded_masters: bool = False
+    """Under mixed precision the sharded parameters are fp32 and are the master weights, gathered a
+    layer at a time in the 16-bit dtype (FSDP2's ``MixedPrecisionPolicy``); False: the engine holds
+    16-bit weights and keeps fp32 masters beside its optimizer states (Megatron, plain torch)."""
     experts_by: tuple[str, ...] | None = None
     """Axes dividing a mixture of experts' expert weights and gradients (Megatron: ``pp`` and the
     ``ep`` option, experts being whole on each rank); None: divided like the other weights."""
@@ -202,7 +206,8 @@ class MemoryModel:
 MEMORY_MODELS: dict[str, MemoryModel] = {m.name: m for m in (
     MemoryModel("megatron", weights_by=("tp", "pp"), optimizer_by=("tp", "pp", "dp"), activations="selective",
                 experts_by=("pp", "ep"), expert_optimizer_by=("pp", "dp")),
-    MemoryModel("fsdp", weights_by=("dp",), optimizer_by=("dp",), gathered_layers=2, offload_option="offload"),
+    MemoryModel("fsdp", weights_by=("dp",), optimizer_by=("dp",), gathered_layers=2, offload_option="offload",
+                sharded_masters=True),
     MemoryModel("replicated"),
     MemoryModel("reserved", kv_cache="reserved"),
     MemoryModel("on_demand", kv_cache="on_demand"),

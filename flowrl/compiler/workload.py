@@ -78,6 +78,9 @@ class Workload:
     """Model id -> ``(r, targets)`` of a model that trains LoRA adapters (``lora = lora(...)``)."""
     micro_batch_tokens: dict = field(default_factory=dict)
     """Model id -> its update's token budget per micro-batch (``micro_batch_tokens``; absent or 0: by rows)."""
+    precision: dict = field(default_factory=dict)
+    """Model id -> ``(dtype, precision)`` of a model whose flow names its ``dtype`` (:func:`precision_of`);
+    absent: the hardware profile's assumption (:func:`flowrl.cost.model.train_memory`)."""
 
     def gen_of(self, model: str) -> GenWork | None:
         return next((g for g in self.gens if g.model == model), None)
@@ -141,7 +144,23 @@ def workload(graph: FlowGraph) -> Workload:
     for op_id, d in draws.items():  # the ops before a redrawing op run once per draw
         samples[op_id] = math.ceil(samples[op_id] * d)
     gens = [replace(g, draws=draws.get(g.op, 1.0)) for g in gens]
-    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph), micro_batch_tokens=budget)
+    return Workload(tuple(gens), samples, micro, epochs, max_tok, lora_of(graph), micro_batch_tokens=budget,
+                    precision=precision_of(graph))
+
+
+def precision_of(graph: FlowGraph) -> dict[str, tuple[str, str]]:
+    """Model id -> ``(dtype, precision)`` of each model declared with a ``dtype`` (``hf(..., dtype = "bfloat16")``;
+    ``precision`` its option or the catalogue's default): what its train engine holds per parameter
+    (:func:`flowrl.catalog.precision.train_bytes`)."""
+    out = {}
+    for n in graph.nodes():
+        dtype, spec = n.attr("dtype"), OPS.get(n.op)
+        if n.kind != OpKind.MODEL or spec is None or "precision" not in spec.kwargs or n.key_span("dtype") is None                 or not isinstance(dtype, Const):  # the catalogue's default is filled in; only a written one counts
+            continue
+        precision = n.attr("precision")
+        out[n.id] = (str(dtype.value), str(precision.value) if isinstance(precision, Const)
+                     else str(spec.kwargs["precision"].default))
+    return out
 
 
 def lora_of(graph: FlowGraph) -> dict[str, tuple[int, object]]:
@@ -209,4 +228,4 @@ def _rows(graph: FlowGraph, n: Node, samples: dict) -> int:
     return 0
 
 
-__all__ = ["Workload", "GenWork", "workload", "lora_of", "prompt_tokens", "lengths", "seq_len", "int_option"]
+__all__ = ["Workload", "GenWork", "workload", "lora_of", "precision_of", "prompt_tokens", "lengths", "seq_len", "int_option"]

@@ -19,8 +19,11 @@ Time
     says which: ``ProtocolSpec.cost``), plus a fixed latency per bucket, plus the
     trainer-side gather of tensor/pipeline shards.
 
-Memory per GPU (mixed precision on GPUs: bf16 weights, fp32 gradients and Adam states), by
-the engine's memory model (:class:`~flowrl.catalog.engines.MemoryModel`, its record's ``memory``)
+Memory per GPU, by the engine's memory model (:class:`~flowrl.catalog.engines.MemoryModel`, its
+record's ``memory``) and the bytes per parameter of the model's ``dtype`` and ``precision``
+(:func:`~flowrl.catalog.precision.train_bytes`: float32 4 + 4 + 8 for weights, gradients and Adam's
+moments; mixed bf16 2 + 4 (fp32 master) + 4 + 8; pure bf16 2 + 2 + 4; a flow that names no dtype:
+mixed bf16 on GPUs, float32 on the ``cpu`` profile, the profile's ``weight_bytes``)
   * train engines: weights + gradients + optimizer states, sharded by the layout's axes the
     model names (Megatron: weights and gradients by ``tp pp``, optimizer states also by
     ``dp``, the distributed optimizer; FSDP: everything by ``dp``, its ``offload`` option
@@ -45,6 +48,7 @@ import math
 from flowrl.catalog.adapters import ADAPTER_BYTES
 from flowrl.catalog.engines import ENGINES, MemoryModel
 from flowrl.catalog.models import ModelFacts
+from flowrl.catalog.precision import ParamBytes, train_bytes
 from flowrl.catalog.protocols import PROTOCOLS
 from flowrl.cost.profiles import Profile
 from flowrl.plan import Memory
@@ -80,7 +84,8 @@ def _shards(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                  ep: int = 1, trainable: bool = True, micro_batch: int = 1, seq_len: int = 1024, offload: bool = False,
-                 n_micro: int | None = None, trained_params: int | None = None) -> Memory:
+                 n_micro: int | None = None, trained_params: int | None = None,
+                 param_bytes: ParamBytes | None = None) -> Memory:
     """Memory per GPU of a train engine ``kind`` (an engine name; its record's memory model).
 
     ``micro_batch`` is sequences per micro-batch, ``seq_len`` tokens per sequence (prompt +
@@ -93,10 +98,18 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
     :func:`~flowrl.catalog.adapters.lora_params`): only they have gradients and Adam states, and they
     are fp32 themselves (:data:`~flowrl.catalog.adapters.ADAPTER_BYTES`: no master copy); the frozen
     base weights are held as weights only.
+    ``param_bytes``: bytes per parameter of the model's dtype and precision
+    (:func:`~flowrl.catalog.precision.train_bytes`); None: the profile's (mixed precision where its
+    ``weight_bytes`` is 2, float32 where it is 4). The fp32 master weights count with the optimizer
+    states, except where the memory model's ``sharded_masters`` says the sharded parameters are the
+    masters (FSDP2's mixed precision: fp32 shards, layers gathered in the 16-bit dtype).
     """
     mm: MemoryModel = ENGINES[kind].memory_model
-    P, wb = f.params, hw.weight_bytes
-    master = 4 if wb < 4 else 0  # fp32 master weights exist only under mixed precision
+    pb = param_bytes or train_bytes("float32" if hw.weight_bytes >= 4 else "bfloat16")
+    P, wb = f.params, pb.weights
+    held_bytes, master = wb, pb.master  # bytes of each held parameter; of each master in the optimizer
+    if mm.sharded_masters and master:
+        held_bytes, master = master, 0
     sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
     w_shard, o_shard = _shards(mm.weights_by, sizes), _shards(mm.optimizer_by, sizes)
     # parameters held per rank, as if unsharded (x 1/w_shard) and in the optimizer (x 1/o_shard)
@@ -105,14 +118,14 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
         E = f.expert_params
         held = P - E + E * w_shard / _shards(mm.experts_by, sizes)
         optimized = P - E + E * o_shard / _shards(mm.expert_optimizer_by or mm.optimizer_by, sizes)
-    weights = held * wb / w_shard
+    weights = held * held_bytes / w_shard
     if mm.gathered_layers and w_shard > 1:
         weights += mm.gathered_layers * f.layer_params * wb  # layers gathered whole at a time (prefetch)
     grads = optim = 0.0
     if trainable:
         if trained_params is None:
-            grads = held * 4 / w_shard
-            optim = optimized * (8 + master) / o_shard
+            grads = held * pb.grads / w_shard
+            optim = optimized * (pb.states + master) / o_shard
         else:  # adapters: fp32 weights beside the frozen base's, fp32 gradients, Adam's two moments
             weights += trained_params * ADAPTER_BYTES / w_shard
             grads = trained_params * 4 / w_shard

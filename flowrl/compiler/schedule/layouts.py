@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import replace
 
 from flowrl.catalog.adapters import lora_params
+from flowrl.catalog.precision import train_bytes
 from flowrl.catalog.architectures import expert_layout_problems
 from flowrl.catalog.engines import ENGINES, EngineSpec, default_engine
 from flowrl.catalog.models import ModelFacts
@@ -322,10 +323,12 @@ def engine_memory(kind: str, role: str, plan: EnginePlan, facts: ModelFacts, hw:
         mb, seq = 1, max(budget, seq)  # (flowrl.engines.batching.micro_batches)
     offload = spec.memory_model.offload_option
     lora = work.lora.get(model)  # LoRA: only the adapters have gradients and optimizer states
+    precision = work.precision.get(model)  # a flow naming the model's dtype: its bytes, not the profile's
     return train_memory(facts, hw, kind, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp,
                         ep=int(plan.options.get("ep", 1)), trainable=trainable,
                         micro_batch=mb, seq_len=seq, offload=bool(plan.options.get(offload, False)) if offload else False,
-                        n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None)
+                        n_micro=n_micro, trained_params=lora_params(facts, *lora) if lora else None,
+                        param_bytes=train_bytes(*precision) if precision else None)
 
 
 def lora_engine_problem(model: str, role: str, plan: EnginePlan, r: int,
