@@ -128,8 +128,11 @@ def env_step(op: OpPlan, ctx: StepContext) -> StepValue:
     rows_now = _rows_of(episodes.batch)
     tokenizer = getattr(ctx.services.data, "tokenizer", None)  # None: a data service without one (no chat)
     # Messages become the chat template's own turn in a chat (flowrl.runtime.env_prompts); else the text.
-    texts = observation_texts(tokenizer, outcomes, [rows_now[i][0][-1] for i in active],
-                              chat_episodes(ctx.services.plan, op, tokenizer)) if outcomes else []
+    chat = bool(outcomes) and chat_episodes(ctx.services.plan, op, tokenizer)
+    texts = observation_texts(tokenizer, outcomes, [rows_now[i][0][-1] for i in active], chat) if outcomes else []
+    if chat:  # observations appended as the chat template's own turns
+        ctx.metrics["env/chat_turns"] = ctx.metrics.get("env/chat_turns", 0) + sum(
+            bool(o.messages) and not o.done and o.error is None for o in outcomes)
     tokens = ctx.services.data.tokenize(texts, special=False) if texts else []
     for i, o, obs in zip(active, outcomes, tokens):
         if o.error is not None:
