@@ -101,7 +101,7 @@ def run_setting(key: str, value: str):
         except UnknownLoggerError as e:
             raise RunError(f"--set log={value}: {e}") from None
     if key in TRACKING_SETTINGS:
-        return tracking_setting(key, value, f"--set {key}=")
+        return tracking_setting(key, value, f"--set {key}")
     try:
         number = int(value)
     except ValueError:
@@ -333,11 +333,11 @@ def loggers_setting(text: str) -> tuple[str, ...]:
 def tracking_setting(key: str, value: str, said: str):
     """A tracker setting (:data:`~flowrl.catalog.loggers.TRACKING_SETTINGS`) as the run setting: ``log_tags``
     a tuple of tags, the others a string; RunError for a ``log_uri`` with a password (``said`` names the
-    option, e.g. ``--log-uri ``)."""
+    option, e.g. ``--log-uri``)."""
     if key == "log_tags":
         return tuple(t.strip() for t in str(value).split(",") if t.strip())
     if key == "log_uri" and uri_problem(value):
-        raise RunError(f"{said.strip()}: {uri_problem(value)}; {URI_HINT}")  # the message masks the password
+        raise RunError(f"{said}: {uri_problem(value)}; {URI_HINT}")  # the message masks the password
     return str(value).strip()
 
 
@@ -465,7 +465,7 @@ def run_file(path: str | None, *, flow: str | None = None, sets: dict | None = N
     if bad:
         key, value = next(iter(bad.items()))
         raise RunError(f"--{key.replace('_', '-')} {value}: give a number >= 0 (0: off)")
-    tracking = {k: tracking_setting(k, v, f"--{k.replace('_', '-')} ") for k, v in (tracking or {}).items()
+    tracking = {k: tracking_setting(k, v, f"--{k.replace('_', '-')}") for k, v in (tracking or {}).items()
                 if v is not None}
     stream = stream or sys.stderr
     if steps is not None and steps < 1:

@@ -376,12 +376,11 @@ class MlflowLogger:
                                  "new MLflow run")
                 self.run_id = record["run_id"]
                 self.client.update_run(self.run_id, status="RUNNING")
-                earlier = None
             else:
                 experiment = self.client.get_experiment_by_name(experiment_name)
                 exp_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)
                 earlier = None
-                if run.resumed and uri == folder.resolve().as_uri():  # a run directory from before the record
+                if run.resumed and uri == own_store:  # a run directory from before the record
                     found = self.client.search_runs([exp_id], f"attributes.run_name = '{run.name or run.default_name}'")
                     earlier = found[0].info.run_id if found else None
                 if earlier:
@@ -402,9 +401,10 @@ class MlflowLogger:
 
             if isinstance(e, RuntimeFlowError):
                 raise
-            store = f"the MLflow store {folder}" if uri.startswith("file:") and self.uri == folder.resolve().as_uri() \
-                else f"MLflow at {self.uri}"
+            store = f"the MLflow store {folder}" if uri == own_store else f"MLflow at {self.uri}"
             message = _first_line(e).replace(uri, self.uri)  # never the URI's password
+            if "@" in uri and urlsplit(uri).password:
+                message = message.replace(urlsplit(uri).password, "***")
             raise _error(f"{store} cannot be used ({message}); hint: " + (
                 "it was damaged or replaced: move it away (the resumed run then starts a new MLflow run), or start a "
                 "new run" if store.startswith("the MLflow store") else
