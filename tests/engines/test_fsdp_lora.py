@@ -72,3 +72,54 @@ def test_adapters_off_needs_adapters(tiny_model_dir):
         eng.forward(random_batch(rows=2), adapters=False)
     with pytest.raises(EngineConfigError, match="lora is for actors"):
         FsdpTrainEngine(tiny_model_dir, role="critic", dp=2, lora=LORA)
+
+
+LORA_FLOW_SCHEDULE = """
+schedule main on cluster(nodes = 1, gpus_per_node = 2) {
+  policy.train = fsdp(dp = 2)
+  policy.rollout = hf_generate()
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_lora_grpo_on_fsdp_dp2_through_ray_shares_the_base_and_resumes_exactly(tmp_path, monkeypatch):
+    """GRPO with a KL term, LoRA on fsdp(dp = 2) rank actors under Ray: each resync sends the adapters alone,
+    the reference pass runs on the policy's engine with the adapters off (the plan has no reference engine,
+    KL 0 before the first update, > 0 after), and a run resumed from step 1's checkpoint (adapters and AdamW
+    state) reproduces steps 2 and 3."""
+    pytest.importorskip("ray")
+    import json
+    from pathlib import Path
+
+    from flowrl.catalog.models import from_config
+    from flowrl.launch import run_file
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "runtime"))  # e2e_kit, e2e_rewards
+    from e2e_kit import flow_text, make_workdir, resume_copy, shared_ray, stable
+
+    make_workdir(tmp_path, rows=40, train=32)
+    body = "grpo(policy, prompts, sevens, batch = 4, group = 4, max_tokens = 6, lr = 1e-2, kl = 0.05, seed = 1)"
+    text = flow_text(body, 3, LORA_FLOW_SCHEDULE).replace(
+        'hf("model")', 'hf("model", lora = lora(r = 4, alpha = 8, targets = ["q_proj", "v_proj"]))')
+    path = tmp_path / "lora_fsdp.flow"
+    path.write_text(text)
+    run = run_file(str(path), out=str(tmp_path / "run"), save_every=1, ray_address=shared_ray())
+    plan = json.loads((run.out / "plan.json").read_text())
+    engines = {f"{m['id']}.{r}": m[f"{r}_engine"] for m in plan["models"] for r in ("train", "rollout")
+               if m[f"{r}_engine"]}
+    assert sorted(engines) == ["policy.rollout", "policy.train"]  # no reference engine
+    assert engines["policy.train"]["kind"] == "fsdp" and engines["policy.train"]["dp"] == 2
+    ref_op, = [o for o in plan["ops"] if o["options"].get("adapters") == "off"]
+    assert ref_op["model"] == "policy" and ref_op["options"]["reference"] == "grpo.ref"
+    placed = json.loads((run.out / "placement.json").read_text())
+    assert sum(1 for r in placed if r["engine"] == "policy.train" and r.get("rank") is not None) >= 2
+    rows = run.rows
+    layers = from_config(str(tmp_path / "model")).layers
+    for row in rows:
+        assert row["sync/tensors"] == layers * 2 * 2  # lora_A and lora_B of q and v per layer, nothing else
+    assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # before any update: the policy is its base
+    assert rows[1]["kl/ref"] > 0  # after one the adapters moved it off the base, which the reference stays
+    resumed = resume_copy(run.out, tmp_path / "resumed", 1, ray_address=shared_ray())
+    assert len(resumed.rows) == 3 and stable(resumed.rows) == stable(rows)  # step 1's row kept, 2 and 3 again
