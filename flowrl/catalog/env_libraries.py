@@ -34,6 +34,11 @@ class EnvLibrary:
     registry: str | None = None
     """How the environment named in the first argument is looked up at check time: a key of
     :data:`REGISTRIES`, or None (the first argument is a ``module:Class`` reference or a command)."""
+    check: str = ""
+    """What ``flowrl check`` reads for it beyond the package (a check of
+    :mod:`flowrl.compiler.passes.check_env_libraries`): ``game_ids`` / ``env_ids`` (the id in the
+    registry, its module compiling), ``action_class`` (an OpenEnv action class), ``server_command``
+    (an MCP server's module or program)."""
     tools: bool = False
     """The environment offers tools to the model (their JSON schemas rendered by the chat
     template, the model's calls parsed in its format): the prompts it continues must be chat
@@ -51,11 +56,13 @@ REGISTRIES = {
 
 ENV_LIBRARIES: dict[str, EnvLibrary] = {lib.op: lib for lib in (
     EnvLibrary("textarena", "textarena", "textarena==0.7.4", "flowrl.envs.textarena_games:TextArenaGame",
-               registry="textarena"),
+               registry="textarena", check="game_ids"),
     EnvLibrary("gymnasium", "gymnasium", "gymnasium==1.4.0", "flowrl.envs.gymnasium_envs:GymnasiumText",
-               registry="gymnasium"),
-    EnvLibrary("openenv", "openenv", "openenv-core==0.3.0", "flowrl.envs.openenv_envs:OpenEnvInProcess"),
-    EnvLibrary("mcp", "mcp", "mcp==2.0.0", "flowrl.envs.mcp_tools:MCPTools", tools=True),
+               registry="gymnasium", check="env_ids"),
+    EnvLibrary("openenv", "openenv", "openenv-core==0.3.0", "flowrl.envs.openenv_envs:OpenEnvInProcess",
+               check="action_class"),
+    EnvLibrary("mcp", "mcp", "mcp==2.0.0", "flowrl.envs.mcp_tools:MCPTools", check="server_command",
+               tools=True),
 )}
 """Op name -> its library's record."""
 

@@ -15,7 +15,7 @@ import flowrl.compiler.passes.check_env_libraries as check_mod
 import flowrl.data.chat_turns
 import flowrl.data.tool_calls
 import flowrl.envs.mcp_tools
-from flowrl.catalog.env_libraries import ENV_LIBRARIES, EnvLibrary
+from flowrl.catalog.env_libraries import ENV_LIBRARIES
 from flowrl.catalog.ops import OPS
 from flowrl.compiler.pipeline import check_file
 from flowrl.data.chat_turns import continuation
@@ -35,7 +35,7 @@ def test_doctests(module):
 def test_every_library_record_is_an_env_op_served_by_library_env_with_a_check():
     for name, lib in ENV_LIBRARIES.items():
         assert OPS[name].handler == "library_env" and OPS[name].kind.value == "env"
-        assert name in check_mod._CHECKS
+        assert lib.check in check_mod._CHECKS
 
 
 # ---- TextArena ---------------------------------------------------------------------------------
@@ -251,8 +251,9 @@ def test_check_refuses_a_game_that_does_not_import_on_this_python(tmp_path):
 
 
 def test_check_refuses_a_missing_library_with_the_pip_hint(tmp_path, monkeypatch):
-    missing = {**ENV_LIBRARIES, "textarena": EnvLibrary("textarena", "textarena_not_installed", "textarena==0.7.4",
-                                                        ENV_LIBRARIES["textarena"].adapter, registry="textarena")}
+    from dataclasses import replace
+
+    missing = {**ENV_LIBRARIES, "textarena": replace(ENV_LIBRARIES["textarena"], module="textarena_not_installed")}
     monkeypatch.setattr(check_mod, "ENV_LIBRARIES", missing)
     err = _check(tmp_path, 'env e = textarena("GuessTheNumber-v0")')
     assert "f.flow:3:9: error[E640]: `textarena(...)` needs the `textarena_not_installed` package" in err

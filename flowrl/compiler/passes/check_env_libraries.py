@@ -66,7 +66,7 @@ def check_env_libraries(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             errors.error("E640", f"`{node.op}(...)` needs the `{lib.module}` package, which is not installed",
                          node.span, f"install it: pip install '{lib.pip}' (or: pip install 'flowrl[envs]')")
             continue
-        _CHECKS[node.op](node, lib, installed.source, folder, errors)
+        _CHECKS[lib.check](node, lib, installed.source, folder, errors)
     errors.raise_if_any()
     return graph
 
@@ -240,8 +240,8 @@ def _mcp(node: Node, lib: EnvLibrary, package: Path | None, folder: str, errors:
                      "give a program on PATH, or `python -m module`")
 
 
-_CHECKS = {"textarena": _textarena, "gymnasium": _gymnasium, "openenv": _openenv, "mcp": _mcp}
-"""Library op -> its check. Keyed by the records of ENV_LIBRARIES (a test pairs them)."""
+_CHECKS = {"game_ids": _textarena, "env_ids": _gymnasium, "action_class": _openenv, "server_command": _mcp}
+"""A library record's ``check`` -> the function reading it (a test pairs them)."""
 
 
 __all__ = ["check_env_libraries", "registered"]
