@@ -198,7 +198,7 @@ class OpSpec:
     workload model's oversampling, :meth:`RedrawSpec.expected_draws`)."""
     library: str | None = None
     """The procedural library an op needs (``reasoning_gym``), checked through its entry of
-    :data:`flowrl.compiler.library_checks.LIBRARY_CHECKS` (the package installed, E642). A dataset it
+    :data:`flowrl.compiler.library_checks.LIBRARY_CHECKS` (the package installed, E672). A dataset it
     generates takes options beyond ``kwargs``, the library's own config: passed through by
     ``check_edge_types`` (constants and lists only), checked against the library by ``check_datasets``
     without generating a split, and lowered as one option, ``config``."""

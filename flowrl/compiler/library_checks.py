@@ -2,9 +2,9 @@
 generating a split: ``check_datasets`` runs them on a library's datasets before it reads their first rows,
 ``check_resources`` on the other ops (a reward that scores with the library).
 
-``reasoning_gym``: the package installed (E642); a dataset's task registered (E640, the nearest names as
+``reasoning_gym``: the package installed (E672); a dataset's task registered (E670, the nearest names as
 the hint, at the task's name); its config (the options beyond the record's own) accepted by the task's
-config class: known names, values of the default's type, its ``validate()`` and its generator (E641, at
+config class: known names, values of the default's type, its ``validate()`` and its generator (E671, at
 the option) (:func:`flowrl.data.reasoning_gym.spec_problems`).
 """
 
@@ -18,8 +18,8 @@ from flowrl.ir.graph import Const, Node, plain
 
 
 def _check_reasoning_gym(node: Node, spec: OpSpec, errors: Collector) -> None:
-    """E642: the reasoning_gym package is missing; a dataset's task unknown (E640, the nearest names as a
-    hint) or its config refused (E641: an option its config class lacks, a value of another type, one its
+    """E672: the reasoning_gym package is missing; a dataset's task unknown (E670, the nearest names as a
+    hint) or its config refused (E671: an option its config class lacks, a value of another type, one its
     ``validate()`` or its generator refuses), from :func:`flowrl.data.reasoning_gym.spec_problems`."""
     from flowrl.data.reasoning_gym import spec_problems
 
@@ -34,12 +34,12 @@ def _check_reasoning_gym(node: Node, spec: OpSpec, errors: Collector) -> None:
         p for p in spec_problems("", {}) if p.kind == "missing"]
     for p in problems:
         if p.kind == "missing":
-            errors.error("E642", f"`{node.op}` needs the reasoning_gym package: {p.message}", node.span, p.hint)
+            errors.error("E672", f"`{node.op}` needs the reasoning_gym package: {p.message}", node.span, p.hint)
         elif p.option == "task":
-            errors.error("E640" if p.kind == "task" else "E641", p.message, task.span, p.hint)
+            errors.error("E670" if p.kind == "task" else "E671", p.message, task.span, p.hint)
         else:
             value = node.attr(p.option)
-            errors.error("E641", p.message, spans.get(p.option) or getattr(value, "span", None) or node.span, p.hint)
+            errors.error("E671", p.message, spans.get(p.option) or getattr(value, "span", None) or node.span, p.hint)
 
 
 LIBRARY_CHECKS: dict[str, Callable[[Node, OpSpec, Collector], None]] = {"reasoning_gym": _check_reasoning_gym}

@@ -1,5 +1,5 @@
 """`flowrl check` of reasoning_gym(...) datasets and reasoning_gym_score(): the task against the package's
-registry (E640), its config against the task's config class (E641), the package missing (E642), a
+registry (E670), its config against the task's config class (E671), the package missing (E672), a
 config value that is a name (E207), a file dataset scored without reasoning_gym's metadata (E622),
 each at the position of what is wrong; an accepted declaration lowers to the options the runtime reads."""
 
@@ -40,17 +40,17 @@ def _errors(path: Path) -> list:
 
 def test_an_unknown_task_points_at_its_name_with_the_nearest_ones(tmp_path):
     (code, line, col, message, hint), = _errors(_flow(tmp_path, 'reasoning_gym("chain-sum", size = 10)'))
-    assert (code, line, col) == ("E640", 2, 27)
+    assert (code, line, col) == ("E670", 2, 27)
     assert "no task 'chain-sum'" in message and "`chain_sum`" in hint
 
 
 def test_config_options_are_checked_against_the_tasks_config_class(tmp_path):
     errors = _errors(_flow(tmp_path, 'reasoning_gym("chain_sum", size = 10, min_term = 2, max_terms = "two")'))
-    assert [(c, line, col) for c, line, col, *_ in errors] == [("E641", 2, 51), ("E641", 2, 65)]
+    assert [(c, line, col) for c, line, col, *_ in errors] == [("E671", 2, 51), ("E671", 2, 65)]
     assert "did you mean `min_terms`?" in errors[0][4] and "takes int values" in errors[1][3]
     # what the task's own validate() refuses, with its message
     (code, *_, message, hint), = _errors(_flow(tmp_path, 'reasoning_gym("chain_sum", min_terms = 3, max_terms = 2)'))
-    assert code == "E641" and "max_terms must be >= min_terms" in message
+    assert code == "E671" and "max_terms must be >= min_terms" in message
 
 
 def test_a_config_value_must_be_a_constant(tmp_path):
@@ -66,7 +66,7 @@ def test_sizes_are_checked_as_options(tmp_path):
 def test_the_package_missing_is_refused_at_check(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)
     errors = _errors(_flow(tmp_path, 'reasoning_gym("chain_sum", size = 10)'))
-    assert {c for c, *_ in errors} == {"E642"}
+    assert {c for c, *_ in errors} == {"E672"}
     assert all("pip install" in hint for *_, hint in errors)
 
 

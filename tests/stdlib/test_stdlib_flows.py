@@ -422,6 +422,15 @@ def test_example_lowers_to_the_shipped_dataset_and_run_settings(path):
         return
     plan = lower(graph_of(_rel(path)))
     (data,) = plan.datasets
+    if path.name.startswith("rg_"):  # a generated Reasoning Gym task: the settings its tiny model trained on
+        from flowrl.tasks.rg import RG_TASKS
+
+        rg = RG_TASKS[path.stem]
+        assert (data.format, data.path) == ("reasoning_gym", "")
+        assert data.options == {"task": rg.task, "size": rg.size, "seed": rg.seed, "eval_size": rg.eval_size,
+                                "config": rg.config}
+        assert (plan.run.steps, plan.run.eval_every, plan.run.seed) == (100, 25, 0)
+        return
     task = Path(data.path).parent  # data/arith, or another shipped task's folder (data/guess)
     assert task.parent == ROOT / "data" and Path(data.path) == task / "train.jsonl"
     assert Path(data.eval_path) == task / "test.jsonl"
@@ -509,7 +518,7 @@ NO_EXAMPLE = {"E002": "binary input", "E003": "a 4 MiB file", "E004": "65 nested
                       "tests/golden/invalid/e620_hf_without_weights.flow)",
               "E622": "a dataset file without the field a verifier reads "
                       "(tests/golden/invalid/e622_code_verifier_without_tests.flow)",
-              "E642": "the reasoning-gym package missing (tests/compiler/test_check_reasoning_gym.py)",
+              "E672": "the reasoning-gym package missing (tests/compiler/test_check_reasoning_gym.py)",
               "E662": "a dataset file whose rows lack a template's field (tests/compiler/test_check_datasets.py)",
               "E663": "a save_to_disk folder without the split named (tests/compiler/test_check_datasets.py)",
               "E441": "no engine record limits a layout on a platform today (tests/schedule/test_catalog_engines.py)",

@@ -60,7 +60,7 @@ def check_datasets(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
         slots = _slots(node, errors)
         spec = OPS[node.op]
         if spec.library and (ctx.options.get("resources") is False or not check_library(node, spec, errors)):
-            continue  # its rows cannot be made (E640-E642 said why) or are not to be checked
+            continue  # its rows cannot be made (E670-E672 said why) or are not to be checked
         opener = SOURCES.get(OPS[node.op].handler)
         if opener is None or not (checked(node, ctx) or spec.library) or not node.args \
                 or not isinstance(node.args[0], Const):
