@@ -93,6 +93,9 @@ class BatchSampler:
                     f"sampler state has {key}={state[key]!r} but this sampler has {key}={getattr(self, key)!r}; "
                     "resume with the dataset and settings of the saved run"
                 )
+        if "cursor" not in state:
+            raise SamplerStateError("sampler state has no 'cursor': it was saved by a streamed sampler (`stream`); "
+                                    "resume with the dataset settings of the saved run")
         epoch, cursor = int(state["epoch"]), int(state["cursor"])
         if epoch < 0 or not 0 <= cursor < self.n_rows:
             raise SamplerStateError(f"sampler state epoch={epoch}, cursor={cursor} is out of range for {self.n_rows} rows")

@@ -248,6 +248,8 @@ def test_streaming_order_is_seeded_and_a_resume_continues_it(tmp_path):
         other.load_state_dict(state)
     with pytest.raises(SamplerStateError, match="saved by a sampler of rows held whole"):
         sampler().load_state_dict(BatchSampler(10, 2).state_dict())
+    with pytest.raises(SamplerStateError, match="saved by a streamed sampler"):
+        BatchSampler(10, 2, seed=5).load_state_dict(state)
 
 
 def test_streamed_bad_rows_are_skipped_or_refused_where_they_are(tmp_path):
