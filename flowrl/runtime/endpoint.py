@@ -32,20 +32,17 @@ prompt and completion: mask 1 exactly on the tokens the engine sampled in this e
 prompt, the observations and the template's text. A model without a chat template reads the
 messages' contents concatenated (as ``env_step`` appends observations).
 
-**Tool calls.** The model's text is parsed in its chat template's own tool-call format
-(:data:`TOOL_CALL_FORMATS`: Hermes / Qwen ``<tool_call>{json}</tool_call>``, Llama 3 JSON) into
-OpenAI ``tool_calls``; tool messages go back through the chat template.
+**Tool calls.** When a request offers ``tools`` and the model has a chat template, the model's text
+is parsed in the template's own tool-call format (:mod:`flowrl.data.tool_calls`: Hermes / Qwen
+``<tool_call>{json}</tool_call>``, Llama 3 JSON) into OpenAI ``tool_calls``; tool messages go back
+through the chat template.
 
 **Sampling parameters come from the flow.** What a request sends (``temperature``, ``top_p``,
 ``max_tokens``, ``n``, ``stop``, ``seed``, ``logprobs``...) must equal the flow's value or be
 absent; anything else is refused (400) naming the parameter and the flow's value.
 
->>> parse_tool_calls('I will add. <tool_call>{"name": "calc", "arguments": {"expr": "2+3"}}</tool_call>', "hermes")
-('I will add.', [{'name': 'calc', 'arguments': '{"expr": "2+3"}'}])
->>> parse_tool_calls('{"name": "calc", "parameters": {"expr": "2+3"}}', "llama3_json")
-(None, [{'name': 'calc', 'arguments': '{"expr": "2+3"}'}])
->>> parse_tool_calls("5", "hermes")
-('5', [])
+>>> message_key({"role": "assistant", "content": None, "refusal": None}) == message_key({"role": "assistant", "content": ""})
+True
 """
 
 from __future__ import annotations
@@ -53,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-import re
 import secrets
 import socket
 import threading
@@ -62,6 +58,8 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from flowrl.data.tool_calls import as_openai, format_of, parse_tool_calls
 
 BATCH_WINDOW_S = 0.02
 """How long the driver waits for more requests before calling the engine, unless every episode in
@@ -86,65 +84,6 @@ class EndpointError(Exception):
 # ---- the chat template: rendering and tool calls -------------------------------------------------
 
 
-TOOL_CALL_FORMATS = {
-    "hermes": "<tool_call>",
-    "llama3_json": "<|python_tag|>",
-}
-"""Tool-call format -> the marker whose presence in a chat template's source says the template uses it
-(Hermes / Qwen 2.5 / Qwen 3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; Llama 3.1+:
-a JSON object ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``)."""
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-
-
-def tool_format_of(template: str | None) -> str | None:
-    """The tool-call format a chat template's source uses (:data:`TOOL_CALL_FORMATS`), or None.
-
-    >>> tool_format_of("{% for tool in tools %}<tool_call>{% endfor %}"), tool_format_of(None)
-    ('hermes', None)
-    """
-    for name, marker in TOOL_CALL_FORMATS.items():
-        if template and marker in template:
-            return name
-    return None
-
-
-def _call_of(obj: Any) -> dict | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}
-
-
-def parse_tool_calls(text: str, fmt: str | None) -> tuple[str | None, list[dict]]:
-    """``(content, calls)`` of a model's text in tool-call format ``fmt``: each call ``{name, arguments}``
-    (``arguments`` a JSON string, as OpenAI's). Text that is not a well-formed call stays content."""
-    if fmt == "hermes":
-        calls, kept = [], text
-        for m in _HERMES.finditer(text):
-            try:
-                call = _call_of(json.loads(m.group(1)))
-            except json.JSONDecodeError:
-                call = None
-            if call is not None:
-                calls.append(call)
-                kept = kept.replace(m.group(0), "")
-        return (kept.strip() or None, calls) if calls else (text, [])
-    if fmt == "llama3_json":
-        body = text.strip().removeprefix("<|python_tag|>").strip()
-        calls = []
-        for part in (p for p in body.split(";") if p.strip()) if body.startswith("{") else ():
-            try:
-                call = _call_of(json.loads(part))
-            except json.JSONDecodeError:
-                return text, []
-            if call is None:
-                return text, []
-            calls.append(call)
-        return (None, calls) if calls else (text, [])
-    return text, []
-
-
 def _content(value: Any) -> str:
     """A message's content as text (OpenAI's list of parts: their text, in order)."""
     if isinstance(value, list):
@@ -163,11 +102,7 @@ def _args(value: Any) -> Any:
 
 def message_key(m: dict) -> tuple:
     """What makes two messages the same for prefix matching: role, content, tool calls (name and parsed
-    arguments), tool call id and name; fields an SDK adds (``refusal: null``, ``audio``...) do not count.
-
-    >>> message_key({"role": "assistant", "content": None, "refusal": None}) == message_key({"role": "assistant", "content": ""})
-    True
-    """
+    arguments), tool call id and name; fields an SDK adds (``refusal: null``, ``audio``...) do not count."""
     calls = tuple((c.get("function", {}).get("name"), json.dumps(_args(c.get("function", {}).get("arguments")),
                                                                  sort_keys=True))
                   for c in m.get("tool_calls") or ())
@@ -181,7 +116,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any):
         self.tok = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or None
-        self.tool_format = tool_format_of(self.template)
+        self.tool_format = format_of(self.template) if self.template else None
         self.eot = self._end_of_turn()
 
     def render(self, messages: list[dict], tools: list | None, open_turn: bool) -> str:
@@ -559,10 +494,9 @@ class RolloutEndpoint:
             tools = body.get("tools") or None
             ids, mask, lp, keys = self._chat_prompt(session, messages, tools)
             c, version = await self._sample(session, ids, mask, lp)
-            content, calls = parse_tool_calls(c.text, self.renderer.tool_format if tools else None)
-            tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": call}
-                          for call in calls]
-            reply = {"role": "assistant", "content": content}
+            parsed = parse_tool_calls(c.text, self.renderer.tool_format) if tools and self.renderer.tool_format else None
+            tool_calls = as_openai(parsed.calls) if parsed is not None else []
+            reply = {"role": "assistant", "content": (parsed.content or None) if tool_calls else c.text}
             if tool_calls:
                 reply["tool_calls"] = tool_calls
             session.calls.append(Call(ids, mask, lp, list(c.response_ids), list(c.logprobs), version,
@@ -677,4 +611,4 @@ def _as_completion(call: Call):
 
 
 __all__ = ["RolloutEndpoint", "EndpointError", "Sampling", "Session", "Call", "Trajectory", "ChatRenderer",
-           "parse_tool_calls", "tool_format_of", "message_key", "TOOL_CALL_FORMATS", "BATCH_WINDOW_S"]
+           "message_key", "BATCH_WINDOW_S"]

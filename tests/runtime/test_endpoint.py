@@ -21,7 +21,7 @@ import pytest
 
 from agent_kit import TOOLS, qwen_tokenizer
 from flowrl.engines.types import Completion
-from flowrl.runtime.endpoint import RolloutEndpoint, Sampling, parse_tool_calls
+from flowrl.runtime.endpoint import RolloutEndpoint, Sampling
 
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=16, stop=(), seed=0)
 
@@ -295,12 +295,3 @@ def test_a_model_without_a_chat_template_reads_the_messages_as_the_env_step_loop
     # prompt (with BOS), the sampled turn and its EOS, the tool's text without special tokens, the next turn
     expected = tok("12+30=").input_ids + engine.seen[0][1] + tok("42=", add_special_tokens=False).input_ids + engine.seen[1][1]
     assert row.ids == expected
-
-
-def test_tool_call_formats():
-    assert parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "hermes") == \
-        (None, [{"name": "f", "arguments": '{"a": 1}'}])
-    assert parse_tool_calls("<tool_call>not json</tool_call>", "hermes") == ("<tool_call>not json</tool_call>", [])
-    assert parse_tool_calls('<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 2}}',
-                            "llama3_json")[1] == [{"name": "f", "arguments": "{}"}, {"name": "g", "arguments": '{"x": 2}'}]
-    assert parse_tool_calls("The answer is {4}", "llama3_json") == ("The answer is {4}", [])
