@@ -26,6 +26,9 @@ STEPS = {1: {"reward/mean": 0.5}, 2: {"reward/mean": 0.625}, 3: {"reward/mean": 
 def standin(tmp_path, monkeypatch):
     """A stand-in W&B server as WANDB_BASE_URL, and a W&B environment of the test's own: no key, no netrc
     (HOME is a temporary folder), W&B's settings and caches in it; W&B's service of earlier tests ended."""
+    # W&B keeps one service process per process, with the settings it started with, and names it in
+    # WANDB_SERVICE: ended first (which drops the variable), so the variable is not restored after the test
+    wandb.teardown()
     for name in [n for n in os.environ if n.startswith("WANDB_")]:
         monkeypatch.delenv(name)
     home = tmp_path / "home"
@@ -34,7 +37,6 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.delenv("NETRC", raising=False)
     for name, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
         monkeypatch.setenv(name, str(home / sub))
-    wandb.teardown()  # W&B keeps one service process per process, with the settings it started with
     with WandbStandin() as server:
         monkeypatch.setenv("WANDB_BASE_URL", server.url)
         yield server
