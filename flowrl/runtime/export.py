@@ -177,7 +177,9 @@ def export_checkpoint(plan: ExecutionPlan, m: ModelPlan, ckpt: Path, base: Path,
         raise ExportError(f"--merge-lora: model `{m.id}` trains no LoRA adapters (its weights are the model's); "
                           "drop --merge-lora")
     tmp = to.with_name(to.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.lexists(tmp):  # never deleted here: it may be someone's (a killed export's: remove it yourself)
+        raise ExportError(f"--to {to}: {tmp} exists (an earlier export cut short, or not flowrl's); the export is "
+                          f"written there first: remove it, or give another --to")
     try:
         tmp.mkdir(parents=True)
         model = _built(base, m, lora)
@@ -503,7 +505,7 @@ def export_in_run(plan: ExecutionPlan, out: Path, ckpt: Path, log: Callable[[str
     the run directory's list before it is written (:func:`flowrl.runtime.rundir.own`); an export of the
     same step from before (a resumed run) is replaced."""
     from flowrl.runtime.materialize import materialize_models
-    from flowrl.runtime.rundir import own
+    from flowrl.runtime.rundir import PATH, listed, own
 
     trained = [m for m in plan.models if m.train_engine is not None and m.role == "trainable"]
     step = step_of(ckpt) or 0
@@ -511,10 +513,15 @@ def export_in_run(plan: ExecutionPlan, out: Path, ckpt: Path, log: Callable[[str
     for m in trained:
         folder = out / EXPORTS / f"step_{step:06d}"
         target = folder / m.id if len(trained) > 1 else folder
-        own(out, target, target.with_name(target.name + ".tmp"))
+        tmp = target.with_name(target.name + ".tmp")
+        before = listed(out)
+        for path in (target, tmp):  # an export of this step from before a resume: replaced if flowrl wrote it
+            if os.path.lexists(path):
+                if before.get(path.relative_to(out).as_posix()) != PATH or path.is_symlink():
+                    raise ExportError(f"{path} exists and flowrl did not write it; move it away to export there")
+                shutil.rmtree(path)
+        own(out, target, tmp)
         base = materialize_models(_only(plan, m), lambda _: None)[m.id]
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
         done = export_checkpoint(plan, m, ckpt, Path(base), target)
         log(f"exported `{m.id}` after step {step} to {done.path}")
         written.append(done.path)

@@ -305,3 +305,32 @@ def test_the_command_line(torch_run, tmp_path, capsys):
     assert err.startswith("flowrl: error: --merge-lora: model `policy` trains no LoRA adapters") and err.count("\n") == 1
     assert main(["export", str(torch_run), "--to", str(tmp_path / "x"), "--max-shard-size", "big"]) == 1
     assert "--max-shard-size 'big': give a size such as 5GB" in capsys.readouterr().err
+
+
+def test_nothing_but_the_target_is_touched(torch_run, tmp_path):
+    (tmp_path / "out.tmp").mkdir()
+    (tmp_path / "out.tmp" / "mine.txt").write_text("x")
+    with pytest.raises(ExportError, match=r"out.tmp exists \(an earlier export cut short, or not flowrl's\)"):
+        export_run(torch_run, tmp_path / "out")
+    assert (tmp_path / "out.tmp" / "mine.txt").read_text() == "x" and not (tmp_path / "out").exists()
+
+
+def test_a_run_replaces_its_own_export_of_a_step_and_nothing_else(torch_run, tmp_path):
+    import shutil
+
+    from flowrl.runtime import rundir
+    from flowrl.runtime.export import export_in_run, read_plan
+
+    run = tmp_path / "run"
+    shutil.copytree(torch_run, run)
+    rundir.start(run)
+    ckpt = run / "checkpoints" / "step_000001"
+    first = export_in_run(read_plan(run), run, ckpt)
+    assert first == [run / "exports" / "step_000001"] and rundir.listed(run)["exports/step_000001"] == rundir.PATH
+    assert export_in_run(read_plan(run), run, ckpt) == first  # resumed and exported again: replaced
+    foreign = run / "exports" / "step_000001.tmp"
+    foreign.mkdir()
+    rundir.start(run)  # a list that no longer names it
+    with pytest.raises(ExportError, match="step_000001 exists and flowrl did not write it"):
+        export_in_run(read_plan(run), run, ckpt)
+    assert foreign.is_dir()
