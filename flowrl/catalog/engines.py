@@ -92,6 +92,9 @@ class EngineSpec:
     """transformers architectures it runs (``config.json``'s ``architectures``), read from the
     records of :mod:`flowrl.catalog.architectures` that name it; None: any decoder-only causal
     LM transformers loads."""
+    precisions: tuple[str, ...] | None = None
+    """Train engines: the training precisions (:data:`flowrl.catalog.precision.PRECISIONS`) it runs for a
+    16-bit model; None: every one. ``flowrl check`` refuses another (E616)."""
     untied_axes: tuple[str, ...] = ()
     """Parallel axes that must be 1 where the model's output layer is its word embedding
     (``tie_word_embeddings``, as in every small Qwen2.5 and Llama-3.2) and the engine computes that
@@ -274,6 +277,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
         package="megatron.core", install="pip install --no-deps megatron-core==0.19.2 (see the Makefile)",
         memory="megatron", weights="megatron", ranks="actors", frees_memory="offload", converts_weights=True,
         untied_axes=("pp",),  # tied embeddings: the engine refuses pp > 1 at start-up (megatron/worker.py)
+        # Megatron's gradient clipping asserts fp32 gradients: a 16-bit model trains with its fp32 main params
+        precisions=("mixed",),
         lora_refused="megatron-core 0.19 has no LoRA layers (its adapters live in Megatron-Bridge and NeMo, which "
                      "flowrl does not install), and PEFT's LoRA for Megatron's parallel linears would send adapters "
                      "of its fused QKV layout, which no rollout engine loads",

@@ -18,7 +18,7 @@ from flowrl.diagnostics import FlowError, in_source_order, render_all
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "language.md"
 CODES = ("E001", "E022", "E023", "E024", "E025", "E128", "E129", "E130", "E207", "E208", "E209", "E210", "E213",
-         "E218", "E219", "E220", "E221", "E222", "E413", "E416", "E446", "E510", "E511", "E513", "E611", "E613", "E614", "E615", "W001", "W002")
+         "E218", "E219", "E220", "E221", "E222", "E413", "E416", "E446", "E510", "E511", "E513", "E611", "E613", "E614", "E615", "E616", "W001", "W002")
 
 
 def _sections() -> dict[str, tuple[str, str]]:

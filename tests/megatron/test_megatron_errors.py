@@ -23,7 +23,9 @@ from flowrl.engines.torch_train import TorchTrainEngine  # noqa: E402
         ({"role": "judge"}, "role='judge' is not a train-engine role"),
         ({"temperature": 0.0}, "temperature=0.0 must be > 0"),
         ({"dp": 0}, "dp=0: each of tp, pp, dp, cp and ep must be an integer >= 1"),
-        ({"dtype": "bfloat16"}, "needs a GPU"),
+        ({"dtype": "float64"}, "dtype=.float64. is not supported"),
+        ({"precision": "half"}, "precision=.half. is not supported"),
+        ({"dtype": "bfloat16", "precision": "pure"}, "fp32 main params.*E616"),
     ],
 )
 def test_bad_options_fail_before_any_process_starts(tiny_dir, kwargs, message):

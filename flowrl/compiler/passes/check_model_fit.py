@@ -18,6 +18,9 @@ Guarantees, for each model whose facts are known (``config.json``, preset or ``t
 * a model whose output layer is its word embedding (``tie_word_embeddings``: every small Qwen2.5 and
   Llama-3.2) is split by a train engine that computes that layer only over the axes its record allows
   (:attr:`~flowrl.catalog.engines.EngineSpec.untied_axes`: Megatron, pp = 1) (E621);
+* a model declared with a 16-bit ``dtype`` and a ``precision`` trains on engines that run that
+  precision (:attr:`~flowrl.catalog.engines.EngineSpec.precisions`: Megatron keeps fp32 main params,
+  its gradient clipping asserting fp32 gradients, so it has no ``pure``) (E616, at the option);
 * a rollout engine's context option (``max_model_len``) does not exceed the model's maximum
   positions, whatever the config calls them (``n_positions`` for GPT-2): vLLM refuses such an
   engine at start-up (E608);
@@ -46,6 +49,7 @@ from __future__ import annotations
 from flowrl.catalog.architectures import ARCHITECTURES
 from flowrl.catalog.engines import ENGINES, EngineSpec
 from flowrl.catalog.models import ModelFacts, default_context, tiny_problems
+from flowrl.catalog.precision import DTYPE_BYTES
 from flowrl.catalog.ops import OPS, FactsFrom, OpKind
 from flowrl.compiler.context import CompileContext
 from flowrl.compiler.model_info import checkpoint_dir, prompt_counter
@@ -74,6 +78,8 @@ def check_model_fit(graph: FlowGraph, ctx: CompileContext) -> FlowGraph:
             continue
         _check_architecture(graph, key, eng.kind, facts, st, errors, reported)
         _check_tied(graph, key, eng, facts, st, errors, reported)
+        if role_of(key) == "train":
+            _check_precision(graph, key, eng, st, errors, reported)
         if role_of(key) == "rollout":
             _check_context_option(graph, key, eng, facts, st, errors)
     for node in graph.nodes():
@@ -149,6 +155,25 @@ def _check_conversion(graph: FlowGraph, key: str, kind: str, facts: ModelFacts, 
                  _layout_span(graph, key, st),
                  f"give `{key}` an engine that runs the checkpoint with transformers' code: "
                  + ", ".join(f"`{o}(...)`" for o in others))
+
+
+def _check_precision(graph: FlowGraph, key: str, eng, st, errors: Collector, reported: set) -> None:
+    """E616: a 16-bit model's written ``precision`` on a train engine whose record does not run it."""
+    node = graph.node(model_of(key))
+    precision, dtype = plain(node.attr("precision")), plain(node.attr("dtype"))
+    if node.key_span("precision") is None or DTYPE_BYTES.get(dtype, 4) >= 4:
+        return  # the default (mixed) runs everywhere; a float32 model trains in float32 whatever it says
+    for spec in runs_on(eng.kind, eng.world_size):
+        if spec.precisions is None or precision in spec.precisions or (node.id, spec.name) in reported:
+            continue
+        reported.add((node.id, spec.name))
+        able = [e.name for e in ENGINES.values() if e.serves == "train" and (e.precisions is None or precision in
+                                                                              e.precisions)]
+        errors.error("E616", f"`{node.id}` trains with precision = \"{precision}\", which its train engine "
+                             f"`{spec.name}` does not run (it runs {', '.join(spec.precisions)})",
+                     node.attr("precision").span,
+                     "drop `precision` (mixed: fp32 master weights and Adam moments, bf16 compute), or give "
+                     f"`{key}` " + " or ".join(f"`{e}(...)`" for e in able))
 
 
 def _check_tied(graph: FlowGraph, key: str, eng, facts: ModelFacts, st, errors: Collector, reported: set) -> None:

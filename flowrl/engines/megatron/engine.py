@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from flowrl.catalog.architectures import expert_layout_problems
+from flowrl.catalog.precision import DEFAULT_PRECISION, DTYPE_BYTES, PRECISIONS, keeps_masters
 from flowrl.engines.base import Denominator, EngineConfigError, EngineNotInstalledError, LossFn
 from flowrl.engines.megatron.worker import RankOptions, StepRecord
 from flowrl.engines.rank_hosts import start_ranks
@@ -85,7 +86,12 @@ class MegatronTrainEngine(RankedTrainEngine):
             (:mod:`~flowrl.engines.megatron.context_parallel`).
         ep: expert-parallel size (a mixture of experts): each of ``ep`` data-parallel ranks holds
             ``experts / ep`` experts of every MoE layer; it divides ``dp`` and adds no processes.
-        dtype: parameter dtype (``"float32"``; bf16/fp16 need a GPU).
+        dtype: parameter dtype: the model computes in it and :meth:`named_weights` yields it
+            (``"bfloat16"`` runs on CPU too).
+        precision: a 16-bit ``dtype``'s training (:mod:`flowrl.catalog.precision`): ``"mixed"`` only:
+            Megatron's ``bf16`` optimizer (fp32 main params and Adam moments, sharded over dp by its
+            distributed optimizer; fp32 grad buffers). Its gradient clipping asserts fp32 gradients,
+            so ``"pure"`` is refused (and by ``flowrl check``: E616).
         seed: Megatron's RNG seed and the critic head's init seed.
         compute_entropy: pass ``"entropy"`` to the loss in ``train_step`` (actor).
         distributed_optimizer: shard optimizer state over dp ranks when dp > 1.
@@ -117,6 +123,7 @@ class MegatronTrainEngine(RankedTrainEngine):
         cp: int = 1,
         ep: int = 1,
         dtype: str = "float32",
+        precision: str = DEFAULT_PRECISION,
         seed: int = 0,
         compute_entropy: bool = True,
         distributed_optimizer: bool = True,
@@ -130,6 +137,12 @@ class MegatronTrainEngine(RankedTrainEngine):
     ):
         _check_installed()
         _check_args(model_path, role, temperature, tp, pp, dp, cp, ep, dtype)
+        if precision not in PRECISIONS:
+            raise EngineConfigError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
+        if not keeps_masters(dtype, precision) and DTYPE_BYTES.get(dtype, 4) < 4:
+            raise EngineConfigError(f"precision={precision!r} with dtype={dtype!r}: Megatron's optimizer trains a "
+                                    "16-bit model with fp32 main params (its gradient clipping needs fp32 "
+                                    "gradients); use precision='mixed' (flowrl check refuses this: E616)")
         from flowrl.engines.megatron.convert import ModelSpec, check_layout
 
         spec = ModelSpec.from_pretrained(model_path)
@@ -145,6 +158,7 @@ class MegatronTrainEngine(RankedTrainEngine):
             lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
             warmup_steps=optim.warmup_steps, lr_schedule=optim.schedule, total_steps=optim.total_steps,
             min_lr_ratio=optim.min_lr_ratio, max_grad_norm=optim.max_grad_norm, seed=seed, dtype=dtype,
+
             distributed_optimizer=distributed_optimizer, vocab_divisible_by=vocab_divisible_by,
             compute_entropy=compute_entropy, threads=threads, skip_cpu_shims=tuple(skip_cpu_shims),
         )
@@ -259,9 +273,7 @@ def _check_args(model_path: str, role: str, temperature: float, tp: int, pp: int
         (role in ("actor", "critic"), f"role={role!r} is not a train-engine role; use 'actor' or 'critic'"),
         (temperature > 0, f"temperature={temperature!r} must be > 0 for training (logits / T)"),
         (not bad, f"{bad}: each of tp, pp, dp, cp and ep must be an integer >= 1"),
-        (dtype == "float32" or torch.cuda.is_available(),
-         f"dtype={dtype!r} needs a GPU; on CPU the megatron engine runs float32"),
-        (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32 or bfloat16"),
+        (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r} is not supported; use float32, bfloat16 or float16"),
         (os.path.isdir(model_path), f"model_path={model_path!r} is not a directory; pass a save_pretrained dir"),
     )
     for ok, message in checks:

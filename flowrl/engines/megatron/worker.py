@@ -102,7 +102,9 @@ class RankOptions:
     seed: int = 0
     """Megatron's RNG seed and the critic head's init seed."""
     dtype: str = "float32"
-    """Parameter dtype; on CPU only float32 is supported."""
+    """Parameter dtype: the model computes in it (bf16 runs on CPU too, through torch's own kernels); a
+    16-bit one trains mixed: Megatron's ``bf16``/``fp16`` optimizer keeps fp32 main params and Adam
+    moments (with the distributed optimizer, sharded over dp) and fp32 grad buffers."""
     distributed_optimizer: bool = True
     """Shard optimizer state across data-parallel ranks (Megatron's distributed optimizer) when dp > 1."""
     vocab_divisible_by: int = 1
@@ -632,7 +634,11 @@ class MegatronRank:
         if self.coords["tp"] != 0 or self.coords["dp"] != 0 or self.coords["cp"] != 0:
             return {}
         full = to_global_names(stage, self.spec, self.options.pp, self.layout.pp_rank)
-        return megatron_to_hf(full, self.spec, self.options.role)
+        hf = megatron_to_hf(full, self.spec, self.options.role)
+        if source == "weights":  # the model's dtype (torch's RMSNorm keeps fp32 weights in a bf16 model on CPU)
+            dtype = _DTYPES[o.dtype]
+            hf = {k: v.to(dtype) if v.is_floating_point() else v for k, v in hf.items()}
+        return hf
 
     # ------------------------------------------------------------ checkpoints
 
