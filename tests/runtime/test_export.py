@@ -177,17 +177,20 @@ def _tensor_names(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_fsdp_dp2_checkpoint_is_gathered(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fsdp_dp2_checkpoint_is_gathered(lora, tmp_path):
+    """FSDP's sharded checkpoint, read whole; with LoRA it holds the adapters alone (merged on export)."""
     from flowrl.engines.fsdp import FsdpTrainEngine
 
-    work = _workdir(tmp_path, schedule="""schedule main on cluster(nodes = 1, gpus_per_node = 2) {
+    work = _workdir(tmp_path, lora=lora, schedule="""schedule main on cluster(nodes = 1, gpus_per_node = 2) {
   policy.train = fsdp(dp = 2)
 }""")
-    trainer = FsdpTrainEngine(str(work / "model"), optim=OPTIM, dp=2, threads=1)
+    adapters = {"r": 4, "alpha": 8.0, "dropout": 0.0, "targets": ["q_proj", "v_proj", "down_proj"]} if lora else None
+    trainer = FsdpTrainEngine(str(work / "model"), optim=OPTIM, dp=2, threads=1, lora=adapters)
     try:
         _train(trainer)
         run = _run_dir(work, trainer)
-        export_run(run, tmp_path / "out")
+        export_run(run, tmp_path / "out", merge_lora=lora)
         _check_model_dir(tmp_path / "out", trainer, work / "model")
     finally:
         trainer.shutdown()
