@@ -488,7 +488,8 @@ def _file(suffix: str) -> Opener:
 
 
 def open_hf(path: str, options: dict, which: str, folder: str) -> RowSource | None:
-    """``hf_dataset(path, split = ..., eval = ...)``: ``eval`` a split name, or a glob where ``path`` is one."""
+    """``hf_dataset(path, split = ..., eval = ...)``: ``eval`` a split name, or a glob (a file) where ``path`` is
+    one."""
     resolved = _resolve(path, folder)
     if which == "train":
         split = str(options.get("split") or "train")
@@ -497,7 +498,7 @@ def open_hf(path: str, options: dict, which: str, folder: str) -> RowSource | No
     ev = str(options.get("eval") or "")
     if not ev:
         return None
-    if is_glob(path) or is_glob(ev):
+    if is_glob(path) or is_glob(ev) or os.path.isfile(resolved):  # `eval` names files too
         files, kind = hf_files(_resolve(ev, folder), "train")
         return files_source(files, kind, ev)
     files, kind = hf_files(resolved, ev)

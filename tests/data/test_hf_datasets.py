@@ -120,6 +120,9 @@ def test_a_glob_of_jsonl_shards_and_its_eval_glob(tmp_path):
                                                 str(tmp_path)))] == ["held"]
     with pytest.raises(DatasetError, match=r"no file matches the glob"):
         open_hf("data/nope-*.parquet", {}, "train", str(tmp_path))
+    # one shard named alone: `eval` names a file too, never the training one again
+    one = open_hf("data/train-0.jsonl", {"eval": "data/dev-0.jsonl"}, "eval", str(tmp_path))
+    assert [r["question"] for r in _all(one)] == ["held"]
 
 
 # ---- templates and system prompts ------------------------------------------------------------------------
