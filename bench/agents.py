@@ -20,6 +20,7 @@ Usage::
     .venv/bin/python bench/agents.py                         # seed 0, the flows' own settings
     .venv/bin/python bench/agents.py --seeds 0,1,2
     .venv/bin/python bench/agents.py --steps 10 --batch 8 --markdown
+    .venv/bin/python bench/agents.py --steps 4 --batch 8 --set eval_every=0   # episodes/s only
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Result:
     path: str
     seed: int
     steps: int
-    accuracy_before: float
-    accuracy_after: float
+    accuracy_before: float | None
+    """None: a throughput-only run (``--set eval_every=0``)."""
+    accuracy_after: float | None
     episodes_per_s: float
     """Median over steps 2.. of episodes / rollout seconds."""
     episodes_per_step: int
@@ -57,7 +59,9 @@ class Result:
     run_dir: str
 
     @property
-    def gain(self) -> float:
+    def gain(self) -> float | None:
+        if self.accuracy_before is None or self.accuracy_after is None:
+            return None
         return 100 * (self.accuracy_after - self.accuracy_before)
 
 
@@ -74,13 +78,15 @@ def run_one(path: str, flow: Path, seed: int, steps: int | None, sets: dict, wor
     rollout = [op["id"] for op in plan["ops"] if op["kind"] in ROLLOUT_KINDS]
     settings = {**plan.get("params", {}), **sets}  # the entry flow's parameters as the run used them
     evals = [r for r in rows if "eval/accuracy" in r]
-    if len(evals) < 2:
+    if len(evals) < 2 and sets.get("eval_every") != 0:
         raise SystemExit(f"bench/agents.py: the run in {out} has {len(evals)} held-out evaluation(s), not 2: "
-                         "give --steps a multiple of eval_every (or --set eval_every=STEPS)")
+                         "give --steps a multiple of eval_every (or --set eval_every=0: throughput only)")
     trained = [r for r in rows if r.get("step", 0) > 0 and any(f"time/{o}" in r for o in rollout)]
     per_step = int(settings.get("batch") or 32) * int(settings.get("group") or 8)
     rates = [per_step / max(sum(r.get(f"time/{o}", 0.0) for o in rollout), 1e-9) for r in trained[1:] or trained]
-    return Result(path, seed, evals[-1]["step"], evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"],
+    steps_run = max((r.get("step", 0) for r in rows), default=0)
+    before, after = (evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]) if len(evals) >= 2 else (None, None)
+    return Result(path, seed, steps_run, before, after,
                   statistics.median(rates) if rates else 0.0, per_step, wall, load_before, os.getloadavg()[0],
                   str(out))
 
@@ -88,8 +94,10 @@ def run_one(path: str, flow: Path, seed: int, steps: int | None, sets: dict, wor
 def table(results: list[Result], markdown: bool = False) -> str:
     head = ["path", "seed", "steps", "held-out before", "after", "gain (points)", "episodes/s (rollout)",
             "episodes/step", "wall s", "load 1m before/after"]
-    rows = [[r.path, str(r.seed), str(r.steps), f"{100 * r.accuracy_before:.1f}%", f"{100 * r.accuracy_after:.1f}%",
-             f"{r.gain:+.1f}", f"{r.episodes_per_s:.1f}", str(r.episodes_per_step), f"{r.wall_s:.0f}",
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    rows = [[r.path, str(r.seed), str(r.steps), pct(r.accuracy_before), pct(r.accuracy_after),
+             "-" if r.gain is None else f"{r.gain:+.1f}", f"{r.episodes_per_s:.1f}", str(r.episodes_per_step),
+             f"{r.wall_s:.0f}",
              f"{r.load_before:.1f} / {r.load_after:.1f}"] for r in results]
     if markdown:
         return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -291,20 +291,23 @@ def _value(op: OpPlan, ctx: StepContext, src: dict, n: int, prompts: list, sessi
     trajectories = [s.trajectory(list(prompts[i // n])) for i, s in enumerate(sessions)]
     rows = [(t.ids, t.mask, t.logprobs) for t in trajectories]
     batch = _batch(rows, ctx.services.data.pad_id)
-    errors = [(i, r["error"]) for i, r in enumerate(results) if r is not None and "error" in r]
+    errors = [(i, r["error"] + (f" (the endpoint refused its request: {sessions[i].refused[-1]})"
+                                 if sessions[i].refused else ""))
+              for i, r in enumerate(results) if r is not None and "error" in r]
     texts, rewards = [], []
     for t, r in zip(trajectories, results):
         last = t.calls[-1].text if t.calls else ""
         texts.append(r.get("answer") if r and r.get("answer") is not None else last)
         rewards.append(float(r["reward"]) if r and r.get("reward") is not None else 0.0)
     firsts = [next((j for j, m in enumerate(t.mask) if m > 0), len(t.ids)) for t in trajectories]
+    oldest = min((t.version for t in trajectories if t.calls), default=0)  # an episode that sampled nothing
     out = {
         "prompt_ids": [t.ids[:f] for t, f in zip(trajectories, firsts)],
         "response_ids": [t.ids[f:] for t, f in zip(trajectories, firsts)],
         "response_mask": batch.response_mask,
         "rollout_logprobs": batch.extras["rollout_logprobs"],
         "group_ids": torch.arange(count // max(n, 1)).repeat_interleave(n),
-        "version": [t.version if t.calls else ctx.services.engines.train_version(op.model) for t in trajectories],
+        "version": [t.version if t.calls else oldest for t in trajectories],
         "rewards": torch.tensor(rewards, dtype=torch.float32),
         "done": torch.ones(count, dtype=torch.bool),
         "truncated": torch.tensor([t.truncated for t in trajectories]),
@@ -320,7 +323,7 @@ def _value(op: OpPlan, ctx: StepContext, src: dict, n: int, prompts: list, sessi
         "env/truncated": sum(t.truncated for t in trajectories),
         "env/latency_s_mean": sum(r.get("seconds", 0.0) for r in results if r) / max(count, 1),
         "agent/off_row_calls": sum(t.off_row for t in trajectories),
-        "agent/refused": sum(s.requests for s in sessions) - sum(calls),
+        "agent/refused": sum(len(s.refused) for s in sessions),
         response_length_name(op, ctx.services.plan): float(batch.response_mask.sum()) / max(count, 1),
     })
     if errors:

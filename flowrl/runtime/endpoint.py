@@ -237,7 +237,7 @@ class Session:
     requests: int = 0
     truncated: bool = False
     refused: list[str] = field(default_factory=list)
-    """Why requests were refused (the first few)."""
+    """Why each refused request of this episode was refused (status and message)."""
 
     def trajectory(self, fallback_prompt: list[int]) -> Trajectory:
         if not self.calls:
@@ -385,6 +385,7 @@ class RolloutEndpoint:
             s = self._by_key.get(key)
             why = self._closed_keys.get(key)
         if s is not None:
+            request["flowrl_session"] = s  # a refusal of this request is counted in its session
             return s
         if why is not None:
             raise EndpointError(404, f"this API key's episode is closed ({why}); keys are valid while their "
@@ -408,6 +409,9 @@ class RolloutEndpoint:
         try:
             return await work(request)
         except EndpointError as e:
+            session = request.get("flowrl_session")
+            if session is not None:
+                session.refused.append(f"{e.status} {e.message}")
             return web.json_response(e.body(), status=e.status)
 
     async def _models(self, request):

@@ -242,7 +242,7 @@ def test_unknown_and_closed_keys_and_max_turns_are_refused_with_what_happened(qw
         return [m.id for m in (await client.models.list()).data]
 
     assert serve(ep, engine, [(key, program)]) == [["policy"]]
-    ep.close_episode("m")
+    assert ep.close_episode("m").refused == ["400 this episode reached max_turns = 2 model calls; return the answer"]
 
     async def late(client):
         with pytest.raises(openai.NotFoundError, match="episode is closed"):
