@@ -2,7 +2,7 @@
 
 An environment declared with a library's op (``textarena("GuessTheNumber-v0")``,
 ``gymnasium("my_envs:Guess-v0")``, ``openenv("my_env:MyEnv", action = "my_env:MyAction")``,
-``mcp("python -m my_server")``) runs through the ``env_step`` protocol (:mod:`flowrl.envs`): the
+``mcp("python -m my_server")``, ``verifiers("my_taskset")``) runs through the ``env_step`` protocol (:mod:`flowrl.envs`): the
 runtime hosts the record's ``adapter`` class (in :mod:`flowrl.envs`) in the environment pool, built
 with the declaration's options, and the adapter drives the library's own objects.
 
@@ -38,7 +38,7 @@ class EnvLibrary:
     """What ``flowrl check`` reads for it beyond the package (a check of
     :mod:`flowrl.compiler.passes.check_env_libraries`): ``game_ids`` / ``env_ids`` (the id in the
     registry, its module compiling), ``action_class`` (an OpenEnv action class), ``server_command``
-    (an MCP server's module or program)."""
+    (an MCP server's module or program), ``taskset_module`` (a verifiers taskset's module)."""
     tools: bool = False
     """The environment offers tools to the model (their JSON schemas rendered by the chat
     template, the model's calls parsed in its format): the prompts it continues must be chat
@@ -61,6 +61,8 @@ ENV_LIBRARIES: dict[str, EnvLibrary] = {lib.op: lib for lib in (
                registry="gymnasium", check="env_ids"),
     EnvLibrary("openenv", "openenv", "openenv-core==0.3.0", "flowrl.envs.openenv_envs:OpenEnvInProcess",
                check="action_class"),
+    EnvLibrary("verifiers", "verifiers", "verifiers==0.4.0", "flowrl.envs.verifiers_tasks:VerifiersTasks",
+               check="taskset_module"),
     EnvLibrary("mcp", "mcp", "mcp==2.0.0", "flowrl.envs.mcp_tools:MCPTools", check="server_command",
                tools=True),
 )}

@@ -560,6 +560,11 @@ _op(OpSpec("openenv", OpKind.ENV, (_a("cls", "str", doc="\"module:Class\" of an 
                    "observation": KwSpec("str", "", doc="the Observation field shown to the model (default: its "
                                          "fields other than done, reward and metadata, as JSON)")},
            doc="An OpenEnv environment, in process (flowrl.envs.openenv_envs)."))
+_op(OpSpec("verifiers", OpKind.ENV, (_a("taskset", "str", doc="a verifiers taskset: a module exporting its Taskset "
+                                        "subclass in `__all__`, or one of verifiers' own"),),
+           handler="library_env", kwargs=dict(_ENV_POOL),
+           doc="A verifiers taskset (verifiers.v1): each task's prompt, the model's reply scored by the task's own "
+               "rewards (flowrl.envs.verifiers_tasks); rows: `python -m flowrl.envs.verifiers_tasks TASKSET`."))
 _op(OpSpec("mcp", OpKind.ENV, (_a("command", "str", doc="the command starting an MCP server on stdio, e.g. "
                                   "\"python -m my_server\""),),
            handler="library_env",

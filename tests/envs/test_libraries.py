@@ -121,6 +121,32 @@ def test_openenv_environment_in_process():
     assert shown.step("hi").observation == "\nhi\n"
 
 
+# ---- verifiers ---------------------------------------------------------------------------------
+
+
+def test_verifiers_tasks_are_scored_by_their_own_rewards():
+    from flowrl.envs.verifiers_tasks import VerifiersTasks, make_rows, taskset_class
+
+    rows = make_rows("flowrl.envs.verifiers_sums")
+    assert len(rows) == 200 and rows[0] == {"prompt": "49+97=", "answer": "", "task": 0}
+    env = VerifiersTasks({"target": "flowrl.envs.verifiers_sums"})
+    env.reset(rows[1])
+    a, b = rows[1]["prompt"].rstrip("=").split("+")
+    right = env.step(str(int(a) + int(b)))
+    assert (right.done, right.reward) == (True, 1.0)
+    assert env.step("3").reward == 0.0
+    with pytest.raises(TypeError, match="exactly one Taskset subclass"):
+        taskset_class("flowrl.envs.calculator", None)
+
+
+def test_shipped_verifiers_rows_are_the_taskset_s():
+    from flowrl.envs.verifiers_tasks import make_rows
+
+    root = HERE.parents[1] / "data" / "verifiers_sums"
+    rows = [json.loads(line) for name in ("train", "test") for line in (root / f"{name}.jsonl").read_text().splitlines()]
+    assert rows == make_rows("flowrl.envs.verifiers_sums")
+
+
 # ---- MCP ---------------------------------------------------------------------------------------
 
 
@@ -232,6 +258,8 @@ def test_check_accepts_installed_libraries_and_known_ids(tmp_path):
     assert _check(tmp_path, 'env e = gymnasium("flowrl.envs.gym_guess:GuessNumber-v0")') == ""
     assert _check(tmp_path, 'env e = gymnasium("CartPole-v1")') == ""
     assert _check(tmp_path, 'env e = mcp("python -m flowrl.envs.mcp_calc_server")') == ""
+    assert _check(tmp_path, 'env e = verifiers("flowrl.envs.verifiers_sums")') == ""
+    assert _check(tmp_path, 'env e = verifiers("textarena")') == ""  # one of verifiers' own tasksets
 
 
 def test_check_refuses_unknown_ids_with_the_nearest(tmp_path):
@@ -241,6 +269,8 @@ def test_check_refuses_unknown_ids_with_the_nearest(tmp_path):
     err = _check(tmp_path, 'env e = gymnasium("flowrl.envs.gym_guess:GuessNumbr-v0")')
     assert "error[E641]: `GuessNumbr-v0` is not a gymnasium environment id" in err and "`GuessNumber-v0`" in err
     assert "error[E641]: `CartPol-v1`" in _check(tmp_path, 'env e = gymnasium("CartPol-v1")')
+    err = _check(tmp_path, 'env e = verifiers("no_such_taskset")')
+    assert "error[E641]: `no_such_taskset` is not a verifiers taskset" in err and "textarena" in err
 
 
 def test_check_refuses_a_game_that_does_not_import_on_this_python(tmp_path):

@@ -1,6 +1,7 @@
 """Environment libraries trained end to end with the real libraries (Ray, vLLM on CPU, the torch trainer):
-a Gymnasium game (the shipped flows/gymnasium_guess.flow), a TextArena game and the tools of an MCP
-server over stdio, two steps each on tiny models.
+a Gymnasium game (the shipped flows/gymnasium_guess.flow), a verifiers taskset (the shipped
+flows/verifiers_sums.flow), a TextArena game and the tools of an MCP server over stdio, two steps each
+on tiny models.
 
 * Gymnasium: the tiny ``arith`` model plays flowrl.envs.gym_guess through the ``gymnasium`` op; the
   environment's own rewards are the advantage's (no reward function).
@@ -80,6 +81,23 @@ def test_a_gymnasium_game_trains_on_its_own_rewards(gym_run):
         assert row["env/errors"] == 0 and row["env/calls"] >= 4  # 2 prompts x 2 episodes, at least one turn each
         assert 1 <= row["env/turns_mean"] <= 4
         assert row["mismatch/abs_max"] < 1e-4
+
+
+@pytest.fixture(scope="module")
+def verifiers_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("verifiers")
+    shutil.copytree(ROOT / "flows", work / "flows")
+    shutil.copytree(ROOT / "data" / "verifiers_sums", work / "data" / "verifiers_sums")
+    return run_file(str(work / "flows" / "verifiers_sums.flow"), out=str(work / "run"), steps=2,
+                    sets={"batch": "2", "group": "2"}, ray_address=shared_ray())
+
+
+def test_a_verifiers_taskset_trains_on_its_tasks_rewards(verifiers_run):
+    rows = [r for r in verifiers_run.rows if r["step"] > 0]
+    assert [r["policy/version"] for r in rows] == [1, 2]
+    for row in rows:  # one turn per episode, each scored by its task
+        assert (row["env/calls"], row["env/errors"], row["env/done_frac"]) == (4, 0, 1.0)
+        assert row["env/turns_mean"] == 1
 
 
 TEXTARENA_FLOW = """model policy = hf("model")

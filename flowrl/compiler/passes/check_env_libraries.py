@@ -1,4 +1,4 @@
-"""Check the environments a flow takes from libraries (TextArena, Gymnasium, OpenEnv, MCP), without importing them.
+"""Check the environments a flow takes from libraries (TextArena, Gymnasium, OpenEnv, MCP, verifiers), without importing them.
 
 Requires: check_edge_types (options of resources have their defaults).
 
@@ -15,7 +15,8 @@ Guarantees, for every environment declared with a library's op
   ``"module:EnvId"``'s module) compiles on this Python; else E642 (some of TextArena's games use
   Python 3.12 syntax);
 * an MCP server's command names a module (``python -m m``) or script that exists, or a program on
-  ``PATH``, and an OpenEnv environment's ``action`` class is defined where it says; else E644.
+  ``PATH``, and an OpenEnv environment's ``action`` class is defined where it says; else E644;
+* a verifiers taskset is a module found there, or one of verifiers' own tasksets; else E641.
 
 The tools an MCP server offers are listed and their schemas checked (E643) when the run starts,
 before any engine: listing them means running the server, which ``check`` never does.
@@ -240,7 +241,21 @@ def _mcp(node: Node, lib: EnvLibrary, package: Path | None, folder: str, errors:
                      "give a program on PATH, or `python -m module`")
 
 
-_CHECKS = {"game_ids": _textarena, "env_ids": _gymnasium, "action_class": _openenv, "server_command": _mcp}
+def _verifiers(node: Node, lib: EnvLibrary, package: Path | None, folder: str, errors: Collector) -> None:
+    taskset = str(node.args[0].value)
+    if find_module(taskset, folder) is not None:
+        return
+    builtin = sorted(p.name for p in (package.parent / "v1" / "tasksets").iterdir()
+                     if p.is_dir() and (p / "__init__.py").is_file()) if package is not None else []
+    if taskset in builtin:
+        return
+    errors.error("E641", f"`{taskset}` is not a verifiers taskset: no module of that name", node.args[0].span,
+                 f"a taskset is a module exporting its Taskset subclass in `__all__`, in {shown_folder(node)}, "
+                 f"on PYTHONPATH or installed" + (f"; verifiers' own: {', '.join(builtin)}" if builtin else ""))
+
+
+_CHECKS = {"game_ids": _textarena, "env_ids": _gymnasium, "action_class": _openenv, "server_command": _mcp,
+           "taskset_module": _verifiers}
 """A library record's ``check`` -> the function reading it (a test pairs them)."""
 
 
