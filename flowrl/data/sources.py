@@ -31,6 +31,14 @@ from flowrl.data import reasoning_gym
 from flowrl.data.datasets import HEAD_BYTES, DatasetError, _parse_line, not_found_hint, open_data
 from flowrl.userfiles import read_bounded
 
+class MissingData(DatasetError):
+    """A dataset path or glob that names nothing (``flowrl check``: E601)."""
+
+
+class MissingSplit(DatasetError):
+    """A split a dataset does not have (``flowrl check``: E663, at the option naming it)."""
+
+
 BLOCK_BYTES = 1 << 20
 """A JSON-lines block: the rows starting in these many bytes of a file."""
 MAX_ROW_BYTES = 16 << 20
@@ -366,20 +374,20 @@ def hf_files(path: str | Path, split: str) -> tuple[list[Path], str]:
     if is_glob(text):
         files = sorted(Path(p) for p in globlib.glob(text, recursive=True) if os.path.isfile(p))
         if not files:
-            raise DatasetError(f"{text}: no file matches the glob; hint: {not_found_hint(Path(text))}")
+            raise MissingData(f"{text}: no file matches the glob; hint: {not_found_hint(Path(text))}")
         return files, _one_kind(files, text)
     p = Path(text)
     if p.is_file():
         return [p], _one_kind([p], text)
     if not p.is_dir():
-        raise DatasetError(f"{p}: dataset not found; hint: {not_found_hint(p)}")
+        raise MissingData(f"{p}: dataset not found; hint: {not_found_hint(p)}")
     if (p / "dataset_dict.json").is_file():
         splits = _json(p / "dataset_dict.json").get("splits")
         if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
             raise DatasetError(f"{p / 'dataset_dict.json'}: no list of splits; hint: write it with `datasets`' "
                                "DatasetDict.save_to_disk")
         if split not in splits:
-            raise DatasetError(f"{p}: the DatasetDict has no split {split!r}; its splits: {', '.join(splits)}")
+            raise MissingSplit(f"{p}: the DatasetDict has no split {split!r}; its splits: {', '.join(splits)}")
         return _saved_dataset(p / split, split), ".arrow"
     if (p / "state.json").is_file():
         return _saved_dataset(p, split), ".arrow"
@@ -395,7 +403,7 @@ def hf_files(path: str | Path, split: str) -> tuple[list[Path], str]:
     named = sorted({s for f in shards for s in KNOWN_SPLITS if _in_split(f.relative_to(p), s)})
     if not named and split == "train":  # shards without split names: all of them are the training split
         return shards, _one_kind(shards, str(p))
-    raise DatasetError(f"{p}: no shards of split {split!r} (shards are named `{split}-00000-of-00001.parquet`, "
+    raise MissingSplit(f"{p}: no shards of split {split!r} (shards are named `{split}-00000-of-00001.parquet`, "
                        f"`{split}.jsonl` or put in `{split}/`); splits found: "
                        f"{', '.join(named) or 'none (shards without split names are the train split)'}")
 
@@ -443,7 +451,7 @@ def _saved_dataset(folder: Path, split: str) -> list[Path]:
     state = _json(folder / "state.json")
     saved_split = state.get("_split")
     if folder.parent.joinpath("dataset_dict.json").is_file() is False and saved_split not in (None, split):
-        raise DatasetError(f"{folder}: a Dataset saved alone, of split {saved_split!r}, not {split!r}; hint: name "
+        raise MissingSplit(f"{folder}: a Dataset saved alone, of split {saved_split!r}, not {split!r}; hint: name "
                            f"split = \"{saved_split}\", or save a DatasetDict with both splits")
     names = [d.get("filename") for d in state.get("_data_files") or [] if isinstance(d, dict)]
     if not names or not all(isinstance(n, str) and "/" not in n and n not in ("", ".", "..") for n in names):
@@ -482,7 +490,7 @@ def _file(suffix: str) -> Opener:
         if p.is_dir():
             raise DatasetError(f"{p}: is a directory, not a dataset file; hint: name the file itself")
         if not p.is_file():
-            raise DatasetError(f"{p}: dataset file not found; hint: {not_found_hint(p, folder)}")
+            raise MissingData(f"{p}: dataset file not found; hint: {not_found_hint(p, folder)}")
         return SHARD_SUFFIXES[suffix]([p], str(p))
     return open_file
 
@@ -510,5 +518,5 @@ SOURCES: dict[str, Opener] = {"jsonl": _file(".jsonl"), "parquet": _file(".parqu
 """A dataset op's catalogue ``handler`` -> its opener (:data:`Opener`)."""
 
 
-__all__ = ["ArrowFiles", "BLOCK_BYTES", "Block", "JsonlFiles", "MAX_ROW_BYTES", "Opener", "ParquetFiles", "Row",
-           "RowSource", "SOURCES", "files_source", "hf_files", "is_glob", "open_hf"]
+__all__ = ["ArrowFiles", "BLOCK_BYTES", "Block", "JsonlFiles", "MAX_ROW_BYTES", "MissingData", "MissingSplit",
+           "Opener", "ParquetFiles", "Row", "RowSource", "SOURCES", "files_source", "hf_files", "is_glob", "open_hf"]

@@ -40,7 +40,7 @@ from flowrl.compiler.library_checks import check_library
 from flowrl.compiler.resources import checked, folder_of, shown_folder, text_option
 from flowrl.data.datasets import DatasetError
 from flowrl.data.rows import RowFormat, TemplateError, template_slots
-from flowrl.data.sources import SOURCES, RowSource
+from flowrl.data.sources import SOURCES, MissingData, MissingSplit, RowSource
 from flowrl.diagnostics import Collector, SourceMap, Span
 from flowrl.ir.graph import Const, FlowGraph, Node, Ref, plain
 from flowrl.plan import row_fields
@@ -117,10 +117,10 @@ def _open(node: Node, opener, which: str, files: bool, errors: Collector) -> Row
             return None  # E601 / E602 from check_resources
         message, _, hint = str(e).partition("; hint: ")
         option = "split" if which == "train" else "eval"
-        if "no split" in message or "no shards of split" in message or "saved alone, of split" in message:
+        if isinstance(e, MissingSplit):
             span = node.attr(option).span if node.attr(option) is not None else node.span
             errors.error("E663", f"hf_dataset `{node.id}`: {message}", span, hint or None)
-        elif "not found" in message or "no file matches" in message:
+        elif isinstance(e, MissingData):
             where = node.args[0].span if which == "train" else node.attr("eval").span
             errors.error("E601", f"dataset `{node.id}`: {message}", where,
                          f"relative paths are resolved against the folder of the flow file, {shown_folder(node)}")
