@@ -270,8 +270,7 @@ def _fsdp_state(state_dir: Path, base: Path, model, m: ModelPlan) -> None:
     if not state["model"]:
         raise ExportError(f"{state_dir / DCP_DIR} holds none of the model's tensors; hint: export with the run's own "
                           "plan.json and base model")
-    dcp.load(state, storage_reader=reader, planner=_safe_load_planner(),
-             no_dist=True)
+    dcp.load(state, storage_reader=reader, planner=_safe_load_planner(), no_dist=True)  # one process, no group
     _load(model, state["model"], state_dir / DCP_DIR)
 
 
@@ -310,7 +309,7 @@ def _megatron_state(state_dir: Path, base: Path, model, m: ModelPlan) -> None:
                     raise ExportError(str(e)) from None
                 if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
                     raise ExportError(f"{file} holds no model state")
-                e = _ep_rank(saved, t, d, tp, cp, ep, file)
+                e = _ep_rank(saved, t, d, tp, cp, ep)
                 shards.setdefault((t, p) if ep == 1 else (t, p, e), saved["model"])
     try:
         full = unshard_state(shards, spec, tp, pp, "actor", ep)
@@ -320,7 +319,7 @@ def _megatron_state(state_dir: Path, base: Path, model, m: ModelPlan) -> None:
     _load_checkpoint_named(model, hf, state_dir)
 
 
-def _ep_rank(saved: dict, tp_rank: int, dp_rank: int, tp: int, cp: int, ep: int, file: Path) -> int:
+def _ep_rank(saved: dict, tp_rank: int, dp_rank: int, tp: int, cp: int, ep: int) -> int:
     """The expert-parallel rank of a Megatron rank file: the one it recorded (``coords``), else Megatron's
     rank order for experts (``tp-cp-ep-dp-pp`` with expert tensor parallelism 1: ep varies fastest
     over the ranks of a stage, numbered tp fastest, then cp, then dp)."""
@@ -394,7 +393,11 @@ def _converted(model, tensors: dict) -> dict:
     with tempfile.TemporaryDirectory() as d:
         model.config.save_pretrained(d)
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "model.safetensors"))
-        loaded = AutoModelForCausalLM.from_pretrained(d, dtype=next(model.parameters()).dtype)
+        loaded, info = AutoModelForCausalLM.from_pretrained(d, dtype=next(model.parameters()).dtype,
+                                                            output_loading_info=True)
+        missing = [k for k in info.get("missing_keys", ()) if k not in _tied_names(loaded)]
+        if missing:  # transformers would have initialised them at random: never exported
+            raise ExportError(f"the gathered checkpoint lacks {sorted(missing)[:3]} of {type(loaded).__name__}")
         return {k: v.detach().clone() for k, v in loaded.state_dict().items()}
 
 
