@@ -205,6 +205,21 @@ class FsdpTrainEngine(RankedTrainEngine):
         """
         yield from self._group.call("gather_weights", self.timeout_s, source="weights")[0].items()
 
+    def save_pretrained(self, path: str) -> None:
+        """Write the actor as a transformers checkpoint dir; with LoRA, the base with the adapters merged in
+        (``W + (alpha / r) B A``: :func:`flowrl.engines.lora.merged_state`), as the torch engine writes it."""
+        if self.options.lora is None:
+            return super().save_pretrained(path)
+        import json
+        from pathlib import Path
+
+        from flowrl.engines.hf_export import write_hf_checkpoint
+
+        merged = self._group.call("gather_weights", self.timeout_s, source="merged")[0]
+        config = json.loads(Path(self.options.model_path, "config.json").read_text())
+        write_hf_checkpoint(self.options.model_path, path, merged.items(),
+                            tied=bool(config.get("tie_word_embeddings", False)))
+
     def last_gradients(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, grad)`` of the last ``train_step(capture_grads=True)``: summed over ranks, before clipping."""
         yield from self._group.call("gather_weights", self.timeout_s, source="grads")[0].items()

@@ -281,6 +281,15 @@ class FsdpRank:
         captured by the last ``train_step(capture_grads=True)`` (``"grads"``); other ranks: None."""
         if source == "grads":
             return self._grads if self.rank == 0 else None
+        if source == "merged" and self.engine.lora is not None:  # the base with the adapters merged (an export)
+            from flowrl.engines.lora import merged_state
+
+            full = self._collect(lambda t: t, self.engine.model.state_dict().items())
+            if self.rank != 0:
+                return None
+            compute = _compute_dtype(self.options)  # mixed precision: the model's 16-bit dtype, as it computes
+            return {k: t.to(compute) if compute and t.is_floating_point() else t
+                    for k, t in merged_state(full, self.engine.lora).items()}
         if self.engine.lora is not None:  # the adapters only, under PEFT's names (the base never changes)
             from flowrl.engines.lora import adapter_tensors
 

@@ -104,6 +104,30 @@ def write_adapter(path: str, cfg: LoraConfig, tensors: Iterable[tuple[str, torch
     return path
 
 
+def merged_state(state: dict[str, torch.Tensor], cfg: LoraConfig) -> dict[str, torch.Tensor]:
+    """A PEFT model's full state dict (``base_model.model.<module>.base_layer.weight``, its
+    ``<module>.lora_A.<adapter>.weight`` [r, in] and ``lora_B`` [out, r], the other tensors under
+    ``base_model.model.``) as the checkpoint's tensors with the adapters merged in: ``W + (alpha / r) B A``
+    (computed in float32, cast to ``W``'s dtype), what PEFT's ``merge_and_unload`` gives."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in state.items():
+        for which in ("lora_A", "lora_B"):
+            if f".{which}." in name:
+                parts.setdefault(name.split(f".{which}.")[0], {})[which] = t
+    out = {}
+    for name, t in state.items():
+        if ".lora_A." in name or ".lora_B." in name:
+            continue
+        if ".base_layer." in name:
+            module, rest = name.split(".base_layer.", 1)
+            ab = parts.get(module, {})
+            if rest == "weight" and set(ab) == {"lora_A", "lora_B"}:
+                t = (t.float() + ab["lora_B"].float() @ ab["lora_A"].float() * cfg.scale).to(t.dtype)
+            name = f"{module}.{rest}"
+        out[name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name] = t
+    return out
+
+
 def split_name(name: str) -> tuple[str, str]:
     """``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` ->
     (``model.layers.0.self_attn.q_proj``, ``A``); :class:`EngineConfigError` for another name."""
@@ -161,4 +185,4 @@ class Merger:
 
 
 __all__ = ["PEFT_PREFIX", "FUSED_GROUPS", "config_of", "wrap", "base_model", "adapters_disabled", "adapter_tensors",
-           "peft_config_dict", "write_adapter", "split_name", "Merger"]
+           "merged_state", "peft_config_dict", "write_adapter", "split_name", "Merger"]

@@ -35,6 +35,7 @@ def test_lora_dp2_trains_adapters_as_one_process_does_and_disables_them_for_the_
         lp = eng.forward(batches[0], micro_batch_size=1)["logprobs"]
         off = eng.forward(batches[0], adapters=False)["logprobs"]
         sent = dict(eng.named_weights())
+        eng.save_pretrained(str(tmp_path / "merged"))  # the base with the adapters merged in, in checkpoint names
         eng.save(str(tmp_path / "ckpt"))
         after_save = eng.train_step(batches[1], sft_loss, micro_batch_size=2)
         lp_after = eng.forward(batches[0])["logprobs"]
@@ -47,6 +48,13 @@ def test_lora_dp2_trains_adapters_as_one_process_does_and_disables_them_for_the_
     for name, t in want_sent.items():
         torch.testing.assert_close(sent[name], t, **TOL, msg=name)
     assert any(float(t.abs().max()) > 0 for n, t in sent.items() if ".lora_B." in n)  # they moved
+    one.save_pretrained(str(tmp_path / "one"))  # PEFT's merge_and_unload
+    from safetensors.torch import load_file
+
+    exported, want_exported = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("merged", "one"))
+    assert exported.keys() == want_exported.keys()
+    for name, t in want_exported.items():
+        torch.testing.assert_close(exported[name], t, **TOL, msg=name)
     # the reference pass: the base's log-probs, bit for bit the same before and after training
     base_lp = base.forward(batches[0])["logprobs"]
     assert torch.equal(off, before)

@@ -201,3 +201,17 @@ def test_a_mixture_of_experts_trains_attention_adapters_served_merged(tmp_path):
     prompts = [[1, 4, 5, 6], [1, 7, 8], [1, 9, 4, 10, 11]]
     groups = worker.engine.generate(prompts, SamplingSpec(n=2, temperature=0.7, max_tokens=8, seed=1))
     assert _gap(groups, eng) < TOL
+
+
+def test_merged_state_equals_peft_merge_and_unload(tiny_model_dir):
+    """What fsdp's save_pretrained writes of a LoRA engine (the gathered PEFT state, merged): PEFT's own merge."""
+    import copy
+
+    from flowrl.engines.lora import merged_state
+
+    eng = _trained(tiny_model_dir)
+    merged = merged_state(eng.model.state_dict(), eng.lora)
+    reference = copy.deepcopy(eng.model).merge_and_unload().state_dict()
+    assert merged.keys() == reference.keys()
+    for name, t in reference.items():
+        torch.testing.assert_close(merged[name], t, rtol=1e-6, atol=1e-6, msg=name)
