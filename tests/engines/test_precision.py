@@ -126,3 +126,29 @@ def test_fsdp_mixed_keeps_small_updates_in_fp32_shards_and_checkpoints_them_pure
         model = {d for k, d in dtypes.items() if k.startswith("model.")}
         moments = {d for k, d in dtypes.items() if "exp_avg" in k}
         assert model == {kept} and moments == {kept}, precision  # mixed: the masters, not the bf16 casts
+
+
+@pytest.mark.parametrize("precision, masters", [("mixed", True), ("pure", False)])
+def test_a_flows_dtype_and_precision_reach_the_plan_and_the_train_worker(tiny_model_dir, precision, masters):
+    from pathlib import Path
+
+    from flowrl.compiler.lower import lower
+    from flowrl.compiler.pipeline import compile_text
+    from flowrl.runtime.workers import TrainWorker
+
+    root = Path(__file__).resolve().parents[2]
+    flow = f'''model policy = tiny(task = "arith", dtype = "bfloat16", precision = "{precision}")
+dataset d = jsonl("../data/arith/train.jsonl", prompt = "prompt", answer = "answer")
+reward r = verifier("math")
+flow main() {{
+  b = sample(d, size = 4)
+  roll = generate(policy, b, n = 2, max_tokens = 5)
+  update(policy, roll, group_advantage(r(roll), group = 2), logprobs(policy, roll))
+}}
+'''
+    m = lower(compile_text(flow, str(root / "flows" / "precision_test.flow"))).model("policy")
+    assert (m.args["dtype"], m.args["precision"]) == ("bfloat16", precision)
+    worker = TrainWorker(m.train_engine, tiny_model_dir, role="actor", optim=m.optim, temperature=1.0, seed=0,
+                         threads=1, dtype=m.args["dtype"], precision=m.args["precision"])  # as the fleet passes them
+    assert worker.engine.masters.active is masters
+    assert next(worker.engine.model.parameters()).dtype == torch.bfloat16
