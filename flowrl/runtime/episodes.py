@@ -292,20 +292,17 @@ def run_region(ops: list[OpPlan], ctx: StepContext, run_op: Callable[[OpPlan], N
                 stop = True
                 break
         if stop:
+            _unreached(ops, carry, ctx)
             # The values the loop carries on (the conversation) learn that they are over too.
             for producer in {p for args in carry.values() for p in args.values()}:
                 v = ctx.values.get(producer)
-                if v is not None and until in v and len(v[until]) == len(value[until]):
+                rows = None if v is None else len(v[until]) if until in v else \
+                    len(v.rollouts.texts) if v.rollouts is not None else None  # the loop's first value: no `until` yet
+                if rows == len(value[until]):
                     # and so do their environment rewards: the last env_step's sums (a game's final score)
                     carried = {f: value[f] for f in ("rewards",) if f in value and len(value[f]) == len(value[until])}
                     ctx.values[producer] = StepValue({**v.fields, until: value[until], **carried}, v.rollouts)
             break
-    for consumer, args in carry.items():  # a value re-bound in a loop that never reached it
-        for arg, producer in args.items():
-            if producer not in ctx.values and consumer in ctx.values:
-                first = next(o for o in ops if o.id == consumer).inputs.get(arg)
-                if first in ctx.values:
-                    ctx.values[producer] = ctx.values[first]
     for op in ops:
         if op.kind == OpKind.ENV_STEP.value and op.id in ctx.values:
             n = len(ctx.values[op.id].get("prompt_ids") or [])
@@ -314,6 +311,17 @@ def run_region(ops: list[OpPlan], ctx: StepContext, run_op: Callable[[OpPlan], N
     if last is not None:
         ctx.metrics["env/max_turns"] = sum(not d for d in _all_flags(last))
     ctx.metrics[f"loop/{rid}/turns"] = turns
+
+
+def _unreached(ops: list[OpPlan], carry: dict, ctx: StepContext) -> None:
+    """A value re-bound in a loop that stopped before reaching it keeps its value from before the loop
+    (then, like the others, it learns that the episodes are over and their rewards)."""
+    for consumer, args in carry.items():
+        for arg, producer in args.items():
+            if producer not in ctx.values and consumer in ctx.values:
+                first = next(o for o in ops if o.id == consumer).inputs.get(arg)
+                if first in ctx.values:
+                    ctx.values[producer] = ctx.values[first]
 
 
 def _all(flags) -> bool:

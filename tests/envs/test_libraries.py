@@ -299,3 +299,14 @@ def test_check_refuses_missing_servers_and_action_classes(tmp_path):
     assert _check(tmp_path, 'env e = openenv("my_env:MyEnv", action = "my_env:MyAction")') == ""
     err = _check(tmp_path, 'env e = openenv("my_env:MyEnv", action = "my_env:Act")')
     assert "error[E644]: module `my_env` defines no `Act` (the action class)" in err
+
+
+def test_library_environments_are_planned_as_environment_pools():
+    from flowrl.compiler.pipeline import compile_file
+
+    root = HERE.parents[1] / "flows"
+    sized = compile_file(str(root / "verifiers_sums.flow"), until="size_env_pools").graph.sched.envs["tasks"]
+    assert (sized.workers, sized.why) == (2, "sized by the schedule: 128 episodes in flight (128 per step x 1 step), "
+                                             "64 calls per worker")
+    sized = compile_file(str(root / "gymnasium_guess.flow"), until="size_env_pools").graph.sched.envs["game"]
+    assert sized.workers == 1

@@ -339,8 +339,11 @@ def test_a_loop_that_stops_before_its_generate_keeps_the_conversation(tmp_path):
     plan = _plan(tmp_path, "DoneAtOnce")
     ctx, engines, *_ = _run(plan, ROWS, "DoneAtOnce")
     assert len(engines.calls) == 1
-    assert ctx.values["convo#2"] is ctx.values["convo"]
+    assert ctx.values["convo#2"].rollouts is ctx.values["convo"].rollouts  # the conversation from before the loop
     assert ctx.values["obs"]["rewards"].tolist() == [0.5] * 4
+    # it learns that its episodes are over, and the environment's rewards (what agentic_env trains on)
+    assert ctx.values["convo#2"]["rewards"].tolist() == [0.5] * 4
+    assert [bool(d) for d in ctx.values["convo#2"]["done"]] == [True] * 4
 
 
 def test_a_continuation_of_several_completions_is_refused_by_check(tmp_path):
