@@ -39,6 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this file's folder is sys.path[0], and this file's name would shadow the reasoning_gym
+# package the runs import.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 FLOWS = {p.stem.removeprefix("rg_"): p for p in sorted((ROOT / "flows").glob("rg_*.flow"))}
 """Task -> its shipped flow."""
 

@@ -5,17 +5,12 @@ first step and after the last, with questions the training split never asked."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 pytest.importorskip("reasoning_gym")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from e2e_kit import shared_ray  # noqa: E402
 
 from flowrl.launch import run_file  # noqa: E402
 
@@ -37,7 +32,7 @@ flow main(steps: int = 2, eval_every: int = 2, log_samples: int = 1) {
 }
 """)
     out = tmp_path / "run"
-    run_file(str(tmp_path / "rg.flow"), out=str(out), ray_address=shared_ray(), stream=None)
+    run_file(str(tmp_path / "rg.flow"), out=str(out), stream=None)  # Ray of its own, as `flowrl run` starts it
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward/mean" in m] == [1, 2]
     assert [m["step"] for m in metrics if "eval/accuracy" in m] == [0, 2]  # a score of 1 counts as right
