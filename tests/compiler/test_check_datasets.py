@@ -84,7 +84,7 @@ def test_an_unknown_slot_is_reported_at_the_slot(tmp_path):
     write_jsonl(tmp_path / "qa.jsonl", QA[:2] + [{"solution": "3"}] + QA[3:])
     f = flow(tmp_path, 'dataset d = jsonl("qa.jsonl", answer = "solution", template = "Q: {question}")')
     [d] = diagnostics(f)
-    assert d.code == "E662" and "row 3 of" in d.message and "qa.jsonl:3" in d.message
+    assert d.code == "E662" and "row 3 of `" in d.message and "qa.jsonl` lacks (its fields: solution)" in d.message
 
 
 def test_a_malformed_template_is_e661(tmp_path):

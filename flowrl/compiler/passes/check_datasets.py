@@ -33,6 +33,8 @@ doc.flow:3:41: error[E661]: the template of dataset `d` cannot be filled: slot `
 
 from __future__ import annotations
 
+import os
+
 
 from flowrl.catalog.ops import OPS, OpKind
 from flowrl.compiler.context import CompileContext
@@ -105,6 +107,14 @@ def _slots(node: Node, errors: Collector) -> list[tuple[str, int]] | None:
         return None
 
 
+def _shown(node: Node, text: str) -> str:
+    """``text`` with paths below the flow file's folder as the user named that folder (diagnostics quote
+    paths so, and golden outputs stay the same on every machine: :func:`~flowrl.compiler.model_info.shown_path`)."""
+    folder = folder_of(node)
+    shown = os.path.dirname(node.span.path) if not node.span.path.startswith("<") else ""
+    return text.replace(folder + os.sep, shown + os.sep if shown else "")
+
+
 def _open(node: Node, opener, which: str, files: bool, errors: Collector) -> RowSource | None:
     """The dataset's ``which`` split, or None (no such split; or an error, reported here unless
     ``check_resources`` reports it)."""
@@ -115,7 +125,7 @@ def _open(node: Node, opener, which: str, files: bool, errors: Collector) -> Row
     except DatasetError as e:
         if files:
             return None  # E601 / E602 from check_resources
-        message, _, hint = str(e).partition("; hint: ")
+        message, _, hint = _shown(node, str(e)).partition("; hint: ")
         option = "split" if which == "train" else "eval"
         if isinstance(e, MissingSplit):
             span = node.attr(option).span if node.attr(option) is not None else node.span
@@ -142,23 +152,25 @@ def _check_rows(node: Node, source: RowSource, slots, files: bool, sources: Sour
         head = source.head(HEAD_ROWS) if columns is None else source.head(1) if not files else []
     except DatasetError as e:
         if not files:
-            errors.error("E602", f"dataset `{node.id}` cannot be read as `{node.op}`: {e}", node.args[0].span, None)
+            errors.error("E602", f"dataset `{node.id}` cannot be read as `{node.op}`: {_shown(node, str(e))}",
+                         node.args[0].span, None)
         return
+    name = _shown(node, source.name)
     missing = False
-    for name, offset in slots or ():
+    for field, _ in slots or ():
         if columns is not None:
-            if name not in columns:
+            if field not in columns:
                 missing = True
-                errors.error("E662", f"the template of dataset `{node.id}` reads field `{name}`, which `{source.name}` "
-                                     f"lacks (its columns: {', '.join(columns)})", _slot_span(node, name, sources),
+                errors.error("E662", f"the template of dataset `{node.id}` reads field `{field}`, which `{name}` "
+                                     f"lacks (its columns: {', '.join(columns)})", _slot_span(node, field, sources),
                              "write a slot for one of its columns, or name the column as the data has it")
             continue
-        for i, (where, row) in enumerate(head, start=1):
-            if isinstance(row, dict) and name not in row:
+        for i, (_, row) in enumerate(head, start=1):
+            if isinstance(row, dict) and field not in row:
                 missing = True
-                errors.error("E662", f"the template of dataset `{node.id}` reads field `{name}`, which row {i} of "
-                                     f"`{source.name}` lacks ({where}; its fields: {', '.join(sorted(row))})",
-                             _slot_span(node, name, sources),
+                errors.error("E662", f"the template of dataset `{node.id}` reads field `{field}`, which row {i} of "
+                                     f"`{name}` lacks (its fields: {', '.join(sorted(row))})",
+                             _slot_span(node, field, sources),
                              f"every row needs the template's fields; the first {HEAD_ROWS} rows are checked")
                 break
     if files or missing:
@@ -175,7 +187,7 @@ def _check_rows(node: Node, source: RowSource, slots, files: bool, sources: Sour
             return
         except DatasetError as e:
             if not skip:
-                message, _, hint = str(e).partition("; hint: ")
+                message, _, hint = _shown(node, str(e)).partition("; hint: ")
                 errors.error("E602", f"dataset `{node.id}` cannot be read as `{node.op}`: {message}",
                              node.args[0].span, hint or None)
                 return
