@@ -67,9 +67,9 @@ class EnvOutcome:
     worker, which then answered the call: what happened (reported, nothing lost)."""
     output: str = ""
     """What the environment printed during this call (see the module docstring)."""
-
     messages: tuple = ()
     """The observation as chat messages (:attr:`flowrl.envs.StepResult.messages`), when the environment gave them."""
+
 
 OUTPUT_KEEP = 4096
 """Characters kept of what an environment prints during one call (the rest is counted)."""
