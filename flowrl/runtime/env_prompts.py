@@ -10,8 +10,8 @@
   ``apply_chat_template`` passes them (``tools = ...``), so the template renders them as the
   model was trained to read them. The driver calls it before it reads the datasets; a tool
   whose input schema is not valid JSON Schema stops the run there (E643, at the environment's
-  declaration). :func:`env_datasets` names the datasets whose prompts an environment's episodes
-  start from (its ``env_step`` ops' inputs, followed back to their ``sample`` ops).
+  declaration). The tools are in every chat prompt of the run (a flow with an MCP environment
+  has its prompts for it).
 """
 
 from __future__ import annotations
@@ -40,13 +40,6 @@ def prompt_datasets(plan: ExecutionPlan, op: OpPlan) -> list[DatasetPlan]:
             elif src in by_id:
                 todo.append(by_id[src])
     return sorted(out, key=lambda d: d.id)
-
-
-def env_datasets(plan: ExecutionPlan, env_id: str) -> list[DatasetPlan]:
-    """The datasets whose prompts the episodes of environment ``env_id`` start from."""
-    found = {d.id: d for op in plan.ops if op.kind == OpKind.ENV_STEP.value and op.inputs.get("env") == env_id
-             for d in prompt_datasets(plan, op)}
-    return [found[k] for k in sorted(found)]
 
 
 def is_chat(d: DatasetPlan, tokenizer: Any) -> bool:
@@ -139,5 +132,5 @@ def with_tools(plan: ExecutionPlan, tokenizer: Any) -> Any:
     return ToolsTokenizer(tokenizer, tools) if tools and tokenizer is not None else tokenizer
 
 
-__all__ = ["prompt_datasets", "env_datasets", "is_chat", "chat_episodes", "observation_texts", "ToolsTokenizer",
+__all__ = ["prompt_datasets", "is_chat", "chat_episodes", "observation_texts", "ToolsTokenizer",
            "env_tools", "with_tools"]
