@@ -108,7 +108,7 @@ def train_memory(f: ModelFacts, hw: Profile, kind: str, *, tp: int = 1, pp: int 
     pb = param_bytes or train_bytes("float32" if hw.weight_bytes >= 4 else "bfloat16")
     P, wb = f.params, pb.weights
     held_bytes, master = wb, pb.master  # bytes of each held parameter; of each master in the optimizer
-    if mm.sharded_masters and master:
+    if mm.sharded_masters and master and trainable:  # a frozen model keeps no masters
         held_bytes, master = master, 0
     sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
     w_shard, o_shard = _shards(mm.weights_by, sizes), _shards(mm.optimizer_by, sizes)
