@@ -89,7 +89,8 @@ def _run(engine, target: str, prompts: int, n: int, *, timeout: float = 120.0, m
     recorder, events = Recorder(engine), Events()
     services = Services(plan, 0, SimpleNamespace(tokenizer=tok, pad_id=tok.pad_token_id), recorder, {}, {}, events,
                         None, {"a": pool})
-    prompt_ids = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True)
+    prompt_ids = [tok(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False).input_ids
                   for r in rows]
     ctx = StepContext(1, services, {"b": StepValue({"prompt_ids": prompt_ids, "rows": rows,
                                                     "answers": [r["answer"] for r in rows]})})
