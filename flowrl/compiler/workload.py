@@ -155,7 +155,8 @@ def precision_of(graph: FlowGraph) -> dict[str, tuple[str, str]]:
     out = {}
     for n in graph.nodes():
         dtype, spec = n.attr("dtype"), OPS.get(n.op)
-        if n.kind != OpKind.MODEL or spec is None or "precision" not in spec.kwargs or n.key_span("dtype") is None                 or not isinstance(dtype, Const):  # the catalogue's default is filled in; only a written one counts
+        if n.kind != OpKind.MODEL or spec is None or "precision" not in spec.kwargs or n.key_span("dtype") is None \
+                or not isinstance(dtype, Const):  # the catalogue's default is filled in; only a written one counts
             continue
         precision = n.attr("precision")
         out[n.id] = (str(dtype.value), str(precision.value) if isinstance(precision, Const)
