@@ -97,7 +97,7 @@ def test_a_verifiers_taskset_trains_on_its_tasks_rewards(verifiers_run):
     assert [r["policy/version"] for r in rows] == [1, 2]
     for row in rows:  # one turn per episode, each scored by its task
         assert (row["env/calls"], row["env/errors"], row["env/done_frac"]) == (4, 0, 1.0)
-        assert row["env/turns_mean"] == 1
+        assert row["loop/agentic_env.repeat1/turns"] == 1
 
 
 TEXTARENA_FLOW = """model policy = hf("model")
