@@ -235,6 +235,7 @@ def agent_rollout(op: OpPlan, ctx: StepContext) -> StepValue:
     pending = {ref: i for i, ref in enumerate(refs)}
     started = time.monotonic()
     batches = [0]
+    calls_before, batched_before = endpoint.engine_calls, endpoint.batched
 
     def generate(batch_prompts: list[list[int]]):
         seed = op_seed(ctx.services.seed + sampling.seed, ctx.step, f"{op.id}/draw{ctx.draw}/call{batches[0]}")
@@ -261,6 +262,9 @@ def agent_rollout(op: OpPlan, ctx: StepContext) -> StepValue:
         if pending:
             endpoint.pump(generate, live=len(pending), wait=POLL_S)
     sessions = [endpoint.close_episode(e) for e in ids]
+    engine_calls = endpoint.engine_calls - calls_before
+    ctx.metrics["agent/engine_calls"] = ctx.metrics.get("agent/engine_calls", 0) + engine_calls
+    ctx.metrics["agent/batch_mean"] = (endpoint.batched - batched_before) / max(engine_calls, 1)
     return _value(op, ctx, src, n, prompts, sessions, results)
 
 

@@ -16,8 +16,8 @@ flight is answered 401 with what happened.
 
 **Batching.** Requests of every episode wait in one queue; the driver thread (the step's handler)
 calls :meth:`RolloutEndpoint.pump`, which takes the waiting requests, waits a short window
-(:data:`BATCH_WINDOW_S`) for more unless every episode in flight already has one waiting, and
-calls the engine's generate once for all of them.
+(:data:`BATCH_WINDOW_S` after the last that came, :data:`BATCH_MAX_WAIT_S` at most) for more unless
+every episode in flight already has one waiting, and calls the engine's generate once for all of them.
 
 **Token fidelity.** The trainer's token ids are the ones the engine saw and sampled, never a
 re-tokenization of text. Each call of an episode is recorded (:class:`Call`: its prompt ids, the
@@ -62,8 +62,12 @@ from typing import Any, Callable
 from flowrl.data.tool_calls import as_openai, format_of, parse_tool_calls
 
 BATCH_WINDOW_S = 0.02
-"""How long the driver waits for more requests before calling the engine, unless every episode in
-flight already has a request waiting."""
+"""How long the driver waits for one more request before calling the engine (the window restarts with
+each request that arrives), unless every episode in flight already has a request waiting."""
+
+BATCH_MAX_WAIT_S = 0.25
+"""The longest the first request of a batch waits for the others (requests trickling in, each within
+:data:`BATCH_WINDOW_S` of the last, are batched up to this)."""
 
 CHUNK_TOKENS = 4
 """Tokens per server-sent event of a streamed completion."""
@@ -287,7 +291,9 @@ class RolloutEndpoint:
         self._lock = threading.Lock()
         self.sampling: Sampling | None = None
         self.context_limit: int | None = None
-        self.waiting = 0
+        self.engine_calls = 0
+        """Engine calls made (:meth:`pump`), and the requests they served (``batched``)."""
+        self.batched = 0
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/v1", "/e/{key}/v1"):
             app.router.add_post(prefix + "/chat/completions", self._chat)
@@ -341,20 +347,23 @@ class RolloutEndpoint:
 
     def pump(self, generate: Callable[[list[list[int]]], tuple[list, int]], live: int, wait: float) -> int:
         """Serve the waiting requests with one engine call: take what waits (up to ``wait`` seconds for
-        the first), then more for :data:`BATCH_WINDOW_S` unless ``live`` episodes all have one waiting.
+        the first), then more while they keep coming (each within :data:`BATCH_WINDOW_S` of the last, up to
+        :data:`BATCH_MAX_WAIT_S` in all) unless ``live`` episodes all have one waiting.
         ``generate(prompts) -> (completions, version)``, one completion per prompt. Returns how many
         requests it served."""
         try:
             batch = [self._queue.get(timeout=wait)]
         except queue.Empty:
             return 0
-        deadline = time.monotonic() + BATCH_WINDOW_S
+        first = time.monotonic()
         while len(batch) < live:
-            left = deadline - time.monotonic()
+            left = min(BATCH_WINDOW_S, first + BATCH_MAX_WAIT_S - time.monotonic())
             try:
                 batch.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
             except queue.Empty:
                 break
+        self.engine_calls += 1
+        self.batched += len(batch)
         try:
             completions, version = generate([p.prompt_ids for p in batch])
         except Exception as e:  # noqa: BLE001 - handed to each waiting request, then raised in the driver
@@ -615,4 +624,4 @@ def _as_completion(call: Call):
 
 
 __all__ = ["RolloutEndpoint", "EndpointError", "Sampling", "Session", "Call", "Trajectory", "ChatRenderer",
-           "message_key", "BATCH_WINDOW_S"]
+           "message_key", "BATCH_WINDOW_S", "BATCH_MAX_WAIT_S"]
