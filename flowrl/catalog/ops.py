@@ -212,12 +212,6 @@ class OpSpec:
     through the rollout endpoint's OpenAI API (:mod:`flowrl.runtime.endpoint`), in ``agent_rollout``.
     Ops that take an environment say which protocol they need (``check_agents`` pairs them)."""
 
-    protocol: str | None = None
-    """Environments: how their episodes meet the policy. None: the ``env_step`` protocol (the runtime
-    hands each model turn to the environment); ``openai``: the environment drives the policy itself,
-    through the rollout endpoint's OpenAI API (:mod:`flowrl.runtime.endpoint`), in ``agent_rollout``.
-    Ops that take an environment say which protocol they need (``check_agents`` pairs them)."""
-
     def arg_spec(self, i: int) -> ArgSpec | None:
         """The spec of positional argument ``i``: one of ``args``, else ``rest``, else None."""
         return self.args[i] if i < len(self.args) else self.rest
@@ -517,21 +511,6 @@ _op(OpSpec("agent", OpKind.ENV, (_a("function", "str"),), python_ref="function",
            doc="An agent program `module:function`, `run(client, row)` (async or not): it talks to the policy "
                "through an OpenAI client pointed at the rollout endpoint, and returns its answer or a reward "
                "(flowrl.runtime.agents)."))
-AGENT_MAX_TURNS = 1000
-"""The most model calls ``agent(max_turns = ...)`` allows one episode (each call is one turn of its row)."""
-AGENT_MAX_TIMEOUT = 86400.0
-"""The longest ``agent(timeout = ...)``, seconds (a day)."""
-_op(OpSpec("agent", OpKind.ENV, (_a("function", "str"),), python_ref="function", protocol="openai",
-           kwargs={"max_turns": KwSpec("int", 16, min=1, max=AGENT_MAX_TURNS,
-                                       doc="model calls one episode may make; a call past it is refused (400)"),
-                   "timeout": KwSpec("float", 300.0, min=0, max=AGENT_MAX_TIMEOUT,
-                                     doc="seconds one episode (the whole run(client, row)) may take; past it the "
-                                     "episode ends with an error (0: no limit)"),
-                   "workers": KwSpec("int", None, min=1, doc="Ray actors running the episodes, 64 at a time each "
-                                     "(default: sized by the schedule, one per 64 episodes in flight)")},
-           doc="An agent program `module:function`, `run(client, row)` (async or not): it talks to the policy "
-               "through an OpenAI client pointed at the rollout endpoint, and returns its answer or a reward "
-               "(flowrl.runtime.agents)."))
 _ENV_POOL = {"timeout": KwSpec("float", 10.0, min=0, doc="seconds one reset + step call may take; a call past it "
                                "ends its episode with an error (0: no limit)"),
              "workers": KwSpec("int", None, min=1, doc="Ray actors hosting the environments (default: sized by the "
@@ -719,20 +698,6 @@ _op(OpSpec("env_step", OpKind.ENV_STEP, (_a("env", "env"), _a("rollouts", "data"
            doc="Run the environment / tools on each unfinished conversation: the observation's tokens are "
                "appended to it (masked out of the loss), `done` ends it; a `generate` reading the result "
                "continues each unfinished conversation (flowrl.runtime.episodes)."))
-_op(OpSpec("agent_rollout", OpKind.GENERATE,
-           (_a("model", "model"), _a("prompts", "data", "prompt_ids"), _a("env", "env")),
-           kwargs={"n": KwSpec("int", 1, min=1, doc="episodes per prompt (the group)"),
-                   "temperature": KwSpec("float", 1.0, min=0.0, doc="sampling temperature of every call; 0 is greedy"),
-                   "top_p": KwSpec("float", 1.0, min=0.0, max=1.0),
-                   "top_k": KwSpec("int", -1, min=-1),
-                   "max_tokens": KwSpec("int", 64, min=1, doc="longest completion of one call"),
-                   "stop": KwSpec("list", []),
-                   "seed": KwSpec("int", 0)},
-           produces=_F({*_TOKENS, "rollout_logprobs", "group_ids", "version", "rewards", "done", "truncated"}),
-           passthrough=1, engine="rollout", effect=True, protocol="openai",
-           doc="Run n episodes per prompt of an environment that drives the policy through the rollout endpoint "
-               "(`agent(...)`): each episode's row is the tokens the engine saw and sampled, the model's masked in; "
-               "`rewards` are what the programs returned (flowrl.runtime.agents)."))
 _op(OpSpec("agent_rollout", OpKind.GENERATE,
            (_a("model", "model"), _a("prompts", "data", "prompt_ids"), _a("env", "env")),
            kwargs={"n": KwSpec("int", 1, min=1, doc="episodes per prompt (the group)"),
