@@ -481,21 +481,29 @@ def _resolve(path: str, folder: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(folder, path))
 
 
-def _file(suffix: str) -> Opener:
-    def open_file(path: str, options: dict, which: str, folder: str) -> RowSource | None:
-        name = path if which == "train" else str(options.get("eval") or "")
-        if not name:
-            return None
-        p = Path(_resolve(name, folder))
-        if p.is_dir():
-            raise DatasetError(f"{p}: is a directory, not a dataset file; hint: name the file itself")
-        if not p.is_file():
-            raise MissingData(f"{p}: dataset file not found; hint: {not_found_hint(p, folder)}")
-        return SHARD_SUFFIXES[suffix]([p], str(p))
-    return open_file
+def _open_file(suffix: str, path: str, options: dict, which: str, folder: str) -> RowSource | None:
+    name = path if which == "train" else str(options.get("eval") or "")
+    if not name:
+        return None
+    p = Path(_resolve(name, folder))
+    if p.is_dir():
+        raise DatasetError(f"{p}: is a directory, not a dataset file; hint: name the file itself")
+    if not p.is_file():
+        raise MissingData(f"{p}: dataset file not found; hint: {not_found_hint(p, folder)}")
+    return SHARD_SUFFIXES[suffix]([p], str(p))
 
 
-def open_hf(path: str, options: dict, which: str, folder: str) -> RowSource | None:
+def jsonl(path: str, options: dict, which: str, folder: str) -> RowSource | None:
+    """``jsonl(path, eval = ...)``: one JSON-lines file per split."""
+    return _open_file(".jsonl", path, options, which, folder)
+
+
+def parquet(path: str, options: dict, which: str, folder: str) -> RowSource | None:
+    """``parquet(path, eval = ...)``: one Parquet file per split."""
+    return _open_file(".parquet", path, options, which, folder)
+
+
+def hf_dataset(path: str, options: dict, which: str, folder: str) -> RowSource | None:
     """``hf_dataset(path, split = ..., eval = ...)``: ``eval`` a split name, or a glob (a file) where ``path`` is
     one."""
     resolved = _resolve(path, folder)
@@ -513,10 +521,9 @@ def open_hf(path: str, options: dict, which: str, folder: str) -> RowSource | No
     return files_source(files, kind, f"{path} (split {ev!r})")
 
 
-SOURCES: dict[str, Opener] = {"jsonl": _file(".jsonl"), "parquet": _file(".parquet"), "hf_dataset": open_hf,
-                               "reasoning_gym": reasoning_gym.open_source}
-"""A dataset op's catalogue ``handler`` -> its opener (:data:`Opener`)."""
+SOURCES: dict[str, Opener] = {f.__name__: f for f in (jsonl, parquet, hf_dataset, reasoning_gym.open_source)}
+"""A dataset op's catalogue ``handler`` -> its opener (:data:`Opener`), each named after the handler it serves."""
 
 
 __all__ = ["ArrowFiles", "BLOCK_BYTES", "Block", "JsonlFiles", "MAX_ROW_BYTES", "MissingData", "MissingSplit",
-           "Opener", "ParquetFiles", "Row", "RowSource", "SOURCES", "files_source", "hf_files", "is_glob", "open_hf"]
+           "Opener", "ParquetFiles", "Row", "RowSource", "SOURCES", "files_source", "hf_dataset", "hf_files", "is_glob", "jsonl", "parquet"]

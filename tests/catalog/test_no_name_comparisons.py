@@ -77,6 +77,8 @@ ALLOWED: dict[tuple[str, str], str] = {
                                               "not the `torch` engine",
     ("flowrl/engines/fsdp_rank.py", "torch"): "the restricted unpickler of DCP metadata admits the `torch` module's "
                                               "dtypes and layouts, not the `torch` engine",
+    ("flowrl/data/sources.py", "parquet"): "which pyarrow module to import (`pyarrow.parquet`), not the `parquet` "
+                                           "dataset op",
     ("flowrl/runtime/endpoint.py", "logprobs"): "the OpenAI API's `logprobs` fields of the rollout endpoint's "
                                                 "responses (its wire format), not the `logprobs` op",
     ("flowrl/runtime/endpoint.py", "delta"): "the OpenAI API's streamed chunks carry their text in `delta`, not the "
