@@ -12,7 +12,7 @@ import pytest
 from flowrl.data.datasets import DatasetError
 from flowrl.data.rows import RowFormat, TemplateError, render_prompt, template_slots
 from flowrl.data.sampler import BatchSampler, MixSampler, RowsSampler, SamplerStateError, StreamSampler
-from flowrl.data.sources import JsonlFiles, hf_files, open_hf
+from flowrl.data.sources import JsonlFiles, hf_files, hf_dataset
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -46,15 +46,15 @@ def test_a_saved_datasetdict_gives_each_split_as_data(tmp_path):
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict(_rows(2500)),
                                "test": datasets.Dataset.from_dict(_rows(3, start=9000))})
     dd.save_to_disk(str(tmp_path / "hf"))
-    train = open_hf("hf", {"split": "train", "eval": "test"}, "train", str(tmp_path))
+    train = hf_dataset("hf", {"split": "train", "eval": "test"}, "train", str(tmp_path))
     assert train.columns() == ("question", "solution")
     assert len(train.blocks()) == 3  # 1000-row blocks of the Arrow file
     rows = _all(train)
     assert rows == [{"question": q, "solution": s} for q, s in zip(*_rows(2500).values())]
     assert train.head(2)[1] == (f"{tmp_path}/hf/train/data-00000-of-00001.arrow:2", {"question": "1+1?", "solution": "2"})
-    held = open_hf("hf", {"split": "train", "eval": "test"}, "eval", str(tmp_path))
+    held = hf_dataset("hf", {"split": "train", "eval": "test"}, "eval", str(tmp_path))
     assert [r["question"] for r in _all(held)] == ["9000+1?", "9001+1?", "9002+1?"]
-    assert open_hf("hf", {"split": "train"}, "eval", str(tmp_path)) is None
+    assert hf_dataset("hf", {"split": "train"}, "eval", str(tmp_path)) is None
     with pytest.raises(DatasetError, match=r"the DatasetDict has no split 'validation'; its splits: train, test"):
         hf_files(tmp_path / "hf", "validation")
 
@@ -63,7 +63,7 @@ def test_a_saved_dataset_alone_is_its_own_split(tmp_path):
     ds = datasets.Dataset.from_dict(_rows(5))
     ds.save_to_disk(str(tmp_path / "one"))
     files, kind = hf_files(tmp_path / "one", "train")
-    assert kind == ".arrow" and len(_all(open_hf(str(tmp_path / "one"), {}, "train", "/"))) == 5
+    assert kind == ".arrow" and len(_all(hf_dataset(str(tmp_path / "one"), {}, "train", "/"))) == 5
     # a split it was saved as is checked when the state records one
     state = json.loads((tmp_path / "one" / "state.json").read_text())
     (tmp_path / "one" / "state.json").write_text(json.dumps({**state, "_split": "test"}))
@@ -88,10 +88,10 @@ def test_a_folder_of_parquet_shards_is_split_by_name(tmp_path):
     _parquet(d / "test-00000-of-00001.parquet", 2, start=100)
     files, kind = hf_files(d, "train")
     assert [f.name for f in files] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
-    train = open_hf("data", {"split": "train", "eval": "test"}, "train", str(tmp_path))
+    train = hf_dataset("data", {"split": "train", "eval": "test"}, "train", str(tmp_path))
     assert [r["question"] for r in _all(train)] == [f"{i}+1?" for i in range(7)]
     assert len(train.blocks()) == 1 + 2  # one row group, then two of 2 rows
-    assert [r["question"] for r in _all(open_hf("data", {"eval": "test"}, "eval", str(tmp_path)))] == ["100+1?", "101+1?"]
+    assert [r["question"] for r in _all(hf_dataset("data", {"eval": "test"}, "eval", str(tmp_path)))] == ["100+1?", "101+1?"]
     with pytest.raises(DatasetError, match=r"no shards of split 'validation'.*splits found: test, train"):
         hf_files(d, "validation")
 
@@ -114,14 +114,14 @@ def test_a_glob_of_jsonl_shards_and_its_eval_glob(tmp_path):
     for k in range(3):
         _jsonl(tmp_path / "data" / f"train-{k}.jsonl", [{"question": f"{k}-{i}", "solution": "0"} for i in range(2)])
     _jsonl(tmp_path / "data" / "dev-0.jsonl", [{"question": "held", "solution": "0"}])
-    train = open_hf("data/train-*.jsonl", {"eval": "data/dev-*.jsonl"}, "train", str(tmp_path))
+    train = hf_dataset("data/train-*.jsonl", {"eval": "data/dev-*.jsonl"}, "train", str(tmp_path))
     assert [r["question"] for r in _all(train)] == ["0-0", "0-1", "1-0", "1-1", "2-0", "2-1"]
-    assert [r["question"] for r in _all(open_hf("data/train-*.jsonl", {"eval": "data/dev-*.jsonl"}, "eval",
+    assert [r["question"] for r in _all(hf_dataset("data/train-*.jsonl", {"eval": "data/dev-*.jsonl"}, "eval",
                                                 str(tmp_path)))] == ["held"]
     with pytest.raises(DatasetError, match=r"no file matches the glob"):
-        open_hf("data/nope-*.parquet", {}, "train", str(tmp_path))
+        hf_dataset("data/nope-*.parquet", {}, "train", str(tmp_path))
     # one shard named alone: `eval` names a file too, never the training one again
-    one = open_hf("data/train-0.jsonl", {"eval": "data/dev-0.jsonl"}, "eval", str(tmp_path))
+    one = hf_dataset("data/train-0.jsonl", {"eval": "data/dev-0.jsonl"}, "eval", str(tmp_path))
     assert [r["question"] for r in _all(one)] == ["held"]
 
 
