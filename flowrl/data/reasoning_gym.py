@@ -331,7 +331,7 @@ class ReasoningGymSource:
                 for i in range(min(n, self.size))]
 
 
-def open_source(path: str, options: dict, which: str, folder: str) -> ReasoningGymSource | None:
+def reasoning_gym(path: str, options: dict, which: str, folder: str) -> ReasoningGymSource | None:
     """The opener of ``reasoning_gym(...)`` (:data:`flowrl.data.sources.SOURCES`): ``options`` as the plan
     carries them (``task``, ``size``, ``seed``, ``eval_size`` and ``config``, the task's own options); None
     for the held-out split where ``eval_size`` is 0."""
@@ -345,6 +345,10 @@ def open_source(path: str, options: dict, which: str, folder: str) -> ReasoningG
     return ReasoningGymSource(task, config, size=size, seed=seed, eval_size=eval_size, which=which)
 
 
+open_source = reasoning_gym
+"""The opener by what it does (:data:`flowrl.data.sources.SOURCES` keys openers by their names, the handler's)."""
+
+
 __all__ = ["ReasoningGymError", "Problem", "PROMPT", "ANSWER", "SOURCE", "require", "task_names", "config_fields",
            "nearest_tasks", "spec_problems", "generator", "entry", "first_rows", "stream_size", "generate_splits",
-           "ReasoningGymSource", "open_source", "BLOCK_ITEMS", "OPTIONS"]
+           "ReasoningGymSource", "reasoning_gym", "open_source", "BLOCK_ITEMS", "OPTIONS"]

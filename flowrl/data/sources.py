@@ -521,7 +521,7 @@ def hf_dataset(path: str, options: dict, which: str, folder: str) -> RowSource |
     return files_source(files, kind, f"{path} (split {ev!r})")
 
 
-SOURCES: dict[str, Opener] = {f.__name__: f for f in (jsonl, parquet, hf_dataset, reasoning_gym.open_source)}
+SOURCES: dict[str, Opener] = {f.__name__: f for f in (jsonl, parquet, hf_dataset, reasoning_gym.reasoning_gym)}
 """A dataset op's catalogue ``handler`` -> its opener (:data:`Opener`), each named after the handler it serves."""
 
 

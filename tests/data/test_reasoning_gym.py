@@ -90,3 +90,11 @@ def test_the_package_missing_is_one_clear_error(monkeypatch):
         rgd.require()
     (p,) = rgd.spec_problems("chain_sum", {})
     assert p.kind == "missing" and "pip install" in p.hint
+
+
+def test_the_catalogues_handler_names_the_opener():
+    from flowrl.catalog.ops import OPS
+    from flowrl.data.sources import SOURCES
+
+    assert SOURCES[OPS["reasoning_gym"].handler] is rgd.reasoning_gym
+    assert set(OPS["reasoning_gym"].kwargs) == set(rgd.OPTIONS)  # the rest of a declaration's options: the config
