@@ -79,6 +79,12 @@ ALLOWED: dict[tuple[str, str], str] = {
                                               "dtypes and layouts, not the `torch` engine",
     ("flowrl/data/sources.py", "parquet"): "which pyarrow module to import (`pyarrow.parquet`), not the `parquet` "
                                            "dataset op",
+    ("flowrl/compiler/library_checks.py", "reasoning_gym"): "keyed by `OpSpec.library`, a Python package's "
+                                                            "import name (the `reasoning_gym` package), not the op",
+    ("flowrl/rewards/verifiers.py", "reasoning_gym"): "a verifier's name (`verifier(\"reasoning_gym\")`, a value of "
+                                                      "the verifier's `name` argument), not the dataset op",
+    ("flowrl/tasks/rg.py", "reasoning_gym"): "a key of the task's own description (which Reasoning Gym task "
+                                             "it draws from), not a dispatch on the dataset op",
     ("flowrl/runtime/endpoint.py", "logprobs"): "the OpenAI API's `logprobs` fields of the rollout endpoint's "
                                                 "responses (its wire format), not the `logprobs` op",
     ("flowrl/runtime/endpoint.py", "delta"): "the OpenAI API's streamed chunks carry their text in `delta`, not the "
