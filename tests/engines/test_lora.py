@@ -161,7 +161,7 @@ def test_engine_records_pair_with_their_adapters():
     from flowrl.runtime.workers import _LOAD_WEIGHTS
 
     assert set(LORA_KWARG) == set(LORA_MODES) and set(_LOAD_WEIGHTS) == {"", "adapters", "merged"}
-    assert {k for k, e in ENGINES.items() if e.lora} == {"torch", "vllm", "sglang", "hf_generate"}
+    assert {k for k, e in ENGINES.items() if e.lora} == {"torch", "fsdp", "vllm", "sglang", "hf_generate"}
     for spec in ENGINES.values():
         if not spec.lora:
             continue
