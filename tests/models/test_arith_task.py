@@ -61,7 +61,7 @@ def test_shipped_files_equal_the_generator():
 
 
 def test_unknown_task():
-    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith', 'arith_code', 'arith_tool', 'longtail'\]"):
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'algebra'; registered tasks: \['arith', 'arith_code', 'arith_tool', 'longtail', 'rg_basic_arithmetic', 'rg_chain_sum', 'rg_spell_backward'\]"):
         get_task("algebra")
     with pytest.raises(ValueError, match="has no split 'dev'"):
         get_task("arith").rows("dev")

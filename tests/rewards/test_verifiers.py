@@ -36,5 +36,5 @@ def test_math_runs_off_the_main_thread():
 def test_length_mismatch_and_unknown_name():
     with pytest.raises(ValueError, match="2 completions but 1 answers"):
         VERIFIERS["exact"](["a", "b"], ["a"])
-    with pytest.raises(UnknownVerifierError, match=r"unknown verifier 'maths'.*\['code', 'exact', 'final', 'math'\].*module:function"):
+    with pytest.raises(UnknownVerifierError, match=r"unknown verifier 'maths'.*\['code', 'exact', 'final', 'math', 'reasoning_gym'\].*module:function"):
         get_verifier("maths")
